@@ -1,0 +1,16 @@
+//! fleetmq-core: the broker's protocol core, with no I/O, no async and no
+//! clock reads (DESIGN.md §2).
+//!
+//! - [`packet`]: the MQTT 3.1 / 3.1.1 / 5.0 packet model and codec.
+//! - [`topic`]: topic name and filter validation and matching.
+//! - [`trie`]: the per-shard subscription trie.
+//! - [`route`]: the node-wide route table (filter → shards).
+//! - [`session`]: the session and connection state machines; time is an input.
+//! - [`settings`]: settings with defaults, units and ranges (DESIGN.md §9, §15).
+
+pub mod packet;
+pub mod route;
+pub mod session;
+pub mod settings;
+pub mod topic;
+pub mod trie;

@@ -1,0 +1,114 @@
+//! MQTT 5 properties (MQTT 5 §2.2.2.2): one struct for every packet.
+//!
+//! Every field is optional; the codec checks on decode that a property is
+//! allowed on the packet that carries it and appears at most once (except
+//! User Property and, on PUBLISH, Subscription Identifier), and treats a
+//! violation as a Malformed Packet (0x81) or Protocol Error (0x82) as
+//! MQTT 5 §2.2.2.2 specifies.
+
+use bytes::Bytes;
+use bytestring::ByteString;
+
+/// A User Property: a UTF-8 string pair (identifier 0x26). May repeat, and
+/// the order is kept `[MQTT-3.3.2-18]`.
+pub type UserProperty = (ByteString, ByteString);
+
+/// Property identifiers (MQTT 5 §2.2.2.2, table 2-4).
+#[allow(missing_docs)]
+pub mod id {
+    pub const PAYLOAD_FORMAT_INDICATOR: u8 = 0x01;
+    pub const MESSAGE_EXPIRY_INTERVAL: u8 = 0x02;
+    pub const CONTENT_TYPE: u8 = 0x03;
+    pub const RESPONSE_TOPIC: u8 = 0x08;
+    pub const CORRELATION_DATA: u8 = 0x09;
+    pub const SUBSCRIPTION_IDENTIFIER: u8 = 0x0B;
+    pub const SESSION_EXPIRY_INTERVAL: u8 = 0x11;
+    pub const ASSIGNED_CLIENT_IDENTIFIER: u8 = 0x12;
+    pub const SERVER_KEEP_ALIVE: u8 = 0x13;
+    pub const AUTHENTICATION_METHOD: u8 = 0x15;
+    pub const AUTHENTICATION_DATA: u8 = 0x16;
+    pub const REQUEST_PROBLEM_INFORMATION: u8 = 0x17;
+    pub const WILL_DELAY_INTERVAL: u8 = 0x18;
+    pub const REQUEST_RESPONSE_INFORMATION: u8 = 0x19;
+    pub const RESPONSE_INFORMATION: u8 = 0x1A;
+    pub const SERVER_REFERENCE: u8 = 0x1C;
+    pub const REASON_STRING: u8 = 0x1F;
+    pub const RECEIVE_MAXIMUM: u8 = 0x21;
+    pub const TOPIC_ALIAS_MAXIMUM: u8 = 0x22;
+    pub const TOPIC_ALIAS: u8 = 0x23;
+    pub const MAXIMUM_QOS: u8 = 0x24;
+    pub const RETAIN_AVAILABLE: u8 = 0x25;
+    pub const USER_PROPERTY: u8 = 0x26;
+    pub const MAXIMUM_PACKET_SIZE: u8 = 0x27;
+    pub const WILDCARD_SUBSCRIPTION_AVAILABLE: u8 = 0x28;
+    pub const SUBSCRIPTION_IDENTIFIER_AVAILABLE: u8 = 0x29;
+    pub const SHARED_SUBSCRIPTION_AVAILABLE: u8 = 0x2A;
+}
+
+/// The properties of one MQTT 5 packet (or of a Will). Units: intervals in
+/// seconds, sizes in bytes, as on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Properties {
+    /// 0x01 Payload Format Indicator: 0 unspecified bytes, 1 UTF-8.
+    pub payload_format_indicator: Option<u8>,
+    /// 0x02 Message Expiry Interval, seconds.
+    pub message_expiry_interval: Option<u32>,
+    /// 0x03 Content Type.
+    pub content_type: Option<ByteString>,
+    /// 0x08 Response Topic.
+    pub response_topic: Option<ByteString>,
+    /// 0x09 Correlation Data.
+    pub correlation_data: Option<Bytes>,
+    /// 0x0B Subscription Identifier(s), 1..=268,435,455. SUBSCRIBE carries at
+    /// most one; a PUBLISH to a client may carry several.
+    pub subscription_identifiers: Vec<u32>,
+    /// 0x11 Session Expiry Interval, seconds (0xFFFFFFFF: never).
+    pub session_expiry_interval: Option<u32>,
+    /// 0x12 Assigned Client Identifier.
+    pub assigned_client_identifier: Option<ByteString>,
+    /// 0x13 Server Keep Alive, seconds.
+    pub server_keep_alive: Option<u16>,
+    /// 0x15 Authentication Method.
+    pub authentication_method: Option<ByteString>,
+    /// 0x16 Authentication Data.
+    pub authentication_data: Option<Bytes>,
+    /// 0x17 Request Problem Information (0 or 1).
+    pub request_problem_information: Option<u8>,
+    /// 0x18 Will Delay Interval, seconds.
+    pub will_delay_interval: Option<u32>,
+    /// 0x19 Request Response Information (0 or 1).
+    pub request_response_information: Option<u8>,
+    /// 0x1A Response Information.
+    pub response_information: Option<ByteString>,
+    /// 0x1C Server Reference.
+    pub server_reference: Option<ByteString>,
+    /// 0x1F Reason String.
+    pub reason_string: Option<ByteString>,
+    /// 0x21 Receive Maximum, 1..=65535.
+    pub receive_maximum: Option<u16>,
+    /// 0x22 Topic Alias Maximum.
+    pub topic_alias_maximum: Option<u16>,
+    /// 0x23 Topic Alias, 1..=65535.
+    pub topic_alias: Option<u16>,
+    /// 0x24 Maximum QoS (0 or 1).
+    pub maximum_qos: Option<u8>,
+    /// 0x25 Retain Available (0 or 1).
+    pub retain_available: Option<u8>,
+    /// 0x26 User Properties, in order.
+    pub user_properties: Vec<UserProperty>,
+    /// 0x27 Maximum Packet Size, bytes, at least 1.
+    pub maximum_packet_size: Option<u32>,
+    /// 0x28 Wildcard Subscription Available (0 or 1).
+    pub wildcard_subscription_available: Option<u8>,
+    /// 0x29 Subscription Identifier Available (0 or 1).
+    pub subscription_identifier_available: Option<u8>,
+    /// 0x2A Shared Subscription Available (0 or 1).
+    pub shared_subscription_available: Option<u8>,
+}
+
+impl Properties {
+    /// True when no property is set (encodes as a zero Property Length).
+    pub fn is_empty(&self) -> bool {
+        *self == Properties::default()
+    }
+}
