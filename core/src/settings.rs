@@ -1,1 +1,919 @@
-//! TODO
+//! Broker settings: the configuration file's shape, with defaults, units and
+//! ranges (DESIGN.md §9, §15).
+//!
+//! This module only describes and checks settings; reading the file, the
+//! environment and the command line is the server's job
+//! (`fleetmq-shards::config`). Every struct is `#[serde(default,
+//! deny_unknown_fields)]`: a missing key takes its default, an unknown key is
+//! an error. Durations are strings with units (`"10s"`, `"15m"`; a plain
+//! integer means seconds) and sizes are strings with units (`"1MiB"`,
+//! `"64KiB"`; a plain integer means bytes).
+//!
+//! Deserializing checks types only; [`Settings::validate`] checks ranges and
+//! combinations and must pass before the broker starts.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// All broker settings, one field per section of the configuration file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// `[server]`: shards and periodic work.
+    pub server: Server,
+    /// `[listeners]`: where MQTT clients connect.
+    pub listeners: Listeners,
+    /// `[tls]`: certificates for the `tls` and `wss` listeners.
+    pub tls: Tls,
+    /// `[admin]`: the admin HTTP endpoint (health, metrics).
+    pub admin: Admin,
+    /// `[auth]`: who may connect.
+    pub auth: Auth,
+    /// `[limits]`: per-replica limits (DESIGN.md §9).
+    pub limits: Limits,
+    /// `[store]`: where accepted values become durable (DESIGN.md §7).
+    pub store: Store,
+    /// `[cluster]`: accepted by the parser so that [`Settings::validate`] can
+    /// refuse it with a clear message; cluster mode is not in this build.
+    #[serde(skip_serializing)]
+    pub cluster: Option<ClusterSection>,
+}
+
+/// `[server]` settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Server {
+    /// Number of shards (glommio executors, one per core). Default 0: one
+    /// per available core. Range 0..=64.
+    pub shards: usize,
+    /// Period of the `$SYS` topic publications. Default 10 s, range
+    /// 1 s..=1 h.
+    #[serde(with = "duration")]
+    pub sys_interval: Duration,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Server {
+            shards: 0,
+            sys_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[listeners]`: `"HOST:PORT"` socket addresses per transport (DESIGN.md
+/// §11). Port 0 lets the operating system pick a free port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Listeners {
+    /// Plain MQTT over TCP. Default `["127.0.0.1:1883"]`.
+    pub tcp: Vec<String>,
+    /// MQTT over TLS (usually port 8883). Default none.
+    pub tls: Vec<String>,
+    /// MQTT over WebSocket, path `/mqtt` (usually port 8083). Default none.
+    pub ws: Vec<String>,
+    /// MQTT over WebSocket over TLS. Default none.
+    pub wss: Vec<String>,
+}
+
+impl Default for Listeners {
+    fn default() -> Self {
+        Listeners {
+            tcp: vec!["127.0.0.1:1883".to_owned()],
+            tls: Vec::new(),
+            ws: Vec::new(),
+            wss: Vec::new(),
+        }
+    }
+}
+
+impl Listeners {
+    /// Every listener as `(dotted key, address string)`, e.g.
+    /// `("listeners.tcp[0]", "127.0.0.1:1883")`.
+    pub fn all(&self) -> impl Iterator<Item = (String, &str)> {
+        [
+            ("tcp", &self.tcp),
+            ("tls", &self.tls),
+            ("ws", &self.ws),
+            ("wss", &self.wss),
+        ]
+        .into_iter()
+        .flat_map(|(kind, list)| {
+            list.iter()
+                .enumerate()
+                .map(move |(i, addr)| (format!("listeners.{kind}[{i}]"), addr.as_str()))
+        })
+    }
+}
+
+/// `[tls]`: certificates for the `tls` and `wss` listeners (DESIGN.md §11,
+/// §15). Parsed and printed, not used yet.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Tls {
+    /// PEM certificate chain; re-read when it changes. Default empty.
+    pub cert: PathBuf,
+    /// PEM private key. Default empty.
+    pub key: PathBuf,
+    /// PEM CA used to verify client certificates; empty (default) = none.
+    pub client_ca: PathBuf,
+    /// Refuse clients without a valid certificate. Default false.
+    pub require_client_cert: bool,
+    /// Use the client certificate's subject as the user name. Default false.
+    pub use_identity_as_username: bool,
+}
+
+/// `[admin]`: the admin HTTP endpoint (DESIGN.md §12).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Admin {
+    /// `"HOST:PORT"` of the admin HTTP server. Default `"127.0.0.1:8080"`;
+    /// `""` disables it.
+    pub listen: String,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Admin {
+            listen: "127.0.0.1:8080".to_owned(),
+        }
+    }
+}
+
+/// `[auth]`: sign-in (DESIGN.md §9).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Auth {
+    /// Accept clients without credentials. Unset (default): allowed only
+    /// when every MQTT listener is on loopback, as Mosquitto 2 does; see
+    /// [`Settings::anonymous_allowed`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_anonymous: Option<bool>,
+    /// Password file (`user:$argon2id$...[:workspace]` lines). Default empty:
+    /// none.
+    pub password_file: String,
+    /// ACL file (DESIGN.md §15). Default empty: none.
+    pub acl_file: String,
+}
+
+/// `[limits]`: per-replica limits (DESIGN.md §9). Out-of-range values stop
+/// the start with an error naming the key and its range.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Connected clients per replica. Default 1,000,000, range
+    /// 1..=10,000,000.
+    pub max_clients: u32,
+    /// Connections between accept and CONNACK. Default 2048, range
+    /// 1..=1,000,000.
+    pub max_pending_connections: u32,
+    /// CONNECTs whose credentials are being checked at once. Default 256,
+    /// range 1..=1,000,000.
+    pub max_connects_authenticating: u32,
+    /// Connections per credential (user name). Default 1000, range
+    /// 1..=10,000,000.
+    pub max_connections_per_credential: u32,
+    /// Connections per source address. Default 200, range 1..=10,000,000.
+    pub max_connections_per_source: u32,
+    /// Largest CONNECT packet, and so the largest will, in bytes. Default
+    /// 64 KiB, range 1 KiB..=16 MiB.
+    #[serde(with = "size")]
+    pub max_connect_packet_bytes: usize,
+    /// Time from accept to a complete CONNECT. Default 5 s, range
+    /// 1 s..=5 min.
+    #[serde(with = "duration")]
+    pub connect_timeout: Duration,
+    /// Longest keep-alive granted; longer requests are lowered (MQTT 5:
+    /// Server Keep Alive). Default 15 min, range 1 s..=65535 s (18h 12m 15s).
+    #[serde(with = "duration")]
+    pub max_keep_alive: Duration,
+    /// Subscriptions per client. Default 1000, range 1..=1,000,000.
+    pub max_subscriptions_per_client: u32,
+    /// Levels in a topic name or filter. Default 32, range 1..=1024.
+    pub max_topic_levels: u32,
+    /// Bytes in a topic name or filter. Default 1024, range 1..=65535.
+    pub max_topic_bytes: u32,
+    /// QoS 1/2 publishes a client may have unacknowledged towards the broker
+    /// (MQTT 5 Receive Maximum). Default 1000, range 1..=65535.
+    pub receive_maximum: u16,
+    /// Packets queued for writing to one client before it counts as slow.
+    /// Default 1000, range 1..=1,000,000.
+    pub max_client_writes_pending: u32,
+    /// Values queued for one subscriber; beyond it the oldest are dropped
+    /// and counted. Default 10000, range 1..=10,000,000.
+    pub max_subscriber_queue: u32,
+    /// Longest session expiry granted. Default 1 h, range 0..=u32::MAX s
+    /// (about 136 years).
+    #[serde(with = "duration")]
+    pub max_session_expiry: Duration,
+    /// Sessions kept while their clients are away. Default 100000, range
+    /// 0..=100,000,000.
+    pub max_offline_sessions: u32,
+    /// Largest packet accepted or sent, in bytes (MQTT 5 Maximum Packet
+    /// Size). Default 1 MiB, range 64 B..=256 MiB.
+    #[serde(with = "size")]
+    pub max_packet_size: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_clients: 1_000_000,
+            max_pending_connections: 2048,
+            max_connects_authenticating: 256,
+            max_connections_per_credential: 1000,
+            max_connections_per_source: 200,
+            max_connect_packet_bytes: 64 * KIB,
+            connect_timeout: Duration::from_secs(5),
+            max_keep_alive: Duration::from_secs(15 * 60),
+            max_subscriptions_per_client: 1000,
+            max_topic_levels: 32,
+            max_topic_bytes: 1024,
+            receive_maximum: 1000,
+            max_client_writes_pending: 1000,
+            max_subscriber_queue: 10_000,
+            max_session_expiry: Duration::from_secs(3600),
+            max_offline_sessions: 100_000,
+            max_packet_size: MIB,
+        }
+    }
+}
+
+/// Which store makes accepted values durable (DESIGN.md §7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// Acknowledged on receipt, nothing kept across a restart.
+    #[default]
+    None,
+    /// An append-only log in [`Store::dir`] (not in this build yet).
+    Local,
+    /// NATS JetStream (not in this build yet).
+    Jetstream,
+}
+
+/// `[store]` settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Store {
+    /// The store. Default `"none"` (durable stores are not in this build).
+    pub kind: StoreKind,
+    /// Data directory for the `local` store. Default `"./data"`.
+    pub dir: PathBuf,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store {
+            kind: StoreKind::None,
+            dir: PathBuf::from("./data"),
+        }
+    }
+}
+
+/// A `[cluster]` section, whatever it holds; only its presence matters,
+/// because [`Settings::validate`] refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterSection;
+
+impl<'de> Deserialize<'de> for ClusterSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d)?;
+        Ok(ClusterSection)
+    }
+}
+
+/// Why [`Settings::validate`] refused the settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SettingsError {
+    /// A value lies outside its allowed range.
+    OutOfRange {
+        /// Dotted key, e.g. `limits.max_packet_size`.
+        key: &'static str,
+        /// The value, formatted with its unit.
+        value: String,
+        /// The allowed range, e.g. `64B..=256MiB`.
+        range: String,
+    },
+    /// An address is not a `HOST:PORT` socket address.
+    BadAddress {
+        /// Dotted key, e.g. `listeners.tcp[0]`.
+        key: String,
+        /// The value given.
+        value: String,
+    },
+    /// No MQTT listener is configured at all.
+    NoListeners,
+    /// A listener beyond loopback while anonymous clients are not allowed
+    /// and no authentication method is configured.
+    AnonymousBeyondLoopback {
+        /// Dotted key of the first non-loopback listener.
+        key: String,
+        /// Its address.
+        value: String,
+    },
+    /// A store kind this build does not implement.
+    StoreUnavailable(StoreKind),
+    /// A `[cluster]` section: cluster mode is not in this build.
+    ClusterUnavailable,
+}
+
+impl fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SettingsError::OutOfRange { key, value, range } => {
+                write!(f, "{key} = {value} is out of range {range}")
+            }
+            SettingsError::BadAddress { key, value } => write!(
+                f,
+                "{key} = {value:?} is not a socket address HOST:PORT (e.g. \"127.0.0.1:1883\", \"[::1]:1883\")"
+            ),
+            SettingsError::NoListeners => write!(
+                f,
+                "no MQTT listener: set listeners.tcp (or tls, ws, wss) to at least one HOST:PORT"
+            ),
+            SettingsError::AnonymousBeyondLoopback { key, value } => write!(
+                f,
+                "{key} = {value:?} listens beyond loopback, and clients without credentials are \
+                 only allowed on loopback unless `auth.allow_anonymous = true` is set \
+                 (authentication methods are not available in this build yet)"
+            ),
+            SettingsError::StoreUnavailable(kind) => {
+                let name = match kind {
+                    StoreKind::None => "none",
+                    StoreKind::Local => "local",
+                    StoreKind::Jetstream => "jetstream",
+                };
+                write!(
+                    f,
+                    "store.kind = \"{name}\" is not available in this build yet, use store.kind = \"none\""
+                )
+            }
+            SettingsError::ClusterUnavailable => write!(
+                f,
+                "[cluster]: cluster mode is not available in this build; remove the [cluster] section"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+const GIB: usize = 1024 * MIB;
+
+/// Checks that `value` lies in `min..=max`, naming `key` otherwise.
+fn check<T: PartialOrd + Copy>(
+    key: &'static str,
+    value: T,
+    min: T,
+    max: T,
+    show: impl Fn(T) -> String,
+) -> Result<(), SettingsError> {
+    if value >= min && value <= max {
+        Ok(())
+    } else {
+        Err(SettingsError::OutOfRange {
+            key,
+            value: show(value),
+            range: format!("{}..={}", show(min), show(max)),
+        })
+    }
+}
+
+fn num<T: fmt::Display>(v: T) -> String {
+    v.to_string()
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+impl Settings {
+    /// Checks every range and combination; the broker must not start with
+    /// settings that fail this.
+    ///
+    /// # Errors
+    ///
+    /// The first problem found, naming the key in dotted form and, for a
+    /// range, the range: e.g. `limits.max_packet_size = 10B is out of range
+    /// 64B..=256MiB`. Also refused: a `[cluster]` section, `store.kind` other
+    /// than `"none"`, a listener that is not a socket address, no listener at
+    /// all, and a non-loopback listener while anonymous clients are not
+    /// allowed and no password file is set.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        if self.cluster.is_some() {
+            return Err(SettingsError::ClusterUnavailable);
+        }
+        self.validate_ranges()?;
+        let mut any = false;
+        for (key, value) in self.listeners.all() {
+            any = true;
+            parse_addr(&key, value)?;
+        }
+        if !any {
+            return Err(SettingsError::NoListeners);
+        }
+        if !self.admin.listen.is_empty() {
+            parse_addr("admin.listen", &self.admin.listen)?;
+        }
+        if !self.anonymous_allowed() && self.auth.password_file.is_empty() {
+            let beyond = self.listeners.all().find(|(_, v)| !is_loopback(v));
+            if let Some((key, value)) = beyond {
+                return Err(SettingsError::AnonymousBeyondLoopback {
+                    key,
+                    value: value.to_owned(),
+                });
+            }
+        }
+        if self.store.kind != StoreKind::None {
+            return Err(SettingsError::StoreUnavailable(self.store.kind));
+        }
+        Ok(())
+    }
+
+    fn validate_ranges(&self) -> Result<(), SettingsError> {
+        let s = &self.server;
+        check("server.shards", s.shards, 0, 64, num)?;
+        check(
+            "server.sys_interval",
+            s.sys_interval,
+            secs(1),
+            secs(3600),
+            format_duration,
+        )?;
+        let l = &self.limits;
+        check("limits.max_clients", l.max_clients, 1, 10_000_000, num)?;
+        check(
+            "limits.max_pending_connections",
+            l.max_pending_connections,
+            1,
+            1_000_000,
+            num,
+        )?;
+        check(
+            "limits.max_connects_authenticating",
+            l.max_connects_authenticating,
+            1,
+            1_000_000,
+            num,
+        )?;
+        check(
+            "limits.max_connections_per_credential",
+            l.max_connections_per_credential,
+            1,
+            10_000_000,
+            num,
+        )?;
+        check(
+            "limits.max_connections_per_source",
+            l.max_connections_per_source,
+            1,
+            10_000_000,
+            num,
+        )?;
+        check(
+            "limits.max_connect_packet_bytes",
+            l.max_connect_packet_bytes,
+            KIB,
+            16 * MIB,
+            format_size,
+        )?;
+        check(
+            "limits.connect_timeout",
+            l.connect_timeout,
+            secs(1),
+            secs(300),
+            format_duration,
+        )?;
+        check(
+            "limits.max_keep_alive",
+            l.max_keep_alive,
+            secs(1),
+            secs(65_535),
+            format_duration,
+        )?;
+        check(
+            "limits.max_subscriptions_per_client",
+            l.max_subscriptions_per_client,
+            1,
+            1_000_000,
+            num,
+        )?;
+        check("limits.max_topic_levels", l.max_topic_levels, 1, 1024, num)?;
+        check("limits.max_topic_bytes", l.max_topic_bytes, 1, 65_535, num)?;
+        check(
+            "limits.receive_maximum",
+            l.receive_maximum,
+            1,
+            u16::MAX,
+            num,
+        )?;
+        check(
+            "limits.max_client_writes_pending",
+            l.max_client_writes_pending,
+            1,
+            1_000_000,
+            num,
+        )?;
+        check(
+            "limits.max_subscriber_queue",
+            l.max_subscriber_queue,
+            1,
+            10_000_000,
+            num,
+        )?;
+        let max_expiry = secs(u64::from(u32::MAX));
+        check(
+            "limits.max_session_expiry",
+            l.max_session_expiry,
+            Duration::ZERO,
+            max_expiry,
+            format_duration,
+        )?;
+        check(
+            "limits.max_offline_sessions",
+            l.max_offline_sessions,
+            0,
+            100_000_000,
+            num,
+        )?;
+        check(
+            "limits.max_packet_size",
+            l.max_packet_size,
+            64,
+            256 * MIB,
+            format_size,
+        )?;
+        Ok(())
+    }
+
+    /// Whether clients without credentials may connect:
+    /// `auth.allow_anonymous` when set, else true exactly when every MQTT
+    /// listener is on a loopback address (DESIGN.md §9). A listener that is
+    /// not a socket address counts as not loopback.
+    pub fn anonymous_allowed(&self) -> bool {
+        self.auth
+            .allow_anonymous
+            .unwrap_or_else(|| self.listeners.all().all(|(_, v)| is_loopback(v)))
+    }
+}
+
+fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, SettingsError> {
+    value.parse().map_err(|_| SettingsError::BadAddress {
+        key: key.to_owned(),
+        value: value.to_owned(),
+    })
+}
+
+fn is_loopback(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .is_ok_and(|a| a.ip().is_loopback())
+}
+
+/// Formats a duration the way [`parse_duration`] reads it back, e.g.
+/// `"15m"`, `"1h 30m"`, `"0s"`.
+pub fn format_duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// Parses a duration with units (`"10s"`, `"15m"`, `"1h 30m"`, `"250ms"`,
+/// humantime syntax) or a plain integer of seconds (`"10"`).
+///
+/// # Errors
+///
+/// A message naming the text when it is neither.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("invalid duration {text:?} ({e}); use e.g. \"10s\", \"15m\", \"1h\""))
+}
+
+/// Formats a byte count in the largest binary unit that divides it exactly:
+/// `"1MiB"`, `"64KiB"`, `"1000B"`.
+pub fn format_size(bytes: usize) -> String {
+    match bytes {
+        0 => "0B".to_owned(),
+        b if b % GIB == 0 => format!("{}GiB", b / GIB),
+        b if b % MIB == 0 => format!("{}MiB", b / MIB),
+        b if b % KIB == 0 => format!("{}KiB", b / KIB),
+        b => format!("{b}B"),
+    }
+}
+
+/// Parses a size: an integer of bytes optionally followed by a unit, `B`,
+/// `KiB`, `MiB`, `GiB` (powers of 1024) or `KB`, `MB`, `GB` (powers of
+/// 1000); units are case-insensitive and may follow a space (`"1 MiB"`).
+///
+/// # Errors
+///
+/// A message naming the text when it is not a size or overflows `usize`.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let bad = || format!("invalid size {text:?}; use e.g. \"65536\", \"64KiB\", \"1MiB\"");
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: usize = digits.parse().map_err(|_| bad())?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => KIB,
+        "mib" => MIB,
+        "gib" => GIB,
+        "kb" => 1000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mult).ok_or_else(bad)
+}
+
+/// A string or integer in a settings file, as the duration and size
+/// deserializers accept.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TextOrInt {
+    Int(u64),
+    Text(String),
+}
+
+/// Serde helpers for durations: a string with units or integer seconds in,
+/// a humantime string out.
+mod duration {
+    use super::*;
+
+    pub(super) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(*d))
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Duration, D::Error> {
+        match TextOrInt::deserialize(d)? {
+            TextOrInt::Int(secs) => Ok(Duration::from_secs(secs)),
+            TextOrInt::Text(t) => parse_duration(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Serde helpers for sizes: a string with units or integer bytes in, a
+/// string with the largest exact binary unit out.
+mod size {
+    use super::*;
+
+    pub(super) fn serialize<S: serde::Serializer>(b: &usize, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_size(*b))
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+        match TextOrInt::deserialize(d)? {
+            TextOrInt::Int(n) => usize::try_from(n).map_err(serde::de::Error::custom),
+            TextOrInt::Text(t) => parse_size(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(s: &Settings) -> String {
+        s.validate().expect_err("should be refused").to_string()
+    }
+
+    #[test]
+    fn defaults_validate_and_allow_anonymous_on_loopback() {
+        let s = Settings::default();
+        s.validate().unwrap();
+        assert!(s.anonymous_allowed());
+        assert_eq!(s.limits.max_packet_size, 1024 * 1024);
+        assert_eq!(s.store.kind, StoreKind::None);
+    }
+
+    #[test]
+    fn durations_parse_with_units_or_as_seconds() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("42"), Ok(Duration::from_secs(42)));
+        assert!(parse_duration("ten").unwrap_err().contains("\"ten\""));
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("64 kib"), Ok(65536));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1KB"), Ok(1000));
+        assert_eq!(parse_size("3MB"), Ok(3_000_000));
+        assert_eq!(parse_size("10B"), Ok(10));
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert!(parse_size("1XB").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("99999999999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn sizes_format_in_the_largest_exact_unit_and_round_trip() {
+        for (n, text) in [
+            (0, "0B"),
+            (10, "10B"),
+            (65536, "64KiB"),
+            (1 << 20, "1MiB"),
+            (1000, "1000B"),
+        ] {
+            assert_eq!(format_size(n), text);
+            assert_eq!(parse_size(text), Ok(n));
+        }
+        let d = Duration::from_secs(65_535);
+        assert_eq!(parse_duration(&format_duration(d)), Ok(d));
+    }
+
+    #[test]
+    fn a_size_out_of_range_names_key_value_and_range_with_units() {
+        let mut s = Settings::default();
+        s.limits.max_packet_size = 10;
+        assert_eq!(
+            err(&s),
+            "limits.max_packet_size = 10B is out of range 64B..=256MiB"
+        );
+    }
+
+    #[test]
+    fn a_duration_out_of_range_names_key_value_and_range_with_units() {
+        let mut s = Settings::default();
+        s.limits.connect_timeout = Duration::from_secs(600);
+        assert_eq!(
+            err(&s),
+            "limits.connect_timeout = 10m is out of range 1s..=5m"
+        );
+        let mut s = Settings::default();
+        s.limits.max_keep_alive = Duration::from_secs(65_536);
+        assert_eq!(
+            err(&s),
+            "limits.max_keep_alive = 18h 12m 16s is out of range 1s..=18h 12m 15s"
+        );
+    }
+
+    #[test]
+    fn a_count_out_of_range_names_key_value_and_range() {
+        let mut s = Settings::default();
+        s.server.shards = 65;
+        assert_eq!(err(&s), "server.shards = 65 is out of range 0..=64");
+        let mut s = Settings::default();
+        s.limits.receive_maximum = 0;
+        assert_eq!(
+            err(&s),
+            "limits.receive_maximum = 0 is out of range 1..=65535"
+        );
+    }
+
+    #[test]
+    fn a_listener_that_is_not_a_socket_address_is_refused() {
+        let mut s = Settings::default();
+        s.listeners.ws = vec!["localhost:8083".into()];
+        assert!(err(&s).starts_with("listeners.ws[0] = \"localhost:8083\" is not a socket address"));
+        let mut s = Settings::default();
+        s.admin.listen = "8080".into();
+        assert!(err(&s).starts_with("admin.listen = \"8080\""));
+        s.admin.listen = String::new();
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn port_zero_and_ipv6_loopback_are_accepted() {
+        let mut s = Settings::default();
+        s.listeners.tcp = vec!["127.0.0.1:0".into(), "[::1]:0".into()];
+        s.validate().unwrap();
+        assert!(s.anonymous_allowed());
+    }
+
+    #[test]
+    fn no_listener_at_all_is_refused() {
+        let mut s = Settings::default();
+        s.listeners.tcp.clear();
+        assert!(err(&s).starts_with("no MQTT listener"));
+    }
+
+    #[test]
+    fn listening_beyond_loopback_needs_allow_anonymous_or_a_password_file() {
+        let mut s = Settings::default();
+        s.listeners.tcp = vec!["0.0.0.0:1883".into()];
+        assert!(!s.anonymous_allowed());
+        let msg = err(&s);
+        assert!(msg.contains("listeners.tcp[0]"), "{msg}");
+        assert!(msg.contains("auth.allow_anonymous = true"), "{msg}");
+
+        s.auth.allow_anonymous = Some(true);
+        s.validate().unwrap();
+        assert!(s.anonymous_allowed());
+
+        s.auth.allow_anonymous = None;
+        s.auth.password_file = "passwd".into();
+        s.validate().unwrap();
+        assert!(!s.anonymous_allowed());
+    }
+
+    #[test]
+    fn allow_anonymous_false_is_honoured_on_loopback() {
+        let mut s = Settings::default();
+        s.auth.allow_anonymous = Some(false);
+        s.validate().unwrap();
+        assert!(!s.anonymous_allowed());
+    }
+
+    #[test]
+    fn durable_stores_and_cluster_mode_are_refused_for_now() {
+        let mut s = Settings::default();
+        s.store.kind = StoreKind::Local;
+        assert_eq!(
+            err(&s),
+            "store.kind = \"local\" is not available in this build yet, use store.kind = \"none\""
+        );
+        let s = Settings {
+            cluster: Some(ClusterSection),
+            ..Settings::default()
+        };
+        assert!(err(&s).contains("cluster mode is not available in this build"));
+    }
+}
+
+#[cfg(test)]
+mod serde_tests {
+    use super::*;
+
+    #[test]
+    fn a_file_with_units_deserializes() {
+        let s: Settings = toml::from_str(
+            r#"
+            [server]
+            sys_interval = "30s"
+            [limits]
+            max_packet_size = "2MiB"
+            max_connect_packet_bytes = 4096
+            connect_timeout = 7
+            max_keep_alive = "1h"
+            [auth]
+            allow_anonymous = true
+            [store]
+            kind = "none"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.server.sys_interval, Duration::from_secs(30));
+        assert_eq!(s.limits.max_packet_size, 2 << 20);
+        assert_eq!(s.limits.max_connect_packet_bytes, 4096);
+        assert_eq!(s.limits.connect_timeout, Duration::from_secs(7));
+        assert_eq!(s.limits.max_keep_alive, Duration::from_secs(3600));
+        assert_eq!(s.auth.allow_anonymous, Some(true));
+        assert_eq!(s.listeners, Listeners::default());
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_units_are_parse_errors() {
+        let e = toml::from_str::<Settings>("[limits]\nmax_packet_sise = 5\n").unwrap_err();
+        assert!(e.to_string().contains("max_packet_sise"), "{e}");
+        let e = toml::from_str::<Settings>("[limits]\nmax_packet_size = \"1QiB\"\n").unwrap_err();
+        assert!(e.to_string().contains("invalid size"), "{e}");
+        let e = toml::from_str::<Settings>("[store]\nkind = \"disk\"\n").unwrap_err();
+        assert!(e.to_string().contains("disk"), "{e}");
+    }
+
+    #[test]
+    fn tls_is_accepted_and_cluster_parses_only_to_be_refused() {
+        let s: Settings = toml::from_str(
+            "[tls]\ncert = \"server.pem\"\nrequire_client_cert = true\n\
+             [cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\n",
+        )
+        .unwrap();
+        assert_eq!(s.tls.cert, PathBuf::from("server.pem"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("cluster mode"));
+    }
+
+    #[test]
+    fn printed_settings_read_back_the_same() {
+        let mut s = Settings::default();
+        s.limits.max_session_expiry = Duration::from_secs(u64::from(u32::MAX));
+        s.auth.allow_anonymous = Some(false);
+        let text = toml::to_string(&s).unwrap();
+        assert!(text.contains("max_packet_size = \"1MiB\""), "{text}");
+        assert_eq!(toml::from_str::<Settings>(&text).unwrap(), s);
+    }
+}

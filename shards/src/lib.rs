@@ -1,1 +1,16 @@
-//! fleetmq server.
+//! fleetmq-shards: the fleetmq server (DESIGN.md §2–§3).
+//!
+//! One glommio `LocalExecutor` per core ("shard"), each with its own
+//! listener on the shared port (SO_REUSEPORT), its own subscription trie and
+//! its own copy of the route table. [`server::run`] starts the shards and
+//! the admin HTTP thread and returns when [`shutdown::Shutdown`] fires.
+
+pub mod admin;
+pub mod config;
+mod connection;
+pub mod metrics;
+mod outbound;
+pub mod server;
+mod shard;
+pub mod shutdown;
+mod signal;

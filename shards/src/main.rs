@@ -1,1 +1,110 @@
-fn main() {}
+//! `fleetmq`: the broker's command line, a thin layer over
+//! [`fleetmq_shards::server::run`] (DESIGN.md §15).
+//!
+//! Exit codes: 0 after a clean stop (or valid settings for `check-config`),
+//! 1 when the server fails, 2 when the settings are refused.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use fleetmq_shards::config::{self, ServeArgs};
+use fleetmq_shards::shutdown::Shutdown;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use tracing_subscriber::EnvFilter;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// fleetmq: an MQTT broker for dense device fleets.
+///
+/// Settings come from (lowest to highest precedence) defaults, the --config
+/// file, FLEETMQ_SECTION__KEY environment variables, --set, then --listen,
+/// --admin and --shards. Logging follows RUST_LOG (default "info").
+#[derive(Debug, Parser)]
+#[command(name = "fleetmq", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the broker until SIGTERM or SIGINT.
+    Serve(ServeArgs),
+    /// Validate the settings and print the effective ones as TOML; exit 2
+    /// when they are refused.
+    CheckConfig(ServeArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(&args),
+        Command::CheckConfig(args) => check_config(&args),
+    }
+}
+
+fn serve(args: &ServeArgs) -> ExitCode {
+    init_tracing();
+    let settings = match config::load(args) {
+        Ok(settings) => settings,
+        Err(err) => return refused(&err),
+    };
+    let shutdown = Shutdown::new();
+    if let Err(err) = watch_signals(shutdown.clone()) {
+        eprintln!("fleetmq: error: {err:#}");
+        return ExitCode::from(1);
+    }
+    match fleetmq_shards::server::run(settings, shutdown) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("fleetmq: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn check_config(args: &ServeArgs) -> ExitCode {
+    let printed = config::load(args).and_then(|s| config::to_toml(&s));
+    match printed {
+        Ok(text) => {
+            // A closed stdout (e.g. `| head`) is not a settings problem.
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(err) => refused(&err),
+    }
+}
+
+fn refused(err: &anyhow::Error) -> ExitCode {
+    eprintln!("fleetmq: error: {err:#}");
+    ExitCode::from(2)
+}
+
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Triggers `shutdown` on the first SIGTERM or SIGINT; a second one exits at
+/// once (status 130), for a stop that hangs.
+fn watch_signals(shutdown: Shutdown) -> anyhow::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    std::thread::Builder::new()
+        .name("fleetmq-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if shutdown.is_triggered() {
+                    tracing::warn!("broker: signal {signal} again, exiting now");
+                    std::process::exit(130);
+                }
+                tracing::info!("broker: signal {signal}, shutting down");
+                shutdown.trigger();
+            }
+        })?;
+    Ok(())
+}

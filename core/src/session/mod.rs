@@ -1,0 +1,647 @@
+//! The session state machine (MQTT 5 §4.1, §4.3, §4.4, §4.6).
+//!
+//! A [`Session`] holds what MQTT calls the session state on the server: the
+//! subscriptions, the QoS 1/2 messages sent to the client and not yet
+//! acknowledged, the messages waiting for the client (offline, or beyond its
+//! Receive Maximum), and the packet identifiers of inbound QoS 2 messages
+//! between PUBREC and PUBREL.
+//!
+//! It does no I/O and reads no clock: the caller feeds it decoded packets
+//! ([`Session::handle`]) and messages to deliver ([`Session::deliver`]) with
+//! the current time, and carries out the [`Output`]s it returns, in order.
+//! Routing, the subscription trie, retained messages and wills belong to the
+//! caller (the shard).
+
+pub mod connect;
+pub mod timing;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::num::NonZeroU16;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use bytestring::ByteString;
+
+use crate::packet::{
+    Disconnect, Packet, PacketId, Properties, ProtocolVersion, PubResponse, Publish, QoS,
+    ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
+};
+use crate::topic::{parse_shared, validate_topic_filter, validate_topic_name, TopicLimits};
+
+pub use connect::{negotiate, ConnectLimits, Negotiated, Refusal};
+
+/// An application message as the broker routes it: immutable and shared
+/// (`Arc`) by every shard and subscriber that receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The topic name.
+    pub topic: ByteString,
+    /// The payload, never copied per subscriber.
+    pub payload: Bytes,
+    /// The QoS it was published with.
+    pub qos: QoS,
+    /// The RETAIN flag it was published with.
+    pub retain: bool,
+    /// Properties forwarded to subscribers unchanged (MQTT 5 §3.3.2.3):
+    /// Payload Format Indicator, Message Expiry Interval, Content Type,
+    /// Response Topic, Correlation Data, User Properties. Topic Alias and
+    /// Subscription Identifiers are never kept here.
+    pub properties: Properties,
+    /// When the broker received it; the Message Expiry Interval counts from
+    /// here (MQTT 5 §3.3.2.3.3).
+    pub received_at: Instant,
+    /// The publishing connection's key (for No Local), or `u64::MAX` for
+    /// messages the broker itself publishes (wills from gone clients, $SYS).
+    pub origin: u64,
+}
+
+impl Message {
+    /// Seconds of the Message Expiry Interval left at `now`: `None` when the
+    /// message has no expiry, `Some(0)` once it has expired.
+    pub fn expiry_left(&self, now: Instant) -> Option<u32> {
+        let interval = self.properties.message_expiry_interval?;
+        let waited = now.saturating_duration_since(self.received_at).as_secs();
+        Some(u64::from(interval).saturating_sub(waited) as u32)
+    }
+}
+
+/// One subscription of a session (MQTT 5 §3.8.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Subscription {
+    /// The subscription options.
+    pub options: SubscriptionOptions,
+    /// The Subscription Identifier, 1..=268,435,455 (MQTT 5 §3.8.2.1.2).
+    pub identifier: Option<u32>,
+}
+
+/// A message on its way to one session: the shared message and what this
+/// session's subscriptions make of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The message.
+    pub message: Arc<Message>,
+    /// min(published QoS, subscription QoS) `[MQTT-3.8.4-8]`.
+    pub qos: QoS,
+    /// The RETAIN flag to send (Retain As Published, or a retained message
+    /// sent because of a subscribe `[MQTT-3.3.1-8]`, `[MQTT-3.3.1-9]`).
+    pub retain: bool,
+    /// Subscription Identifiers of the matching subscriptions (MQTT 5).
+    pub subscription_ids: Vec<u32>,
+}
+
+/// What the caller must do, in order, after a call into the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Write this packet to the client.
+    Send(Packet),
+    /// Write a PUBLISH for `delivery` with this packet identifier (QoS > 0)
+    /// and DUP flag.
+    Deliver {
+        /// The message and how to send it.
+        delivery: Delivery,
+        /// Present exactly when `delivery.qos` > 0.
+        packet_id: Option<PacketId>,
+        /// True when this is a redelivery `[MQTT-3.3.1-1]`.
+        dup: bool,
+    },
+    /// Route this message, published by the client, to its subscribers.
+    Publish(Message),
+    /// Add (or replace) this subscription in the routing structures, then
+    /// send matching retained messages per its Retain Handling.
+    Subscribed {
+        /// The topic filter.
+        filter: ByteString,
+        /// Its options and identifier.
+        subscription: Subscription,
+        /// True when the subscription replaced an existing one (Retain
+        /// Handling 1 then sends nothing).
+        existed: bool,
+    },
+    /// Remove this subscription from the routing structures.
+    Unsubscribed {
+        /// The topic filter.
+        filter: ByteString,
+    },
+    /// Close the connection. MQTT 5 clients first get DISCONNECT with
+    /// `reason` when it is `Some`.
+    Close {
+        /// Reason code of the server's DISCONNECT (MQTT 5), or `None` when
+        /// no DISCONNECT is sent (the client disconnected, or 3.1.x).
+        reason: Option<ReasonCode>,
+        /// Whether the Will Message is published (MQTT 5 §3.1.2.5).
+        publish_will: bool,
+    },
+}
+
+/// Limits a session enforces (DESIGN.md §9).
+#[derive(Debug, Clone)]
+pub struct SessionLimits {
+    /// Our Receive Maximum: inbound QoS 2 flows open at once before the
+    /// client gets DISCONNECT 0x93 (default 1000).
+    pub receive_maximum: u16,
+    /// Messages waiting per session before the oldest is dropped (default
+    /// 10,000).
+    pub max_queue: usize,
+    /// Subscriptions per session (default 1000).
+    pub max_subscriptions: usize,
+    /// Topic name and filter limits.
+    pub topic: TopicLimits,
+    /// Our own cap on QoS 1/2 PUBLISHes in flight to one client, below the
+    /// client's Receive Maximum (default 1000, `maxClientWritesPending`): it
+    /// bounds what one connection can hold in the broker's write buffers.
+    pub max_inflight: u16,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            receive_maximum: 1000,
+            max_queue: 10_000,
+            max_subscriptions: 1000,
+            topic: TopicLimits::default(),
+            max_inflight: 1000,
+        }
+    }
+}
+
+/// Counters a session keeps for metrics; the caller reads and resets them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropCounts {
+    /// Dropped because the queue was full (oldest first).
+    pub queue_full: u64,
+    /// Dropped because the Message Expiry Interval ran out in the queue.
+    pub expired: u64,
+    /// Dropped because the message exceeds the client's Maximum Packet Size
+    /// `[MQTT-3.1.2-25]`.
+    pub too_large: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InflightState {
+    /// PUBLISH QoS 1 sent, waiting for PUBACK.
+    AwaitPubAck,
+    /// PUBLISH QoS 2 sent, waiting for PUBREC.
+    AwaitPubRec,
+    /// PUBREL sent, waiting for PUBCOMP.
+    AwaitPubComp,
+}
+
+#[derive(Debug, Clone)]
+struct Inflight {
+    seq: u64,
+    delivery: Delivery,
+    state: InflightState,
+}
+
+/// The server-side state of one MQTT session.
+#[derive(Debug)]
+pub struct Session {
+    client_id: ByteString,
+    protocol: ProtocolVersion,
+    limits: SessionLimits,
+    online: bool,
+    /// Session Expiry Interval in force, seconds.
+    session_expiry: u32,
+    client_receive_maximum: u16,
+    client_max_packet_size: usize,
+    subscriptions: HashMap<ByteString, Subscription>,
+    next_packet_id: u16,
+    next_seq: u64,
+    inflight: HashMap<u16, Inflight>,
+    inflight_order: BTreeMap<u64, u16>,
+    queue: VecDeque<Delivery>,
+    inbound_qos2: HashSet<u16>,
+    drops: DropCounts,
+}
+
+impl Session {
+    /// A new, empty session for a connection that negotiated `negotiated`.
+    /// It starts online.
+    pub fn new(protocol: ProtocolVersion, negotiated: &Negotiated, limits: SessionLimits) -> Session {
+        Session {
+            client_id: negotiated.client_id.clone(),
+            protocol,
+            limits,
+            online: true,
+            session_expiry: negotiated.session_expiry,
+            client_receive_maximum: negotiated.client_receive_maximum,
+            client_max_packet_size: negotiated.client_max_packet_size,
+            subscriptions: HashMap::new(),
+            next_packet_id: 1,
+            next_seq: 0,
+            inflight: HashMap::new(),
+            inflight_order: BTreeMap::new(),
+            queue: VecDeque::new(),
+            inbound_qos2: HashSet::new(),
+            drops: DropCounts::default(),
+        }
+    }
+
+    /// The client identifier.
+    pub fn client_id(&self) -> &ByteString {
+        &self.client_id
+    }
+
+    /// The protocol version of the current (or last) connection.
+    pub fn protocol(&self) -> ProtocolVersion {
+        self.protocol
+    }
+
+    /// The Session Expiry Interval in force, seconds.
+    pub fn session_expiry(&self) -> u32 {
+        self.session_expiry
+    }
+
+    /// True while a connection is attached.
+    pub fn is_online(&self) -> bool {
+        self.online
+    }
+
+    /// The subscriptions, by topic filter.
+    pub fn subscriptions(&self) -> &HashMap<ByteString, Subscription> {
+        &self.subscriptions
+    }
+
+    /// Messages waiting (offline, or beyond the client's Receive Maximum).
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// QoS 1/2 messages sent and not yet fully acknowledged.
+    pub fn inflight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Take the drop counters, resetting them.
+    pub fn take_drops(&mut self) -> DropCounts {
+        std::mem::take(&mut self.drops)
+    }
+
+    /// The connection went away. The session keeps its state for the
+    /// caller to expire after the Session Expiry Interval.
+    pub fn go_offline(&mut self) {
+        self.online = false;
+    }
+
+    /// A new connection resumes this session (Clean Start 0 and the session
+    /// existed): adopt the connection's parameters, resend unacknowledged
+    /// PUBLISHes with DUP set and PUBRELs, in their original order
+    /// `[MQTT-4.4.0-1]`, then send queued messages up to the client's Receive
+    /// Maximum.
+    pub fn resume(&mut self, protocol: ProtocolVersion, negotiated: &Negotiated, now: Instant, out: &mut Vec<Output>) {
+        self.protocol = protocol;
+        self.online = true;
+        self.session_expiry = negotiated.session_expiry;
+        self.client_receive_maximum = negotiated.client_receive_maximum;
+        self.client_max_packet_size = negotiated.client_max_packet_size;
+        for pid in self.inflight_order.values() {
+            let entry = &self.inflight[pid];
+            let packet_id = NonZeroU16::new(*pid).expect("packet ids are never 0");
+            match entry.state {
+                InflightState::AwaitPubAck | InflightState::AwaitPubRec => out.push(Output::Deliver {
+                    delivery: entry.delivery.clone(),
+                    packet_id: Some(packet_id),
+                    dup: true,
+                }),
+                InflightState::AwaitPubComp => out.push(Output::Send(Packet::PubRel(PubResponse::success(packet_id)))),
+            }
+        }
+        self.pump(now, out);
+    }
+
+    /// Deliver a message matched by this session's subscriptions. QoS 0 goes
+    /// out at once when online and is dropped when offline; QoS 1/2 goes out
+    /// when online and within the client's Receive Maximum, else waits in
+    /// the queue (oldest dropped beyond `max_queue`).
+    pub fn deliver(&mut self, delivery: Delivery, now: Instant, out: &mut Vec<Output>) {
+        if delivery.message.expiry_left(now) == Some(0) {
+            self.drops.expired += 1;
+            return;
+        }
+        if delivery.qos == QoS::AtMostOnce {
+            if self.online {
+                out.push(Output::Deliver { delivery, packet_id: None, dup: false });
+            }
+            return;
+        }
+        if self.online && self.queue.is_empty() && self.has_send_quota() {
+            self.send_new(delivery, out);
+            return;
+        }
+        if self.queue.len() >= self.limits.max_queue {
+            self.queue.pop_front();
+            self.drops.queue_full += 1;
+        }
+        self.queue.push_back(delivery);
+    }
+
+    /// Count a delivery the caller dropped because, encoded, it exceeds the
+    /// client's Maximum Packet Size `[MQTT-3.1.2-25]`. Returns that size.
+    pub fn client_max_packet_size(&self) -> usize {
+        self.client_max_packet_size
+    }
+
+    /// Record that the caller dropped a message too large for the client.
+    /// For a QoS 1/2 delivery already given a packet identifier, the
+    /// identifier is released, as the spec asks (MQTT 5 §3.1.2.11.4: the
+    /// server acts as if it completed sending).
+    pub fn dropped_too_large(&mut self, packet_id: Option<PacketId>, now: Instant, out: &mut Vec<Output>) {
+        self.drops.too_large += 1;
+        if let Some(pid) = packet_id {
+            if let Some(entry) = self.inflight.remove(&pid.get()) {
+                self.inflight_order.remove(&entry.seq);
+            }
+            self.pump(now, out);
+        }
+    }
+
+    fn has_send_quota(&self) -> bool {
+        self.inflight.len() < usize::from(self.client_receive_maximum.min(self.limits.max_inflight))
+    }
+
+    /// Send queued messages while the client's Receive Maximum allows.
+    fn pump(&mut self, now: Instant, out: &mut Vec<Output>) {
+        while self.online && self.has_send_quota() {
+            let Some(delivery) = self.queue.pop_front() else { break };
+            if delivery.message.expiry_left(now) == Some(0) {
+                self.drops.expired += 1;
+                continue;
+            }
+            self.send_new(delivery, out);
+        }
+    }
+
+    fn send_new(&mut self, delivery: Delivery, out: &mut Vec<Output>) {
+        let pid = self.allocate_packet_id();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let state = if delivery.qos == QoS::AtLeastOnce {
+            InflightState::AwaitPubAck
+        } else {
+            InflightState::AwaitPubRec
+        };
+        self.inflight.insert(pid.get(), Inflight { seq, delivery: delivery.clone(), state });
+        self.inflight_order.insert(seq, pid.get());
+        out.push(Output::Deliver { delivery, packet_id: Some(pid), dup: false });
+    }
+
+    /// The next free packet identifier; the caller guarantees one is free
+    /// (at most 65,535 are in flight, bounded by Receive Maximum).
+    fn allocate_packet_id(&mut self) -> PacketId {
+        loop {
+            let candidate = self.next_packet_id;
+            self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
+            if !self.inflight.contains_key(&candidate) {
+                return NonZeroU16::new(candidate).expect("packet ids wrap past 0");
+            }
+        }
+    }
+
+    fn complete(&mut self, pid: u16, expected: InflightState, now: Instant, out: &mut Vec<Output>) -> bool {
+        match self.inflight.get(&pid) {
+            Some(entry) if entry.state == expected => {
+                let seq = entry.seq;
+                self.inflight.remove(&pid);
+                self.inflight_order.remove(&seq);
+                self.pump(now, out);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Handle one packet from the client. Outputs go to `out`, in order.
+    pub fn handle(&mut self, packet: Packet, now: Instant, out: &mut Vec<Output>) {
+        let v5 = self.protocol.is_v5();
+        match packet {
+            Packet::Publish(publish) => self.handle_publish(publish, now, out),
+            Packet::PubAck(ack) => {
+                self.complete(ack.packet_id.get(), InflightState::AwaitPubAck, now, out);
+            }
+            Packet::PubRec(rec) => {
+                let pid = rec.packet_id.get();
+                match self.inflight.get_mut(&pid) {
+                    Some(entry) if entry.state == InflightState::AwaitPubRec => {
+                        if rec.reason.is_error() {
+                            // The flow ends at an error PUBREC (MQTT 5 §4.3.3).
+                            self.complete(pid, InflightState::AwaitPubRec, now, out);
+                        } else {
+                            entry.state = InflightState::AwaitPubComp;
+                            out.push(Output::Send(Packet::PubRel(PubResponse::success(rec.packet_id))));
+                        }
+                    }
+                    Some(entry) if entry.state == InflightState::AwaitPubComp => {
+                        out.push(Output::Send(Packet::PubRel(PubResponse::success(rec.packet_id))));
+                    }
+                    _ => {
+                        let reason = if v5 { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND } else { ReasonCode::SUCCESS };
+                        out.push(Output::Send(Packet::PubRel(PubResponse {
+                            packet_id: rec.packet_id,
+                            reason,
+                            properties: Properties::default(),
+                        })));
+                    }
+                }
+            }
+            Packet::PubComp(comp) => {
+                self.complete(comp.packet_id.get(), InflightState::AwaitPubComp, now, out);
+            }
+            Packet::PubRel(rel) => {
+                // [MQTT-4.3.3-12]: answer PUBCOMP; the message was forwarded
+                // at PUBLISH time, so forget the packet identifier.
+                let known = self.inbound_qos2.remove(&rel.packet_id.get());
+                let reason = if known || !v5 { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
+                out.push(Output::Send(Packet::PubComp(PubResponse {
+                    packet_id: rel.packet_id,
+                    reason,
+                    properties: Properties::default(),
+                })));
+            }
+            Packet::Subscribe(subscribe) => self.handle_subscribe(subscribe, out),
+            Packet::Unsubscribe(unsubscribe) => self.handle_unsubscribe(unsubscribe, out),
+            Packet::PingReq => out.push(Output::Send(Packet::PingResp)),
+            Packet::Disconnect(disconnect) => self.handle_disconnect(disconnect, out),
+            Packet::Connect(_) => {
+                // [MQTT-3.1.0-2]: a second CONNECT is a Protocol Error.
+                self.protocol_error(out);
+            }
+            Packet::Auth(_) => {
+                // No Authentication Method was agreed in CONNECT, so AUTH is
+                // a Protocol Error (MQTT 5 §4.12).
+                self.protocol_error(out);
+            }
+            Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
+                // Server-to-client packets sent by a client.
+                self.protocol_error(out);
+            }
+        }
+    }
+
+    fn protocol_error(&self, out: &mut Vec<Output>) {
+        self.close_with(ReasonCode::PROTOCOL_ERROR, out);
+    }
+
+    fn close_with(&self, reason: ReasonCode, out: &mut Vec<Output>) {
+        let reason = self.protocol.is_v5().then_some(reason);
+        out.push(Output::Close { reason, publish_will: true });
+    }
+
+    fn handle_publish(&mut self, publish: Publish, now: Instant, out: &mut Vec<Output>) {
+        let v5 = self.protocol.is_v5();
+        if publish.properties.topic_alias.is_some() {
+            // We announce no Topic Alias Maximum, so any alias is invalid
+            // `[MQTT-3.3.2-9]`.
+            self.close_with(ReasonCode::TOPIC_ALIAS_INVALID, out);
+            return;
+        }
+        if validate_topic_name(&publish.topic, &self.limits.topic).is_err() {
+            // MQTT 5: DISCONNECT 0x90; 3.1.1: close `[MQTT-3.3.2-2]`.
+            self.close_with(ReasonCode::TOPIC_NAME_INVALID, out);
+            return;
+        }
+        if v5 && !publish.properties.subscription_identifiers.is_empty() {
+            // A PUBLISH from a client must not carry one `[MQTT-3.3.4-6]`.
+            self.protocol_error(out);
+            return;
+        }
+        let format_invalid = publish.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&publish.payload).is_err();
+        let ack_reason = if v5 && format_invalid { ReasonCode::PAYLOAD_FORMAT_INVALID } else { ReasonCode::SUCCESS };
+        match publish.qos {
+            QoS::AtMostOnce => {
+                if !format_invalid || !v5 {
+                    out.push(Output::Publish(into_message(publish, now)));
+                }
+            }
+            QoS::AtLeastOnce => {
+                let packet_id = publish.packet_id.expect("decoder guarantees a packet id at QoS 1");
+                if !ack_reason.is_error() {
+                    out.push(Output::Publish(into_message(publish, now)));
+                }
+                out.push(Output::Send(Packet::PubAck(PubResponse {
+                    packet_id,
+                    reason: ack_reason,
+                    properties: Properties::default(),
+                })));
+            }
+            QoS::ExactlyOnce => {
+                let packet_id = publish.packet_id.expect("decoder guarantees a packet id at QoS 2");
+                let pid = packet_id.get();
+                if !self.inbound_qos2.contains(&pid) {
+                    if ack_reason.is_error() {
+                        // The flow ends at an error PUBREC: nothing to keep.
+                    } else {
+                        if self.inbound_qos2.len() >= usize::from(self.limits.receive_maximum) {
+                            // `[MQTT-3.3.4-9]`: beyond our Receive Maximum.
+                            self.close_with(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED, out);
+                            return;
+                        }
+                        self.inbound_qos2.insert(pid);
+                        out.push(Output::Publish(into_message(publish, now)));
+                    }
+                }
+                // A resent PUBLISH with a packet id we hold is not forwarded
+                // again `[MQTT-4.3.3-10]`; PUBREC again either way.
+                out.push(Output::Send(Packet::PubRec(PubResponse {
+                    packet_id,
+                    reason: ack_reason,
+                    properties: Properties::default(),
+                })));
+            }
+        }
+    }
+
+    fn handle_subscribe(&mut self, subscribe: Subscribe, out: &mut Vec<Output>) {
+        let v5 = self.protocol.is_v5();
+        let identifier = subscribe.properties.subscription_identifiers.first().copied();
+        let mut reasons = Vec::with_capacity(subscribe.filters.len());
+        let mut changes = Vec::with_capacity(subscribe.filters.len());
+        for (filter, options) in subscribe.filters {
+            let reason = if validate_topic_filter(&filter, &self.limits.topic).is_err() {
+                if v5 { ReasonCode::TOPIC_FILTER_INVALID } else { ReasonCode::UNSPECIFIED_ERROR }
+            } else if parse_shared(&filter).is_some() {
+                if v5 { ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED } else { ReasonCode::UNSPECIFIED_ERROR }
+            } else if !self.subscriptions.contains_key(&filter)
+                && self.subscriptions.len() >= self.limits.max_subscriptions
+            {
+                if v5 { ReasonCode::QUOTA_EXCEEDED } else { ReasonCode::UNSPECIFIED_ERROR }
+            } else {
+                let subscription = Subscription { options, identifier };
+                let existed = self.subscriptions.insert(filter.clone(), subscription).is_some();
+                changes.push(Output::Subscribed { filter, subscription, existed });
+                ReasonCode(options.qos as u8)
+            };
+            reasons.push(reason);
+        }
+        out.push(Output::Send(Packet::SubAck(SubAck {
+            packet_id: subscribe.packet_id,
+            properties: Properties::default(),
+            reasons,
+        })));
+        out.extend(changes);
+    }
+
+    fn handle_unsubscribe(&mut self, unsubscribe: Unsubscribe, out: &mut Vec<Output>) {
+        let v5 = self.protocol.is_v5();
+        let mut reasons = Vec::with_capacity(if v5 { unsubscribe.filters.len() } else { 0 });
+        let mut changes = Vec::with_capacity(unsubscribe.filters.len());
+        for filter in unsubscribe.filters {
+            let existed = self.subscriptions.remove(&filter).is_some();
+            if v5 {
+                reasons.push(if existed { ReasonCode::SUCCESS } else { ReasonCode::NO_SUBSCRIPTION_EXISTED });
+            }
+            if existed {
+                changes.push(Output::Unsubscribed { filter });
+            }
+        }
+        // Unsubscribe first, then UNSUBACK `[MQTT-3.10.4-4]`.
+        out.extend(changes);
+        out.push(Output::Send(Packet::UnsubAck(UnsubAck {
+            packet_id: unsubscribe.packet_id,
+            properties: Properties::default(),
+            reasons,
+        })));
+    }
+
+    fn handle_disconnect(&mut self, disconnect: Disconnect, out: &mut Vec<Output>) {
+        if let Some(expiry) = disconnect.properties.session_expiry_interval {
+            if self.session_expiry == 0 && expiry != 0 {
+                // `[MQTT-3.14.2-2]`: 0 at CONNECT cannot become non-zero.
+                self.protocol_error(out);
+                return;
+            }
+            self.session_expiry = expiry;
+        }
+        // A normal DISCONNECT discards the will `[MQTT-3.14.4-3]`; 0x04 asks
+        // for it (MQTT 5 §3.14.2.1).
+        let publish_will = disconnect.reason == ReasonCode::DISCONNECT_WITH_WILL;
+        out.push(Output::Close { reason: None, publish_will });
+    }
+
+    /// Clamp a Session Expiry Interval set at DISCONNECT to the server
+    /// maximum (the caller applies the maximum it announced).
+    pub fn clamp_session_expiry(&mut self, max: u32) {
+        self.session_expiry = self.session_expiry.min(max);
+    }
+}
+
+/// Turn a client's PUBLISH into the message the broker routes: the Topic
+/// Alias and Subscription Identifiers are not forwarded (MQTT 5 §3.3.4).
+fn into_message(publish: Publish, now: Instant) -> Message {
+    let mut properties = publish.properties;
+    properties.topic_alias = None;
+    properties.subscription_identifiers.clear();
+    Message {
+        topic: publish.topic,
+        payload: publish.payload,
+        qos: publish.qos,
+        retain: publish.retain,
+        properties,
+        received_at: now,
+        origin: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,446 @@
+//! Session scenarios driven with a fake clock (a fixed `Instant` plus
+//! offsets): no test sleeps.
+
+use std::num::NonZeroU16;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use bytestring::ByteString;
+
+use super::*;
+use crate::packet::{Connect, Will};
+
+fn pid(n: u16) -> PacketId {
+    NonZeroU16::new(n).unwrap()
+}
+
+fn connect(protocol: ProtocolVersion, client_id: &str, clean: bool) -> Connect {
+    Connect {
+        protocol,
+        clean_start: clean,
+        keep_alive: 60,
+        client_id: ByteString::from(client_id),
+        will: None,
+        username: None,
+        password: None,
+        properties: Properties::default(),
+    }
+}
+
+fn session_with(protocol: ProtocolVersion, receive_maximum: u16, limits: SessionLimits) -> Session {
+    let mut c = connect(protocol, "c1", false);
+    c.properties.receive_maximum = Some(receive_maximum);
+    let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
+    Session::new(protocol, &n, limits)
+}
+
+fn message(topic: &str, qos: QoS, t: Instant) -> Arc<Message> {
+    Arc::new(Message {
+        topic: ByteString::from(topic),
+        payload: Bytes::from_static(b"x"),
+        qos,
+        retain: false,
+        properties: Properties::default(),
+        received_at: t,
+        origin: 7,
+    })
+}
+
+fn delivery(m: &Arc<Message>, qos: QoS) -> Delivery {
+    Delivery { message: m.clone(), qos, retain: false, subscription_ids: vec![] }
+}
+
+fn delivered_ids(out: &[Output]) -> Vec<(Option<u16>, bool)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Deliver { packet_id, dup, .. } => Some((packet_id.map(|p| p.get()), *dup)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn publish(topic: &str, qos: QoS, packet_id: Option<u16>) -> Packet {
+    Packet::Publish(Publish {
+        dup: false,
+        qos,
+        retain: false,
+        topic: ByteString::from(topic),
+        packet_id: packet_id.map(pid),
+        properties: Properties::default(),
+        payload: Bytes::from_static(b"hello"),
+    })
+}
+
+#[test]
+fn qos1_deliveries_stop_at_the_clients_receive_maximum_and_resume_on_puback() {
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 2, SessionLimits::default());
+    let m = message("a", QoS::AtLeastOnce, t0);
+    let mut out = vec![];
+    for _ in 0..3 {
+        s.deliver(delivery(&m, QoS::AtLeastOnce), t0, &mut out);
+    }
+    // [MQTT-4.9.0-2]: no more than Receive Maximum unacknowledged PUBLISHes.
+    assert_eq!(delivered_ids(&out), vec![(Some(1), false), (Some(2), false)]);
+    assert_eq!(s.queued(), 1);
+    out.clear();
+    s.handle(Packet::PubAck(PubResponse::success(pid(1))), t0, &mut out);
+    assert_eq!(delivered_ids(&out), vec![(Some(3), false)]);
+    assert_eq!(s.inflight(), 2);
+}
+
+#[test]
+fn offline_session_queues_qos1_drops_qos0_and_drops_oldest_when_full() {
+    let t0 = Instant::now();
+    let limits = SessionLimits { max_queue: 2, ..SessionLimits::default() };
+    let mut s = session_with(ProtocolVersion::V3_1_1, 10, limits);
+    s.go_offline();
+    let mut out = vec![];
+    let msgs: Vec<_> = (0..3).map(|i| message(&format!("t/{i}"), QoS::AtLeastOnce, t0)).collect();
+    s.deliver(delivery(&message("q0", QoS::AtMostOnce, t0), QoS::AtMostOnce), t0, &mut out);
+    for m in &msgs {
+        s.deliver(delivery(m, QoS::AtLeastOnce), t0, &mut out);
+    }
+    assert!(out.is_empty());
+    assert_eq!(s.queued(), 2);
+    assert_eq!(s.take_drops().queue_full, 1);
+    let n = negotiate(&connect(ProtocolVersion::V3_1_1, "c1", false), &ConnectLimits::default(), || unreachable!()).unwrap();
+    s.resume(ProtocolVersion::V3_1_1, &n, t0, &mut out);
+    let topics: Vec<_> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Deliver { delivery, .. } => Some(delivery.message.topic.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(topics, vec!["t/1", "t/2"], "oldest dropped, order kept");
+}
+
+#[test]
+fn resume_resends_unacknowledged_publishes_with_dup_then_pubrels_in_order() {
+    // [MQTT-4.4.0-1]: resend unacknowledged PUBLISH (DUP=1) and PUBREL in
+    // their original order.
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let m1 = message("a", QoS::ExactlyOnce, t0);
+    let m2 = message("b", QoS::AtLeastOnce, t0);
+    let mut out = vec![];
+    s.deliver(delivery(&m1, QoS::ExactlyOnce), t0, &mut out);
+    s.deliver(delivery(&m2, QoS::AtLeastOnce), t0, &mut out);
+    s.handle(Packet::PubRec(PubResponse::success(pid(1))), t0, &mut out);
+    assert_eq!(out.last(), Some(&Output::Send(Packet::PubRel(PubResponse::success(pid(1))))));
+    s.go_offline();
+    out.clear();
+    let mut c = connect(ProtocolVersion::V5, "c1", false);
+    c.properties.session_expiry_interval = Some(100);
+    let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
+    s.resume(ProtocolVersion::V5, &n, t0, &mut out);
+    assert_eq!(out[0], Output::Send(Packet::PubRel(PubResponse::success(pid(1)))));
+    assert_eq!(delivered_ids(&out), vec![(Some(2), true)]);
+    out.clear();
+    s.handle(Packet::PubComp(PubResponse::success(pid(1))), t0, &mut out);
+    s.handle(Packet::PubAck(PubResponse::success(pid(2))), t0, &mut out);
+    assert_eq!(s.inflight(), 0);
+}
+
+#[test]
+fn inbound_qos2_is_forwarded_once_even_when_the_publish_is_resent() {
+    // [MQTT-4.3.3-10]: a resent PUBLISH with the same packet id before
+    // PUBREL is not delivered again.
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V3_1_1, 10, SessionLimits::default());
+    let mut out = vec![];
+    s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
+    s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
+    let forwarded = out.iter().filter(|o| matches!(o, Output::Publish(_))).count();
+    let pubrecs = out.iter().filter(|o| matches!(o, Output::Send(Packet::PubRec(_)))).count();
+    assert_eq!((forwarded, pubrecs), (1, 2));
+    out.clear();
+    s.handle(Packet::PubRel(PubResponse::success(pid(9))), t0, &mut out);
+    assert_eq!(out, vec![Output::Send(Packet::PubComp(PubResponse::success(pid(9))))]);
+    // After PUBCOMP the packet id is free: a new message with it is new.
+    out.clear();
+    s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
+    assert!(out.iter().any(|o| matches!(o, Output::Publish(_))));
+}
+
+#[test]
+fn client_exceeding_our_receive_maximum_gets_disconnect_0x93() {
+    // [MQTT-3.3.4-9]
+    let t0 = Instant::now();
+    let limits = SessionLimits { receive_maximum: 2, ..SessionLimits::default() };
+    let mut s = session_with(ProtocolVersion::V5, 10, limits);
+    let mut out = vec![];
+    for id in 1..=3 {
+        s.handle(publish("a", QoS::ExactlyOnce, Some(id)), t0, &mut out);
+    }
+    assert_eq!(
+        out.last(),
+        Some(&Output::Close { reason: Some(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED), publish_will: true })
+    );
+}
+
+#[test]
+fn qos1_publish_is_forwarded_then_acknowledged() {
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let mut out = vec![];
+    s.handle(publish("x/y", QoS::AtLeastOnce, Some(5)), t0, &mut out);
+    assert!(matches!(&out[0], Output::Publish(m) if m.topic == "x/y" && m.received_at == t0));
+    assert_eq!(out[1], Output::Send(Packet::PubAck(PubResponse::success(pid(5)))));
+}
+
+#[test]
+fn publish_to_a_wildcard_topic_closes_the_connection() {
+    // [MQTT-3.3.2-2]: the Topic Name must not contain wildcards.
+    let t0 = Instant::now();
+    for (protocol, reason) in
+        [(ProtocolVersion::V5, Some(ReasonCode::TOPIC_NAME_INVALID)), (ProtocolVersion::V3_1_1, None)]
+    {
+        let mut s = session_with(protocol, 10, SessionLimits::default());
+        let mut out = vec![];
+        s.handle(publish("a/+", QoS::AtMostOnce, None), t0, &mut out);
+        assert_eq!(out, vec![Output::Close { reason, publish_will: true }]);
+    }
+}
+
+#[test]
+fn second_connect_is_a_protocol_error() {
+    // [MQTT-3.1.0-2]
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let mut out = vec![];
+    s.handle(Packet::Connect(Box::new(connect(ProtocolVersion::V5, "c1", true))), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::PROTOCOL_ERROR), publish_will: true }]);
+}
+
+#[test]
+fn normal_disconnect_discards_the_will_and_0x04_publishes_it() {
+    // [MQTT-3.14.4-3]; MQTT 5 §3.14.2.1 reason 0x04.
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let mut out = vec![];
+    s.handle(Packet::Disconnect(Disconnect::default()), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: None, publish_will: false }]);
+    out.clear();
+    let d = Disconnect { reason: ReasonCode::DISCONNECT_WITH_WILL, properties: Properties::default() };
+    s.handle(Packet::Disconnect(d), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: None, publish_will: true }]);
+}
+
+#[test]
+fn session_expiry_cannot_go_from_zero_to_non_zero_at_disconnect() {
+    // [MQTT-3.14.2-2]
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    assert_eq!(s.session_expiry(), 0);
+    let mut props = Properties::default();
+    props.session_expiry_interval = Some(30);
+    let mut out = vec![];
+    s.handle(Packet::Disconnect(Disconnect { reason: ReasonCode::SUCCESS, properties: props }), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::PROTOCOL_ERROR), publish_will: true }]);
+}
+
+#[test]
+fn subscribe_grants_requested_qos_and_rejects_invalid_filters() {
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let opts = |q| SubscriptionOptions { qos: q, ..SubscriptionOptions::default() };
+    let sub = Subscribe {
+        packet_id: pid(3),
+        properties: Properties::default(),
+        filters: vec![
+            (ByteString::from("a/#"), opts(QoS::ExactlyOnce)),
+            (ByteString::from("a/#/b"), opts(QoS::AtMostOnce)),
+            (ByteString::from("$share/g/a"), opts(QoS::AtMostOnce)),
+        ],
+    };
+    let mut out = vec![];
+    s.handle(Packet::Subscribe(sub), t0, &mut out);
+    let Output::Send(Packet::SubAck(ack)) = &out[0] else { panic!("SUBACK first: {out:?}") };
+    assert_eq!(
+        ack.reasons,
+        vec![ReasonCode::GRANTED_QOS_2, ReasonCode::TOPIC_FILTER_INVALID, ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED]
+    );
+    assert!(matches!(&out[1], Output::Subscribed { filter, existed: false, .. } if filter == "a/#"));
+    assert_eq!(out.len(), 2);
+}
+
+#[test]
+fn subscriptions_beyond_the_limit_get_quota_exceeded() {
+    let t0 = Instant::now();
+    let limits = SessionLimits { max_subscriptions: 1, ..SessionLimits::default() };
+    let mut s = session_with(ProtocolVersion::V5, 10, limits);
+    let mut out = vec![];
+    let filters = vec![("a".into(), SubscriptionOptions::default()), ("b".into(), SubscriptionOptions::default())];
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default(), filters }), t0, &mut out);
+    let Output::Send(Packet::SubAck(ack)) = &out[0] else { panic!() };
+    assert_eq!(ack.reasons, vec![ReasonCode::GRANTED_QOS_0, ReasonCode::QUOTA_EXCEEDED]);
+}
+
+#[test]
+fn unsubscribe_reports_which_subscriptions_existed() {
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let mut out = vec![];
+    let filters = vec![("a".into(), SubscriptionOptions::default())];
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default(), filters }), t0, &mut out);
+    out.clear();
+    let u = Unsubscribe { packet_id: pid(2), properties: Properties::default(), filters: vec!["a".into(), "b".into()] };
+    s.handle(Packet::Unsubscribe(u), t0, &mut out);
+    assert_eq!(out[0], Output::Unsubscribed { filter: "a".into() });
+    let Output::Send(Packet::UnsubAck(ack)) = &out[1] else { panic!() };
+    assert_eq!(ack.reasons, vec![ReasonCode::SUCCESS, ReasonCode::NO_SUBSCRIPTION_EXISTED]);
+}
+
+#[test]
+fn expired_messages_are_never_sent() {
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    s.go_offline();
+    let mut m = (*message("a", QoS::AtLeastOnce, t0)).clone();
+    m.properties.message_expiry_interval = Some(5);
+    let m = Arc::new(m);
+    let mut out = vec![];
+    s.deliver(delivery(&m, QoS::AtLeastOnce), t0, &mut out);
+    let n = negotiate(&connect(ProtocolVersion::V5, "c1", false), &ConnectLimits::default(), || unreachable!()).unwrap();
+    s.resume(ProtocolVersion::V5, &n, t0 + Duration::from_secs(6), &mut out);
+    assert!(out.is_empty());
+    assert_eq!(s.take_drops().expired, 1);
+    assert_eq!(m.expiry_left(t0 + Duration::from_secs(2)), Some(3));
+}
+
+#[test]
+fn empty_client_id_with_persistent_session_is_refused_on_3_1_1() {
+    // [MQTT-3.1.3-8]: return code 2 (identifier rejected).
+    let r = negotiate(&connect(ProtocolVersion::V3_1_1, "", false), &ConnectLimits::default(), || "x".into());
+    assert_eq!(r.unwrap_err().reason.to_v3_connack(), 2);
+    let ok = negotiate(&connect(ProtocolVersion::V3_1_1, "", true), &ConnectLimits::default(), || "gen".into()).unwrap();
+    assert_eq!(ok.client_id, "gen");
+}
+
+#[test]
+fn empty_client_id_on_mqtt5_gets_an_assigned_client_identifier() {
+    // [MQTT-3.2.2-16]
+    let n = negotiate(&connect(ProtocolVersion::V5, "", true), &ConnectLimits::default(), || "auto-1".into()).unwrap();
+    assert_eq!(n.connack.properties.assigned_client_identifier.as_deref(), Some("auto-1"));
+}
+
+#[test]
+fn keep_alive_above_the_maximum_becomes_server_keep_alive_on_mqtt5_and_is_refused_on_3_1_1() {
+    let limits = ConnectLimits { max_keep_alive: 100, ..ConnectLimits::default() };
+    let mut c = connect(ProtocolVersion::V5, "c", true);
+    c.keep_alive = 500;
+    let n = negotiate(&c, &limits, || unreachable!()).unwrap();
+    // [MQTT-3.2.2-21]: the client must use the Server Keep Alive.
+    assert_eq!((n.keep_alive, n.connack.properties.server_keep_alive), (100, Some(100)));
+    c.protocol = ProtocolVersion::V3_1_1;
+    assert!(negotiate(&c, &limits, || unreachable!()).is_err());
+}
+
+#[test]
+fn session_expiry_is_clamped_to_the_maximum_and_announced() {
+    let limits = ConnectLimits { max_session_expiry: 60, ..ConnectLimits::default() };
+    let mut c = connect(ProtocolVersion::V5, "c", false);
+    c.properties.session_expiry_interval = Some(u32::MAX);
+    let n = negotiate(&c, &limits, || unreachable!()).unwrap();
+    assert_eq!((n.session_expiry, n.connack.properties.session_expiry_interval), (60, Some(60)));
+    // 3.1.1 clean session 0 lasts the maximum; clean session 1 ends at once.
+    let n = negotiate(&connect(ProtocolVersion::V3_1_1, "c", false), &limits, || unreachable!()).unwrap();
+    assert_eq!(n.session_expiry, 60);
+    let n = negotiate(&connect(ProtocolVersion::V3_1_1, "c", true), &limits, || unreachable!()).unwrap();
+    assert_eq!(n.session_expiry, 0);
+}
+
+#[test]
+fn invalid_will_topic_is_refused() {
+    let mut c = connect(ProtocolVersion::V5, "c", true);
+    c.will = Some(Will {
+        topic: "a/#".into(),
+        payload: Bytes::new(),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: Properties::default(),
+    });
+    assert_eq!(negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap_err().reason, ReasonCode::TOPIC_NAME_INVALID);
+}
+
+#[test]
+fn authentication_method_is_refused_with_0x8c() {
+    let mut c = connect(ProtocolVersion::V5, "c", true);
+    c.properties.authentication_method = Some("SCRAM-SHA-1".into());
+    let r = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap_err();
+    assert_eq!(r.reason, ReasonCode::BAD_AUTHENTICATION_METHOD);
+}
+
+mod properties {
+    //! Property tests: whatever the interleaving of deliveries and
+    //! acknowledgements, the session never exceeds the client's Receive
+    //! Maximum, never loses a QoS 1 message it did not drop for a counted
+    //! reason, and never reuses a packet identifier in flight.
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Deliver,
+        AckOldest,
+        AckNewest,
+        Reconnect,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => Just(Step::Deliver),
+            2 => Just(Step::AckOldest),
+            1 => Just(Step::AckNewest),
+            1 => Just(Step::Reconnect),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn qos1_flow_respects_receive_maximum_and_loses_nothing(
+            receive_max in 1u16..5, max_queue in 1usize..8, steps in proptest::collection::vec(step(), 1..200)
+        ) {
+            let t0 = Instant::now();
+            let limits = SessionLimits { max_queue, ..SessionLimits::default() };
+            let mut s = session_with(ProtocolVersion::V5, receive_max, limits);
+            let mut unacked: Vec<u16> = vec![];
+            let (mut sent, mut acked) = (0u64, 0u64);
+            for st in steps {
+                let mut out = vec![];
+                match st {
+                    Step::Deliver => {
+                        sent += 1;
+                        s.deliver(delivery(&message("t", QoS::AtLeastOnce, t0), QoS::AtLeastOnce), t0, &mut out);
+                    }
+                    Step::AckOldest | Step::AckNewest if !unacked.is_empty() => {
+                        let p = if matches!(st, Step::AckOldest) { unacked.remove(0) } else { unacked.pop().unwrap() };
+                        acked += 1;
+                        s.handle(Packet::PubAck(PubResponse::success(pid(p))), t0, &mut out);
+                    }
+                    Step::Reconnect => {
+                        s.go_offline();
+                        unacked.clear();
+                        let mut c = connect(ProtocolVersion::V5, "c1", false);
+                        c.properties.receive_maximum = Some(receive_max);
+                        let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
+                        s.resume(ProtocolVersion::V5, &n, t0, &mut out);
+                    }
+                    _ => {}
+                }
+                for (p, _dup) in delivered_ids(&out) {
+                    let p = p.unwrap();
+                    prop_assert!(!unacked.contains(&p), "packet id {} reused while in flight", p);
+                    unacked.push(p);
+                }
+                prop_assert!(unacked.len() <= usize::from(receive_max));
+                prop_assert_eq!(unacked.len(), s.inflight());
+            }
+            let dropped = s.take_drops().queue_full;
+            prop_assert_eq!(sent, acked + s.inflight() as u64 + s.queued() as u64 + dropped);
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! Building [`Settings`] from the file, the environment and the command line
+//! (DESIGN.md §15).
+//!
+//! Layers, lowest to highest precedence:
+//!
+//! 1. defaults ([`Settings::default`]);
+//! 2. the TOML file given with `--config`;
+//! 3. environment variables `FLEETMQ_SECTION__KEY=value`, e.g.
+//!    `FLEETMQ_LIMITS__MAX_PACKET_SIZE=2MiB` (section and key are joined by a
+//!    double underscore and lower-cased; variables starting `FLEETMQ_` without
+//!    `__` are not settings and are ignored);
+//! 4. `--set section.key=value`, repeatable, later ones winning;
+//! 5. the flags `--listen` (repeatable; replaces `listeners.tcp` when given),
+//!    `--admin` and `--shards`.
+//!
+//! Layers are merged into one TOML table and deserialized once, so an unknown
+//! key or a bad value is reported with its dotted key wherever it came from.
+//! A value from the environment or `--set` is read as a TOML literal when it
+//! is one (`true`, `5`, `["a", "b"]`, `"quoted"`), else as a plain string
+//! (`10s`, `1MiB`, `0.0.0.0:1883`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use fleetmq_core::settings::Settings;
+use toml::{Table, Value};
+
+/// Prefix of environment variables that hold settings.
+pub const ENV_PREFIX: &str = "FLEETMQ_";
+
+/// The flags shared by `fleetmq serve` and `fleetmq check-config`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (DESIGN.md §15).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Set one setting, e.g. `--set limits.max_packet_size=2MiB`; wins over
+    /// the file and the environment. Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// MQTT TCP listener address; replaces `listeners.tcp` when given.
+    /// Repeatable.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Vec<String>,
+    /// Admin HTTP address (`admin.listen`); "" disables the admin server.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin: Option<String>,
+    /// Number of shards (`server.shards`); 0 means one per core.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<usize>,
+}
+
+/// Builds and validates the effective settings from `args`, the process
+/// environment and the file `args.config` names.
+///
+/// # Errors
+///
+/// The file cannot be read or is not TOML; a `--set` or environment entry is
+/// malformed; a key is unknown or a value has the wrong type or unit (the
+/// error names the dotted key); or [`Settings::validate`] refuses the result.
+pub fn load(args: &ServeArgs) -> anyhow::Result<Settings> {
+    load_from(args, std::env::vars())
+}
+
+/// [`load`] with the environment given explicitly, for tests and embedding.
+///
+/// # Errors
+///
+/// As [`load`].
+pub fn load_from(
+    args: &ServeArgs,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<Settings> {
+    let mut table = match &args.config {
+        Some(path) => read_file(path)?,
+        None => Table::new(),
+    };
+    let mut env: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(name, _)| name.starts_with(ENV_PREFIX) && name.contains("__"))
+        .collect();
+    // Deterministic order, so that two spellings of one key resolve the same
+    // way every time.
+    env.sort();
+    for (name, value) in env {
+        let key = env_key(&name)?;
+        set_path(&mut table, &key, literal(&value))
+            .with_context(|| format!("environment variable {name}"))?;
+    }
+    for entry in &args.set {
+        let (key, value) = entry.split_once('=').ok_or_else(|| {
+            anyhow!("--set {entry:?}: expected KEY=VALUE, e.g. limits.max_clients=1000")
+        })?;
+        set_path(&mut table, key.trim(), literal(value.trim()))
+            .with_context(|| format!("--set {entry:?}"))?;
+    }
+    if !args.listen.is_empty() {
+        let list = args.listen.iter().cloned().map(Value::String).collect();
+        set_path(&mut table, "listeners.tcp", Value::Array(list))?;
+    }
+    if let Some(admin) = &args.admin {
+        set_path(&mut table, "admin.listen", Value::String(admin.clone()))?;
+    }
+    if let Some(shards) = args.shards {
+        let n = i64::try_from(shards).context("--shards is too large")?;
+        set_path(&mut table, "server.shards", Value::Integer(n))?;
+    }
+    let settings = deserialize(table)?;
+    settings.validate()?;
+    Ok(settings)
+}
+
+/// The effective settings as a TOML document, as `fleetmq check-config`
+/// prints them.
+///
+/// # Errors
+///
+/// Only if a value cannot be represented in TOML, which would be a bug.
+pub fn to_toml(settings: &Settings) -> anyhow::Result<String> {
+    toml::to_string(settings).context("printing settings as TOML")
+}
+
+fn read_file(path: &Path) -> anyhow::Result<Table> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    text.parse::<Table>()
+        .with_context(|| format!("config file {} is not valid TOML", path.display()))
+}
+
+/// `FLEETMQ_LIMITS__MAX_PACKET_SIZE` → `limits.max_packet_size`.
+fn env_key(name: &str) -> anyhow::Result<String> {
+    let rest = &name[ENV_PREFIX.len()..];
+    let parts: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+    if parts.iter().any(String::is_empty) {
+        bail!("environment variable {name}: expected {ENV_PREFIX}SECTION__KEY");
+    }
+    Ok(parts.join("."))
+}
+
+/// Reads `text` as a TOML literal when it is one, else as a plain string.
+fn literal(text: &str) -> Value {
+    let doc = format!("v = {text}");
+    match doc.parse::<Table>() {
+        Ok(mut t) if t.len() == 1 => t.remove("v").unwrap_or_else(|| Value::String(text.into())),
+        _ => Value::String(text.to_owned()),
+    }
+}
+
+/// Sets `table[a][b]...[z] = value` for the dotted key `a.b...z`, creating
+/// tables on the way.
+fn set_path(table: &mut Table, key: &str, value: Value) -> anyhow::Result<()> {
+    let parts: Vec<&str> = key.split('.').map(str::trim).collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        bail!("bad key {key:?}: expected section.key, e.g. limits.max_clients");
+    }
+    let (last, sections) = parts.split_last().expect("split yields at least one part");
+    let mut at = table;
+    for (i, section) in sections.iter().enumerate() {
+        let entry = at
+            .entry(section.to_string())
+            .or_insert_with(|| Value::Table(Table::new()));
+        at = match entry {
+            Value::Table(t) => t,
+            _ => bail!("{} is a value, not a section", parts[..=i].join(".")),
+        };
+    }
+    at.insert(last.to_string(), value);
+    Ok(())
+}
+
+/// Deserializes the merged table, naming the dotted key of any error (an
+/// unknown key, a wrong type, a bad unit).
+fn deserialize(table: Table) -> anyhow::Result<Settings> {
+    serde_path_to_error::deserialize(Value::Table(table)).map_err(|e| {
+        let path = e.path().to_string();
+        // `message()` leaves out toml's own "in `key`" suffix: the path says it.
+        let message = e.into_inner().message().to_owned();
+        if path == "." {
+            anyhow!("{message}")
+        } else {
+            anyhow!("{path}: {message}")
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn args() -> ServeArgs {
+        ServeArgs::default()
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn load_err(args: &ServeArgs, vars: &[(&str, &str)]) -> String {
+        format!("{:#}", load_from(args, env(vars)).expect_err("should fail"))
+    }
+
+    fn file(text: &str) -> tempfile_path::TempPath {
+        tempfile_path::TempPath::with(text)
+    }
+
+    /// A file under the target temp dir removed on drop (no extra crate).
+    mod tempfile_path {
+        use std::path::PathBuf;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        pub(super) struct TempPath(pub(super) PathBuf);
+
+        impl TempPath {
+            pub(super) fn with(text: &str) -> TempPath {
+                static N: AtomicUsize = AtomicUsize::new(0);
+                let n = N.fetch_add(1, Ordering::Relaxed);
+                let path = std::env::temp_dir()
+                    .join(format!("fleetmq-config-{}-{n}.toml", std::process::id()));
+                std::fs::write(&path, text).unwrap();
+                TempPath(path)
+            }
+        }
+
+        impl Drop for TempPath {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_given_means_the_defaults() {
+        let s = load_from(&args(), env(&[])).unwrap();
+        assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn each_layer_wins_over_the_one_below() {
+        let f = file(
+            "[limits]\nmax_packet_size = \"2MiB\"\nmax_clients = 10\nmax_topic_levels = 7\n\
+             [server]\nshards = 3\n",
+        );
+        let mut a = args();
+        a.config = Some(f.0.clone());
+        a.set = vec![
+            "limits.max_clients=30".into(),
+            "limits.max_clients = 40".into(),
+        ];
+        a.shards = Some(2);
+        let vars = [
+            ("FLEETMQ_LIMITS__MAX_CLIENTS", "20"),
+            ("FLEETMQ_LIMITS__MAX_PACKET_SIZE", "4MiB"),
+            ("FLEETMQ_SERVER__SHARDS", "5"),
+            ("FLEETMQ_BIN", "ignored: no double underscore"),
+            ("PATH", "/bin"),
+        ];
+        let s = load_from(&a, env(&vars)).unwrap();
+        assert_eq!(s.limits.max_topic_levels, 7, "file over default");
+        assert_eq!(s.limits.max_packet_size, 4 << 20, "env over file");
+        assert_eq!(s.limits.max_clients, 40, "--set over env, last --set wins");
+        assert_eq!(s.server.shards, 2, "--shards over env and file");
+    }
+
+    #[test]
+    fn listen_replaces_the_default_tcp_listeners() {
+        let mut a = args();
+        a.listen = vec!["127.0.0.1:0".into()];
+        a.set = vec![r#"listeners.tcp=["127.0.0.1:1", "127.0.0.1:2"]"#.into()];
+        a.admin = Some(String::new());
+        let s = load_from(&a, env(&[])).unwrap();
+        assert_eq!(s.listeners.tcp, vec!["127.0.0.1:0".to_string()]);
+        assert_eq!(s.admin.listen, "");
+
+        a.listen.clear();
+        let s = load_from(&a, env(&[])).unwrap();
+        assert_eq!(s.listeners.tcp, vec!["127.0.0.1:1", "127.0.0.1:2"]);
+    }
+
+    #[test]
+    fn values_are_toml_literals_when_they_parse_and_strings_otherwise() {
+        assert_eq!(literal("true"), Value::Boolean(true));
+        assert_eq!(literal("5"), Value::Integer(5));
+        assert_eq!(literal("\"5\""), Value::String("5".into()));
+        assert_eq!(literal("10s"), Value::String("10s".into()));
+        assert_eq!(
+            literal("0.0.0.0:1883"),
+            Value::String("0.0.0.0:1883".into())
+        );
+        assert_eq!(literal("1 # comment"), Value::Integer(1));
+        assert_eq!(literal("a = 1\nb"), Value::String("a = 1\nb".into()));
+        let mut a = args();
+        a.set = vec![
+            "auth.allow_anonymous=true".into(),
+            "server.sys_interval=30s".into(),
+            "limits.connect_timeout=7".into(),
+        ];
+        let s = load_from(&a, env(&[])).unwrap();
+        assert_eq!(s.auth.allow_anonymous, Some(true));
+        assert_eq!(s.server.sys_interval, Duration::from_secs(30));
+        assert_eq!(s.limits.connect_timeout, Duration::from_secs(7));
+    }
+
+    #[test]
+    fn an_unknown_key_is_an_error_naming_it() {
+        let mut a = args();
+        a.set = vec!["limits.max_packet_sise=1MiB".into()];
+        let e = load_err(&a, &[]);
+        assert!(e.contains("limits.max_packet_sise"), "{e}");
+
+        let e = load_err(&args(), &[("FLEETMQ_NOPE__KEY", "1")]);
+        assert!(e.contains("nope"), "{e}");
+
+        let f = file("[limits]\nmax_clients = 5\nbogus = 1\n");
+        let mut a = args();
+        a.config = Some(f.0.clone());
+        let e = load_err(&a, &[]);
+        assert!(e.contains("limits.bogus"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_value_is_an_error_naming_its_key() {
+        let mut a = args();
+        a.set = vec!["limits.max_packet_size=lots".into()];
+        let e = load_err(&a, &[]);
+        assert!(e.contains("limits.max_packet_size"), "{e}");
+        assert!(e.contains("invalid size"), "{e}");
+
+        let e = load_err(&args(), &[("FLEETMQ_SERVER__SHARDS", "many")]);
+        assert!(e.contains("server.shards"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_by_validation() {
+        let e = load_err(&args(), &[("FLEETMQ_LIMITS__MAX_PACKET_SIZE", "10B")]);
+        assert_eq!(
+            e,
+            "limits.max_packet_size = 10B is out of range 64B..=256MiB"
+        );
+        let mut a = args();
+        a.listen = vec!["0.0.0.0:1883".into()];
+        let e = load_err(&a, &[]);
+        assert!(e.contains("auth.allow_anonymous = true"), "{e}");
+    }
+
+    #[test]
+    fn malformed_input_is_explained() {
+        let mut a = args();
+        a.set = vec!["limits.max_clients".into()];
+        assert!(load_err(&a, &[]).contains("expected KEY=VALUE"));
+        a.set = vec!["limits..x=1".into()];
+        assert!(load_err(&a, &[]).contains("bad key"));
+        a.set = vec!["admin.listen=\"\"".into(), "admin.listen.x=1".into()];
+        assert!(load_err(&a, &[]).contains("admin.listen is a value"));
+
+        let mut a = args();
+        a.config = Some("/nonexistent/fleetmq.toml".into());
+        assert!(load_err(&a, &[]).contains("reading config file /nonexistent/fleetmq.toml"));
+        let f = file("[limits\n");
+        a.config = Some(f.0.clone());
+        assert!(load_err(&a, &[]).contains("is not valid TOML"));
+    }
+
+    #[test]
+    fn printed_settings_load_back_unchanged() {
+        let mut a = args();
+        a.set = vec![
+            "limits.max_keep_alive=1h".into(),
+            "auth.allow_anonymous=false".into(),
+        ];
+        let s = load_from(&a, env(&[])).unwrap();
+        let f = file(&to_toml(&s).unwrap());
+        let mut b = args();
+        b.config = Some(f.0.clone());
+        assert_eq!(load_from(&b, env(&[])).unwrap(), s);
+    }
+}

@@ -1,0 +1,270 @@
+//! Starting and stopping the broker: listeners, shards, admin HTTP.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use fleetmq_core::session::{ConnectLimits, SessionLimits};
+use fleetmq_core::settings::Settings;
+use fleetmq_core::topic::TopicLimits;
+use futures_lite::future::or;
+use futures_lite::StreamExt;
+use glommio::channels::channel_mesh::MeshBuilder;
+use glommio::net::TcpListener;
+use glommio::timer::sleep;
+use glommio::{LocalExecutorBuilder, Placement};
+use socket2::{Domain, Protocol, Socket, Type};
+use tracing::{info, warn};
+
+use crate::connection::{accepted, handed_over, ConnSettings};
+use crate::metrics::Metrics;
+use crate::shard::{Global, Shard, ShardLimits, ShardMsg};
+use crate::shutdown::Shutdown;
+
+/// Capacity of each cross-shard channel, in messages (each message is a
+/// batch of deliveries or one control message).
+const SHARD_CHANNEL_CAPACITY: usize = 1024;
+
+/// How often a shard checks the shutdown flag.
+const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
+
+/// How long a stopping shard waits for its connections to flush and close.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// Run the broker with `settings` until `shutdown` fires: bind every
+/// listener (port 0 picks a free port, shared by all shards), start the
+/// admin HTTP server and one shard per core (or `server.shards`), print one
+/// `fleetmq: listening <kind> <addr>` line per listener and `fleetmq:
+/// ready` on stdout, then serve.
+///
+/// # Errors
+/// A listener or the admin port cannot be bound, or a shard cannot start.
+pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
+    raise_fd_limit(settings.limits.max_clients as u64);
+    let cpus = allowed_cpus();
+    let shards = if settings.server.shards == 0 { cpus.len().max(1) } else { settings.server.shards };
+
+    // Bind each TCP listener once per shard with SO_REUSEPORT; port 0 is
+    // resolved by the first bind and reused by the others.
+    let mut per_shard: Vec<Vec<OwnedFd>> = (0..shards).map(|_| Vec::new()).collect();
+    let mut bound = Vec::new();
+    for addr in &settings.listeners.tcp {
+        let mut addr: SocketAddr = addr.parse().with_context(|| format!("listeners.tcp: bad address {addr}"))?;
+        for fds in per_shard.iter_mut() {
+            let listener = bind_reuseport(addr).with_context(|| format!("cannot listen on {addr}"))?;
+            addr = listener.local_addr()?;
+            // SAFETY: into_raw_fd hands over ownership of a valid fd.
+            fds.push(unsafe { OwnedFd::from_raw_fd(listener.into_raw_fd()) });
+        }
+        bound.push(addr);
+    }
+    if !settings.listeners.tls.is_empty() || !settings.listeners.ws.is_empty() || !settings.listeners.wss.is_empty() {
+        bail!("TLS, WebSocket and WSS listeners are not available in this build yet (listeners.tls/ws/wss must be empty)");
+    }
+
+    let metrics = Metrics::new(shards);
+    let ready = Arc::new(AtomicBool::new(false));
+    let admin = if settings.admin.listen.is_empty() {
+        None
+    } else {
+        let addr: SocketAddr =
+            settings.admin.listen.parse().with_context(|| format!("admin.listen: bad address {}", settings.admin.listen))?;
+        Some(crate::admin::spawn(addr, metrics.clone(), ready.clone()).context("cannot start the admin HTTP server")?)
+    };
+
+    let limits = &settings.limits;
+    let topic = TopicLimits { max_levels: limits.max_topic_levels as usize, max_bytes: limits.max_topic_bytes as usize };
+    let conn_settings = ConnSettings {
+        connect: ConnectLimits {
+            receive_maximum: limits.receive_maximum,
+            max_packet_size: limits.max_packet_size,
+            max_keep_alive: limits.max_keep_alive.as_secs().min(u64::from(u16::MAX)) as u16,
+            max_session_expiry: limits.max_session_expiry.as_secs().min(u64::from(u32::MAX)) as u32,
+            topic,
+        },
+        max_connect_packet_bytes: limits.max_connect_packet_bytes.min(limits.max_packet_size),
+        connect_timeout: limits.connect_timeout,
+        max_clients: limits.max_clients as usize,
+    };
+    let shard_limits = ShardLimits {
+        session: SessionLimits {
+            receive_maximum: limits.receive_maximum,
+            max_queue: limits.max_subscriber_queue as usize,
+            max_subscriptions: limits.max_subscriptions_per_client as usize,
+            topic,
+            max_inflight: limits.max_client_writes_pending.min(u32::from(u16::MAX)) as u16,
+        },
+        max_offline_sessions: limits.max_offline_sessions as usize,
+        max_client_writes_pending: limits.max_client_writes_pending as usize,
+    };
+
+    let global = Arc::new(Global::default());
+    let mesh = MeshBuilder::<ShardMsg, _>::full(shards, SHARD_CHANNEL_CAPACITY);
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for (id, fds) in per_shard.into_iter().enumerate() {
+        let cpu = cpus[id % cpus.len()];
+        let (mesh, metrics, global, shutdown) = (mesh.clone(), metrics.shard(id), global.clone(), shutdown.clone());
+        let (conn_settings, shard_limits, started) = (conn_settings.clone(), shard_limits.clone(), started.clone());
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("fleetmq-shard-{id}"))
+            .spawn(move || async move {
+                let (senders, receivers) = mesh.join().await.expect("the shard mesh forms");
+                let shard = Rc::new(Shard::new(id, shards, shard_limits, metrics, global, senders));
+                let settings = Rc::new(conn_settings);
+                run_shard(shard, settings, fds, receivers, shutdown, started).await;
+            })
+            .map_err(|e| anyhow::anyhow!("cannot start shard {id}: {e}"))?;
+        handles.push(handle);
+    }
+    let start_by = Instant::now() + Duration::from_secs(10);
+    while started.load(Ordering::Acquire) < shards {
+        if Instant::now() > start_by {
+            bail!("the shards did not start within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for addr in &bound {
+        println!("fleetmq: listening mqtt-tcp {addr}");
+        info!(target: "broker", %addr, shards, "listening (MQTT over TCP)");
+    }
+    if let Some(admin) = &admin {
+        println!("fleetmq: listening admin {}", admin.local_addr);
+    }
+    println!("fleetmq: ready");
+    ready.store(true, Ordering::Release);
+
+    let mut failed = false;
+    for handle in handles {
+        if handle.join().is_err() {
+            failed = true;
+        }
+    }
+    ready.store(false, Ordering::Release);
+    if let Some(admin) = admin {
+        admin.stop();
+    }
+    info!(target: "broker", "stopped");
+    if failed {
+        bail!("a shard stopped with a panic");
+    }
+    Ok(())
+}
+
+async fn run_shard(
+    shard: Rc<Shard>,
+    settings: Rc<ConnSettings>,
+    fds: Vec<OwnedFd>,
+    mut receivers: glommio::channels::channel_mesh::Receivers<ShardMsg>,
+    shutdown: Shutdown,
+    started: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    for (_, mut stream) in receivers.streams() {
+        let (shard, settings) = (shard.clone(), settings.clone());
+        glommio::spawn_local(async move {
+            while let Some(msg) = stream.next().await {
+                match msg {
+                    ShardMsg::Handoff(handoff) => {
+                        glommio::spawn_local(handed_over(shard.clone(), settings.clone(), *handoff)).detach();
+                    }
+                    other => {
+                        shard.on_remote(other);
+                        shard.flush().await;
+                    }
+                }
+            }
+        })
+        .detach();
+    }
+    for fd in fds {
+        // SAFETY: the fd is a listening socket we own.
+        let listener = unsafe { TcpListener::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
+        let (shard, settings) = (shard.clone(), settings.clone());
+        glommio::spawn_local(async move {
+            loop {
+                let accept = or(async { Some(listener.accept().await) }, async {
+                    shard.stop_signal.wait().await;
+                    None
+                });
+                match accept.await {
+                    Some(Ok(stream)) => {
+                        glommio::spawn_local(accepted(shard.clone(), settings.clone(), stream)).detach();
+                    }
+                    Some(Err(e)) => {
+                        warn!(target: "broker", error = %e, "accept failed");
+                        sleep(Duration::from_millis(10)).await;
+                    }
+                    None => break,
+                }
+            }
+        })
+        .detach();
+    }
+    started.fetch_add(1, Ordering::AcqRel);
+
+    let mut last_expiry = Instant::now();
+    while !shutdown.is_triggered() {
+        sleep(SHUTDOWN_POLL).await;
+        let now = Instant::now();
+        if now.duration_since(last_expiry) >= Duration::from_secs(1) {
+            last_expiry = now;
+            shard.expire(now);
+            shard.flush().await;
+        }
+    }
+    shard.stopping.set(true);
+    shard.stop_signal.notify();
+    shard.close_all();
+    let stop_by = Instant::now() + STOP_GRACE;
+    while shard.live_connections.get() > 0 && Instant::now() < stop_by {
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn bind_reuseport(addr: SocketAddr) -> std::io::Result<StdListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// The CPUs this process may run on (honours `taskset`), in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![0];
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+        if cpus.is_empty() {
+            vec![0]
+        } else {
+            cpus
+        }
+    }
+}
+
+/// Raise the open-file limit towards `max_clients` plus headroom, and the
+/// locked-memory limit that glommio's io_uring rings need. Best effort.
+fn raise_fd_limit(max_clients: u64) {
+    // SAFETY: plain getrlimit/setrlimit on local structs.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            let target = (max_clients + 1024).min(lim.rlim_max);
+            if lim.rlim_cur < target {
+                lim.rlim_cur = target;
+                let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
+        }
+        let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+        let _ = libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited);
+    }
+}

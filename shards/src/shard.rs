@@ -1,0 +1,678 @@
+//! One shard: the sessions whose client identifiers it owns, its
+//! subscription trie, its copy of the route table and of the retained
+//! messages, and the links to the other shards (DESIGN.md §3).
+//!
+//! Ownership: a client identifier belongs to `owner_of(client_id)`. A
+//! connection is accepted on whichever shard the kernel picked, reads its
+//! CONNECT there, and is then handed (socket and unread bytes) to the owner
+//! shard, where it lives until it closes. Take-over, session resume, will
+//! delay and session expiry are therefore always local to one shard, with
+//! no session state ever moving between shards. Retained messages belong to
+//! `owner_of(topic)`, which orders set/clear and copies them to every shard,
+//! so a subscribe reads them locally.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use bytestring::ByteString;
+use fleetmq_core::packet::codec::encode;
+use fleetmq_core::packet::{
+    Connect, Disconnect, Packet, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, Will,
+};
+use fleetmq_core::route::RouteTable;
+use fleetmq_core::session::timing::{session_expires_at, will_due_at};
+use fleetmq_core::session::{Delivery, Message, Negotiated, Output, Session, SessionLimits, Subscription};
+use fleetmq_core::topic::matches;
+use fleetmq_core::trie::SubscriptionTrie;
+use glommio::channels::channel_mesh::Senders;
+use slab::Slab;
+
+use crate::metrics::{DropReason, ShardMetrics};
+use crate::outbound::{frame_for, FrameCache};
+use crate::signal::Signal;
+
+/// Index of a client (session) in its shard's slab.
+pub(crate) type Slot = u32;
+
+/// Counters shared by every shard of the process.
+#[derive(Default)]
+pub(crate) struct Global {
+    /// Connections that completed CONNECT and are attached.
+    pub(crate) connected: AtomicUsize,
+    /// Persistent sessions with no connection.
+    pub(crate) offline_sessions: AtomicUsize,
+    /// Source of connection keys (unique per process).
+    pub(crate) next_conn_key: AtomicU64,
+}
+
+/// What crosses from one shard to another.
+pub(crate) enum ShardMsg {
+    /// Messages for the receiving shard's subscribers, in publish order.
+    Deliver(Vec<Arc<Message>>),
+    /// Shard `shard` gained (`add`) or lost its last subscriber on `filter`.
+    Route { filter: ByteString, shard: usize, add: bool },
+    /// A retained message (empty payload: clear) for its owner shard to order.
+    Retain(Arc<Message>),
+    /// A retained message ordered by its owner: apply it.
+    RetainApply(Arc<Message>),
+    /// A connection whose client identifier the receiving shard owns.
+    Handoff(Box<Handoff>),
+}
+
+/// A connection moving to the shard that owns its client identifier.
+pub(crate) struct Handoff {
+    pub(crate) fd: OwnedFd,
+    pub(crate) unread: Bytes,
+    pub(crate) connect: Box<Connect>,
+    pub(crate) negotiated: Negotiated,
+}
+
+/// Why a connection is being closed by the broker.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CloseRequest {
+    /// Publish the will of the connection.
+    pub(crate) publish_will: bool,
+}
+
+/// The part of a connection that the shard writes into: its outgoing bytes
+/// and the signals to its tasks.
+pub(crate) struct ConnShared {
+    pub(crate) key: u64,
+    pub(crate) protocol: ProtocolVersion,
+    pub(crate) out: RefCell<BytesMut>,
+    /// Packets appended since the writer last took the buffer.
+    pub(crate) pending: Cell<usize>,
+    pub(crate) write_signal: Signal,
+    pub(crate) close: Cell<Option<CloseRequest>>,
+    pub(crate) close_signal: Signal,
+}
+
+impl ConnShared {
+    pub(crate) fn new(key: u64, protocol: ProtocolVersion) -> ConnShared {
+        ConnShared {
+            key,
+            protocol,
+            out: RefCell::new(BytesMut::new()),
+            pending: Cell::new(0),
+            write_signal: Signal::default(),
+            close: Cell::new(None),
+            close_signal: Signal::default(),
+        }
+    }
+
+    /// Encode `packet` into the write buffer and wake the writer.
+    pub(crate) fn send(&self, packet: &Packet) {
+        let mut out = self.out.borrow_mut();
+        // Only packets we build ourselves reach here; they always encode.
+        let _ = encode(packet, self.protocol, &mut out);
+        self.pending.set(self.pending.get() + 1);
+        self.write_signal.notify();
+    }
+
+    /// Ask the connection to close: MQTT 5 clients first get DISCONNECT
+    /// with `reason`. The first request wins.
+    pub(crate) fn request_close(&self, reason: Option<ReasonCode>, publish_will: bool) {
+        if self.close.get().is_some() {
+            return;
+        }
+        if let (Some(reason), true) = (reason, self.protocol.is_v5()) {
+            self.send(&Packet::Disconnect(Disconnect { reason, properties: Properties::default() }));
+        }
+        self.close.set(Some(CloseRequest { publish_will }));
+        self.close_signal.notify();
+        self.write_signal.notify();
+    }
+
+    pub(crate) fn is_closing(&self) -> bool {
+        self.close.get().is_some()
+    }
+}
+
+struct Client {
+    session: Session,
+    conn: Option<Rc<ConnShared>>,
+    /// The Will of the current connection.
+    will: Option<Will>,
+    /// A will waiting for its delay after the connection ended.
+    pending_will: Option<(Instant, Will)>,
+    /// When the session went offline.
+    offline_since: Option<Instant>,
+}
+
+/// Limits the shard applies, derived once from the settings.
+#[derive(Clone)]
+pub(crate) struct ShardLimits {
+    pub(crate) session: SessionLimits,
+    pub(crate) max_offline_sessions: usize,
+    pub(crate) max_client_writes_pending: usize,
+}
+
+struct State {
+    clients: Slab<Client>,
+    by_id: HashMap<ByteString, Slot>,
+    trie: SubscriptionTrie<Slot, Subscription>,
+    routes: RouteTable,
+    retained: HashMap<ByteString, Arc<Message>>,
+    /// Deliveries for other shards, batched per shard until the next flush.
+    outbox: Vec<Vec<Arc<Message>>>,
+    /// Control messages for other shards, in order.
+    control: Vec<(usize, ShardMsg)>,
+    frames: FrameCache,
+    matched: Vec<(Slot, Subscription)>,
+    outputs: Vec<Output>,
+}
+
+/// A shard's state and links. Lives in an `Rc` on its executor.
+pub(crate) struct Shard {
+    pub(crate) id: usize,
+    pub(crate) shards: usize,
+    pub(crate) limits: ShardLimits,
+    pub(crate) metrics: ShardMetrics,
+    pub(crate) global: Arc<Global>,
+    pub(crate) senders: Senders<ShardMsg>,
+    /// Fires when the shard starts stopping.
+    pub(crate) stopping: Cell<bool>,
+    pub(crate) stop_signal: Signal,
+    /// Connections currently served on this shard.
+    pub(crate) live_connections: Cell<usize>,
+    state: RefCell<State>,
+}
+
+/// The shard that owns `key` among `shards` (stable for the process's life).
+pub(crate) fn owner_of(key: &str, shards: usize) -> usize {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % shards as u64) as usize
+}
+
+impl Shard {
+    pub(crate) fn new(
+        id: usize,
+        shards: usize,
+        limits: ShardLimits,
+        metrics: ShardMetrics,
+        global: Arc<Global>,
+        senders: Senders<ShardMsg>,
+    ) -> Shard {
+        Shard {
+            id,
+            shards,
+            limits,
+            metrics,
+            global,
+            senders,
+            stopping: Cell::new(false),
+            stop_signal: Signal::default(),
+            live_connections: Cell::new(0),
+            state: RefCell::new(State {
+                clients: Slab::new(),
+                by_id: HashMap::new(),
+                trie: SubscriptionTrie::new(),
+                routes: RouteTable::new(),
+                retained: HashMap::new(),
+                outbox: (0..shards).map(|_| Vec::new()).collect(),
+                control: Vec::new(),
+                frames: FrameCache::default(),
+                matched: Vec::new(),
+                outputs: Vec::new(),
+            }),
+        }
+    }
+
+    /// Attach a connection that negotiated `negotiated`: take over a
+    /// connection holding the same client identifier `[MQTT-3.1.4-3]`,
+    /// discard the old session on Clean Start `[MQTT-3.1.2-4]` or resume it
+    /// `[MQTT-3.1.2-5]`, write the CONNACK and then whatever the resumed
+    /// session sends.
+    pub(crate) fn attach(&self, connect: &Connect, negotiated: &Negotiated, conn: &Rc<ConnShared>, now: Instant) -> Slot {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        let existing = st.by_id.get(&negotiated.client_id).copied();
+        if let Some(slot) = existing {
+            if let Some(old) = st.clients[slot as usize].conn.take() {
+                // Take-over: MQTT 5 gets DISCONNECT 0x8E; the old
+                // connection's will follows the usual rules.
+                old.request_close(Some(ReasonCode::SESSION_TAKEN_OVER), false);
+                self.connection_ended(st, slot, true, now);
+            }
+        }
+        let limits = self.limits.session.clone();
+        let mut session_present = false;
+        let slot = match st.by_id.get(&negotiated.client_id).copied() {
+            Some(slot) if !connect.clean_start => {
+                session_present = true;
+                let client = &mut st.clients[slot as usize];
+                if client.offline_since.take().is_some() {
+                    self.global.offline_sessions.fetch_sub(1, Ordering::Relaxed);
+                }
+                // A reconnect within the Will Delay cancels the will
+                // `[MQTT-3.1.3-9]`.
+                client.pending_will = None;
+                slot
+            }
+            Some(slot) => {
+                self.remove_client(st, slot);
+                self.insert_client(st, Session::new(connect.protocol, negotiated, limits))
+            }
+            None => self.insert_client(st, Session::new(connect.protocol, negotiated, limits)),
+        };
+        let client = &mut st.clients[slot as usize];
+        client.conn = Some(conn.clone());
+        client.will = connect.will.clone();
+        let mut connack = negotiated.connack.clone();
+        connack.session_present = session_present;
+        conn.send(&Packet::ConnAck(connack));
+        if session_present {
+            let mut outputs = std::mem::take(&mut st.outputs);
+            st.clients[slot as usize].session.resume(connect.protocol, negotiated, now, &mut outputs);
+            self.write_deliveries(st, slot, &mut outputs, now, false);
+            st.outputs = outputs;
+        }
+        self.global.connected.fetch_add(1, Ordering::Relaxed);
+        slot
+    }
+
+    fn insert_client(&self, st: &mut State, session: Session) -> Slot {
+        let id = session.client_id().clone();
+        let slot = st.clients.insert(Client { session, conn: None, will: None, pending_will: None, offline_since: None });
+        st.by_id.insert(id, slot as Slot);
+        slot as Slot
+    }
+
+    /// Remove a session and its subscriptions.
+    fn remove_client(&self, st: &mut State, slot: Slot) {
+        let client = st.clients.remove(slot as usize);
+        if client.offline_since.is_some() {
+            self.global.offline_sessions.fetch_sub(1, Ordering::Relaxed);
+        }
+        st.by_id.remove(client.session.client_id());
+        for filter in client.session.subscriptions().keys() {
+            self.trie_remove(st, filter, slot);
+        }
+    }
+
+    fn trie_remove(&self, st: &mut State, filter: &ByteString, slot: Slot) {
+        st.trie.remove(filter, &slot);
+        if !st.trie.has_filter(filter) {
+            self.route_change(st, filter, false);
+        }
+    }
+
+    fn route_change(&self, st: &mut State, filter: &ByteString, add: bool) {
+        if add {
+            st.routes.add(filter, self.id);
+        } else {
+            st.routes.remove(filter, self.id);
+        }
+        for peer in (0..self.shards).filter(|&p| p != self.id) {
+            st.control.push((peer, ShardMsg::Route { filter: filter.clone(), shard: self.id, add }));
+        }
+    }
+
+    /// The connection on `slot` ended (`publish_will`: abnormally, or with
+    /// DISCONNECT 0x04). Called once per connection, by whoever detaches it.
+    pub(crate) fn detach(&self, slot: Slot, conn: &ConnShared, publish_will: bool, now: Instant) {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        let Some(client) = st.clients.get_mut(slot as usize) else { return };
+        if client.conn.as_ref().is_none_or(|c| c.key != conn.key) {
+            return;
+        }
+        client.conn = None;
+        self.connection_ended(st, slot, publish_will, now);
+    }
+
+    fn connection_ended(&self, st: &mut State, slot: Slot, publish_will: bool, now: Instant) {
+        self.global.connected.fetch_sub(1, Ordering::Relaxed);
+        let client = &mut st.clients[slot as usize];
+        client.session.go_offline();
+        let will = client.will.take().filter(|_| publish_will);
+        let expiry = client.session.session_expiry();
+        let mut will_now = None;
+        if let Some(will) = will {
+            let delay = will.properties.will_delay_interval.unwrap_or(0);
+            let due = will_due_at(now, delay, expiry);
+            if due <= now {
+                will_now = Some(will);
+            } else {
+                client.pending_will = Some((due, will));
+            }
+        }
+        let over_limit = self.global.offline_sessions.load(Ordering::Relaxed) >= self.limits.max_offline_sessions;
+        if expiry == 0 || over_limit {
+            if let Some((_, will)) = st.clients[slot as usize].pending_will.take() {
+                will_now = Some(will);
+            }
+            self.remove_client(st, slot);
+        } else {
+            client.offline_since = Some(now);
+            self.global.offline_sessions.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(will) = will_now {
+            self.publish_will(st, will, now);
+        }
+    }
+
+    fn publish_will(&self, st: &mut State, will: Will, now: Instant) {
+        let mut properties = will.properties;
+        properties.will_delay_interval = None;
+        let message = Message {
+            topic: will.topic,
+            payload: will.payload,
+            qos: will.qos,
+            retain: will.retain,
+            properties,
+            received_at: now,
+            origin: u64::MAX,
+        };
+        self.route(st, Arc::new(message), now);
+    }
+
+    /// Handle one packet from the client on `slot`. Returns the close
+    /// decision when the packet ends the connection.
+    pub(crate) fn handle_packet(&self, slot: Slot, conn: &ConnShared, packet: Packet, now: Instant) -> Option<CloseRequest> {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        let is_publish = matches!(packet, Packet::Publish(_));
+        let mut outputs = std::mem::take(&mut st.outputs);
+        st.clients[slot as usize].session.handle(packet, now, &mut outputs);
+        if is_publish {
+            self.metrics.messages_in.inc();
+        }
+        let mut close = None;
+        for output in outputs.drain(..) {
+            match output {
+                Output::Send(packet) => conn.send(&packet),
+                Output::Publish(mut message) => {
+                    message.origin = conn.key;
+                    self.route(st, Arc::new(message), now);
+                }
+                Output::Subscribed { filter, subscription, existed } => {
+                    self.subscribe(st, slot, filter, subscription, existed, now);
+                }
+                Output::Unsubscribed { filter } => self.trie_remove(st, &filter, slot),
+                Output::Close { reason, publish_will } => {
+                    conn.request_close(reason, publish_will);
+                    close = Some(CloseRequest { publish_will });
+                    break;
+                }
+                Output::Deliver { .. } => unreachable!("sessions deliver only from deliver() and resume()"),
+            }
+        }
+        outputs.clear();
+        st.outputs = outputs;
+        close
+    }
+
+    fn subscribe(&self, st: &mut State, slot: Slot, filter: ByteString, subscription: Subscription, existed: bool, now: Instant) {
+        if !st.trie.has_filter(&filter) {
+            self.route_change(st, &filter, true);
+        }
+        st.trie.insert(&filter, slot, subscription);
+        let send_retained = match subscription.options.retain_handling {
+            RetainHandling::SendAtSubscribe => true,
+            RetainHandling::SendIfNew => !existed,
+            RetainHandling::DoNotSend => false,
+        };
+        if !send_retained {
+            return;
+        }
+        let retained: Vec<Arc<Message>> =
+            st.retained.values().filter(|m| matches(&filter, &m.topic)).cloned().collect();
+        for message in retained {
+            let delivery = Delivery {
+                qos: message.qos.min(subscription.options.qos),
+                // Retained messages sent for a subscribe keep RETAIN=1
+                // `[MQTT-3.3.1-9]`.
+                retain: true,
+                subscription_ids: subscription.identifier.into_iter().collect(),
+                message,
+            };
+            self.deliver_to(st, slot, delivery, now, false);
+        }
+    }
+
+    /// Route a message: retained-store update, local subscribers, and the
+    /// other shards whose routes match.
+    fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) {
+        if message.retain {
+            let owner = owner_of(&message.topic, self.shards);
+            if owner == self.id {
+                self.apply_retained(st, message.clone(), true);
+            } else {
+                st.control.push((owner, ShardMsg::Retain(message.clone())));
+            }
+        }
+        let shards = st.routes.shards_for(&message.topic);
+        for shard in shards.iter() {
+            if shard == self.id {
+                self.dispatch_local(st, &message, now);
+            } else {
+                st.outbox[shard].push(message.clone());
+            }
+        }
+    }
+
+    /// Set or clear (empty payload `[MQTT-3.3.1-6]`) a retained message;
+    /// as the owner, copy the change to every other shard.
+    fn apply_retained(&self, st: &mut State, message: Arc<Message>, owner: bool) {
+        if owner {
+            for peer in (0..self.shards).filter(|&p| p != self.id) {
+                st.control.push((peer, ShardMsg::RetainApply(message.clone())));
+            }
+        }
+        if message.payload.is_empty() {
+            st.retained.remove(&message.topic);
+        } else {
+            st.retained.insert(message.topic.clone(), message);
+        }
+    }
+
+    /// Deliver a message to this shard's matching subscribers: one delivery
+    /// per session however many of its subscriptions match, at the highest
+    /// granted QoS, with every Subscription Identifier (MQTT 5 §3.3.4).
+    fn dispatch_local(&self, st: &mut State, message: &Arc<Message>, now: Instant) {
+        let mut matched = std::mem::take(&mut st.matched);
+        st.trie.for_each_match(&message.topic, |slot, sub| matched.push((*slot, *sub)));
+        if matched.len() > 1 {
+            matched.sort_unstable_by_key(|(slot, _)| *slot);
+        }
+        st.frames.clear();
+        let mut i = 0;
+        while i < matched.len() {
+            let slot = matched[i].0;
+            let conn_key = st.clients[slot as usize].conn.as_ref().map(|c| c.key);
+            let mut qos = None;
+            let mut retain = false;
+            let mut ids = Vec::new();
+            while i < matched.len() && matched[i].0 == slot {
+                let sub = matched[i].1;
+                i += 1;
+                // No Local: not back to the publishing connection
+                // `[MQTT-3.8.3-3]`.
+                if sub.options.no_local && conn_key == Some(message.origin) {
+                    continue;
+                }
+                qos = qos.max(Some(sub.options.qos));
+                retain |= sub.options.retain_as_published && message.retain;
+                ids.extend(sub.identifier);
+            }
+            let Some(qos) = qos else { continue };
+            let delivery = Delivery { message: message.clone(), qos: qos.min(message.qos), retain, subscription_ids: ids };
+            self.deliver_to(st, slot, delivery, now, true);
+        }
+        matched.clear();
+        st.matched = matched;
+    }
+
+    fn deliver_to(&self, st: &mut State, slot: Slot, delivery: Delivery, now: Instant, cached: bool) {
+        let client = &mut st.clients[slot as usize];
+        if delivery.qos == QoS::AtMostOnce {
+            if let Some(conn) = &client.conn {
+                if conn.pending.get() >= self.limits.max_client_writes_pending {
+                    // A subscriber that does not read: drop, never stall
+                    // the publisher (DESIGN.md §9, maxClientWritesPending).
+                    self.metrics.dropped(DropReason::QueueFull);
+                    return;
+                }
+            }
+        }
+        let mut outputs = std::mem::take(&mut st.outputs);
+        st.clients[slot as usize].session.deliver(delivery, now, &mut outputs);
+        self.write_deliveries(st, slot, &mut outputs, now, cached);
+        st.outputs = outputs;
+    }
+
+    /// Write `Deliver` and `Send` outputs of a session to its connection.
+    fn write_deliveries(&self, st: &mut State, slot: Slot, outputs: &mut Vec<Output>, now: Instant, cached: bool) {
+        let client = &mut st.clients[slot as usize];
+        let mut idx = 0;
+        while idx < outputs.len() {
+            let output = std::mem::replace(&mut outputs[idx], Output::Close { reason: None, publish_will: false });
+            idx += 1;
+            let Some(conn) = &client.conn else { continue };
+            match output {
+                Output::Deliver { delivery, packet_id, dup } => {
+                    let protocol = client.session.protocol();
+                    let frame = frame_for(&delivery, protocol, now, cached.then_some(&mut st.frames));
+                    if frame.len() > client.session.client_max_packet_size() {
+                        // `[MQTT-3.1.2-25]`: drop it for this client, counted.
+                        client.session.dropped_too_large(packet_id, now, outputs);
+                        self.metrics.dropped(DropReason::PacketTooLarge);
+                        continue;
+                    }
+                    frame.append_to(packet_id, dup, &mut conn.out.borrow_mut());
+                    conn.pending.set(conn.pending.get() + 1);
+                    conn.write_signal.notify();
+                    self.metrics.messages_out.inc();
+                }
+                Output::Send(packet) => conn.send(&packet),
+                _ => {}
+            }
+        }
+        outputs.clear();
+        let drops = client.session.take_drops();
+        for _ in 0..drops.queue_full {
+            self.metrics.dropped(DropReason::QueueFull);
+        }
+        for _ in 0..drops.expired {
+            self.metrics.dropped(DropReason::Expired);
+        }
+    }
+
+    /// Handle a message from another shard.
+    pub(crate) fn on_remote(&self, msg: ShardMsg) {
+        let now = Instant::now();
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        match msg {
+            ShardMsg::Deliver(messages) => {
+                for message in &messages {
+                    self.dispatch_local(st, message, now);
+                }
+            }
+            ShardMsg::Route { filter, shard, add } => {
+                if add {
+                    st.routes.add(&filter, shard);
+                } else {
+                    st.routes.remove(&filter, shard);
+                }
+            }
+            ShardMsg::Retain(message) => self.apply_retained(st, message, true),
+            ShardMsg::RetainApply(message) => self.apply_retained(st, message, false),
+            ShardMsg::Handoff(_) => unreachable!("handoffs are taken by the connection module"),
+        }
+    }
+
+    /// Send what this shard batched for the others. Awaits only when a
+    /// peer's channel is full (backpressure across shards).
+    pub(crate) async fn flush(&self) {
+        loop {
+            let batch = {
+                let mut st = self.state.borrow_mut();
+                let st = &mut *st;
+                let mut batch: Vec<(usize, ShardMsg)> = std::mem::take(&mut st.control);
+                for (peer, messages) in st.outbox.iter_mut().enumerate() {
+                    if !messages.is_empty() {
+                        batch.push((peer, ShardMsg::Deliver(std::mem::take(messages))));
+                    }
+                }
+                batch
+            };
+            if batch.is_empty() {
+                return;
+            }
+            for (peer, msg) in batch {
+                self.send_to(peer, msg).await;
+            }
+        }
+    }
+
+    /// Send one message to a peer shard, waiting while its channel is full.
+    pub(crate) async fn send_to(&self, peer: usize, msg: ShardMsg) {
+        match self.senders.try_send_to(peer, msg) {
+            Ok(()) => {}
+            Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg))) => {
+                let _ = self.senders.send_to(peer, msg).await;
+            }
+            Err(_) => {} // the peer is stopping
+        }
+    }
+
+    /// Periodic work: publish wills whose delay ran out, end sessions whose
+    /// expiry ran out (MQTT 5 §3.1.2.11.2). Scans offline sessions: O(offline
+    /// sessions) once a second.
+    pub(crate) fn expire(&self, now: Instant) {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        let mut due_wills = Vec::new();
+        let mut expired = Vec::new();
+        for (slot, client) in st.clients.iter_mut() {
+            if client.pending_will.as_ref().is_some_and(|(due, _)| *due <= now) {
+                due_wills.push(client.pending_will.take().map(|(_, w)| w).expect("checked"));
+            }
+            if let Some(since) = client.offline_since {
+                if session_expires_at(since, client.session.session_expiry()).is_some_and(|at| at <= now) {
+                    expired.push(slot as Slot);
+                }
+            }
+        }
+        for slot in expired {
+            if let Some((_, will)) = st.clients[slot as usize].pending_will.take() {
+                due_wills.push(will);
+            }
+            self.remove_client(st, slot);
+        }
+        for will in due_wills {
+            self.publish_will(st, will, now);
+        }
+    }
+
+    /// Close every connection with DISCONNECT 0x8B (server shutting down).
+    pub(crate) fn close_all(&self) {
+        let st = self.state.borrow();
+        for (_, client) in st.clients.iter() {
+            if let Some(conn) = &client.conn {
+                conn.request_close(Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
+            }
+        }
+    }
+
+    /// Make up a client identifier that this shard owns, for a client that
+    /// sent none `[MQTT-3.1.3-6]`.
+    pub(crate) fn assign_client_id(&self) -> String {
+        loop {
+            let id = format!("fleetmq-{:016x}", rand::random::<u64>());
+            if owner_of(&id, self.shards) == self.id {
+                return id;
+            }
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! A single-threaded wake-up signal between tasks of one shard.
+
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::task::{Poll, Waker};
+
+/// Wakes one waiting task: `notify` sets a flag and wakes the waiter;
+/// `wait` returns once the flag is set and clears it. Notifications before
+/// the wait are not lost; several coalesce into one wake-up (which is what
+/// batches a connection's writes).
+#[derive(Default)]
+pub(crate) struct Signal {
+    set: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Signal {
+    /// Set the flag and wake the waiter, if any.
+    pub(crate) fn notify(&self) {
+        self.set.set(true);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// Wait for a notification (returns at once if one is pending).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a notification is consumed only when this returns.
+    pub(crate) async fn wait(&self) {
+        poll_fn(|cx| {
+            if self.set.replace(false) {
+                Poll::Ready(())
+            } else {
+                *self.waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
