@@ -6,11 +6,13 @@
 //! - [`trie`]: the per-shard subscription trie.
 //! - [`route`]: the node-wide route table (filter → shards).
 //! - [`session`]: the session and connection state machines; time is an input.
+//! - [`shared`]: shared subscription groups and their strategies.
 //! - [`settings`]: settings with defaults, units and ranges (DESIGN.md §9, §15).
 
 pub mod packet;
 pub mod route;
 pub mod session;
 pub mod settings;
+pub mod shared;
 pub mod topic;
 pub mod trie;

@@ -37,6 +37,8 @@ pub struct Settings {
     pub limits: Limits,
     /// `[store]`: where accepted values become durable (DESIGN.md §7).
     pub store: Store,
+    /// `[shared]`: shared subscription strategies (DESIGN.md §13).
+    pub shared: Shared,
     /// `[cluster]`: accepted by the parser so that [`Settings::validate`] can
     /// refuse it with a clear message; cluster mode is not in this build.
     #[serde(skip_serializing)]
@@ -145,7 +147,7 @@ impl Default for Admin {
 }
 
 /// `[auth]`: sign-in (DESIGN.md §9).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Auth {
     /// Accept clients without credentials. Unset (default): allowed only
@@ -158,6 +160,76 @@ pub struct Auth {
     pub password_file: String,
     /// ACL file (DESIGN.md §15). Default empty: none.
     pub acl_file: String,
+    /// How long a delivery may rely on an earlier ACL decision; a rule
+    /// changed by reload stops delivery within this time. Default 60 s,
+    /// range 1 s..=1 h.
+    #[serde(with = "duration")]
+    pub acl_cache_ttl: Duration,
+    /// `[auth.jwt]`: JSON Web Tokens as passwords.
+    pub jwt: Jwt,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Auth {
+            allow_anonymous: None,
+            password_file: String::new(),
+            acl_file: String::new(),
+            acl_cache_ttl: Duration::from_secs(60),
+            jwt: Jwt::default(),
+        }
+    }
+}
+
+impl Auth {
+    /// Whether any way to sign in with credentials is configured: a password
+    /// file or a JWT key (TLS client certificates are judged from `[tls]`).
+    pub fn has_credentials(&self) -> bool {
+        !self.password_file.is_empty() || self.jwt.is_configured()
+    }
+}
+
+/// `[auth.jwt]`: JSON Web Tokens given as the MQTT password (DESIGN.md §9,
+/// §15). HS256 keys come from `secret_file`, RS256 and ES256 keys from
+/// `jwks_file`; JWT sign-in is off while both are empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Jwt {
+    /// JWKS file (`{"keys": [...]}`) with RS256/ES256 public keys. Default
+    /// empty: none.
+    pub jwks_file: String,
+    /// File holding the HS256 shared secret (raw bytes; trailing newlines
+    /// are ignored). Default empty: none.
+    pub secret_file: String,
+    /// Required `iss` claim. Default empty: not checked.
+    pub issuer: String,
+    /// Required `aud` claim. Default empty: not checked.
+    pub audience: String,
+    /// Claim that must equal the MQTT user name. Default `"sub"`.
+    pub username_claim: String,
+    /// Claim naming the user's workspace. Default empty: every JWT user is
+    /// in workspace `default`.
+    pub workspace_claim: String,
+}
+
+impl Default for Jwt {
+    fn default() -> Self {
+        Jwt {
+            jwks_file: String::new(),
+            secret_file: String::new(),
+            issuer: String::new(),
+            audience: String::new(),
+            username_claim: "sub".to_owned(),
+            workspace_claim: String::new(),
+        }
+    }
+}
+
+impl Jwt {
+    /// Whether a JWT key source (JWKS or secret file) is set.
+    pub fn is_configured(&self) -> bool {
+        !self.jwks_file.is_empty() || !self.secret_file.is_empty()
+    }
 }
 
 /// `[limits]`: per-replica limits (DESIGN.md §9). Out-of-range values stop
@@ -179,6 +251,21 @@ pub struct Limits {
     pub max_connections_per_credential: u32,
     /// Connections per source address. Default 200, range 1..=10,000,000.
     pub max_connections_per_source: u32,
+    /// Failed sign-ins from one source address or for one user name, within
+    /// `auth_failure_window`, that start a backoff. Default 10, range
+    /// 1..=1,000,000.
+    pub auth_failure_threshold: u32,
+    /// Window in which failed sign-ins are counted. Default 60 s, range
+    /// 1 s..=24 h.
+    #[serde(with = "duration")]
+    pub auth_failure_window: Duration,
+    /// First backoff once the threshold is reached; each further failure
+    /// after a backoff doubles it. Default 30 s, range 1 s..=24 h.
+    #[serde(with = "duration")]
+    pub auth_failure_backoff: Duration,
+    /// Longest backoff. Default 15 min, range `auth_failure_backoff`..=24 h.
+    #[serde(with = "duration")]
+    pub auth_failure_backoff_max: Duration,
     /// Largest CONNECT packet, and so the largest will, in bytes. Default
     /// 64 KiB, range 1 KiB..=16 MiB.
     #[serde(with = "size")]
@@ -217,6 +304,10 @@ pub struct Limits {
     /// Size). Default 1 MiB, range 64 B..=256 MiB.
     #[serde(with = "size")]
     pub max_packet_size: usize,
+    /// Topic Alias Maximum announced to MQTT 5 clients: aliases a client may
+    /// set towards the broker (MQTT 5 §3.3.2.3.4). Default 64, range
+    /// 0..=65535; 0 disables inbound topic aliases.
+    pub topic_alias_maximum: u16,
 }
 
 impl Default for Limits {
@@ -227,6 +318,10 @@ impl Default for Limits {
             max_connects_authenticating: 256,
             max_connections_per_credential: 1000,
             max_connections_per_source: 200,
+            auth_failure_threshold: 10,
+            auth_failure_window: Duration::from_secs(60),
+            auth_failure_backoff: Duration::from_secs(30),
+            auth_failure_backoff_max: Duration::from_secs(15 * 60),
             max_connect_packet_bytes: 64 * KIB,
             connect_timeout: Duration::from_secs(5),
             max_keep_alive: Duration::from_secs(15 * 60),
@@ -239,7 +334,33 @@ impl Default for Limits {
             max_session_expiry: Duration::from_secs(3600),
             max_offline_sessions: 100_000,
             max_packet_size: MIB,
+            topic_alias_maximum: 64,
         }
+    }
+}
+
+/// `[shared]`: how shared subscription groups (`$share/{group}/{filter}`)
+/// choose the member for each message.
+///
+/// ```toml
+/// [shared]
+/// strategy = "round_robin"      # random | sticky | hash_client_id | local_first
+/// [shared.groups]
+/// billing = "hash_client_id"    # per group name, overrides `strategy`
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Shared {
+    /// The broker-wide strategy. Default `round_robin`.
+    pub strategy: crate::shared::Strategy,
+    /// Strategy per group name, overriding `strategy`.
+    pub groups: std::collections::BTreeMap<String, crate::shared::Strategy>,
+}
+
+impl Shared {
+    /// The strategy of group `group`.
+    pub fn strategy_for(&self, group: &str) -> crate::shared::Strategy {
+        self.groups.get(group).copied().unwrap_or(self.strategy)
     }
 }
 
@@ -341,7 +462,8 @@ impl fmt::Display for SettingsError {
                 f,
                 "{key} = {value:?} listens beyond loopback, and clients without credentials are \
                  only allowed on loopback unless `auth.allow_anonymous = true` is set \
-                 (authentication methods are not available in this build yet)"
+                 (or sign-in is configured: auth.password_file, [auth.jwt], or required \
+                 TLS client certificates with use_identity_as_username)"
             ),
             SettingsError::StoreUnavailable(kind) => {
                 let name = match kind {
@@ -406,7 +528,8 @@ impl Settings {
     /// 64B..=256MiB`. Also refused: a `[cluster]` section, `store.kind` other
     /// than `"none"`, a listener that is not a socket address, no listener at
     /// all, and a non-loopback listener while anonymous clients are not
-    /// allowed and no password file is set.
+    /// allowed and no password file, JWT key or required client certificate
+    /// is set.
     pub fn validate(&self) -> Result<(), SettingsError> {
         if self.cluster.is_some() {
             return Err(SettingsError::ClusterUnavailable);
@@ -423,7 +546,10 @@ impl Settings {
         if !self.admin.listen.is_empty() {
             parse_addr("admin.listen", &self.admin.listen)?;
         }
-        if !self.anonymous_allowed() && self.auth.password_file.is_empty() {
+        let certificates = self.tls.use_identity_as_username
+            && self.tls.require_client_cert
+            && !self.tls.client_ca.as_os_str().is_empty();
+        if !self.anonymous_allowed() && !self.auth.has_credentials() && !certificates {
             let beyond = self.listeners.all().find(|(_, v)| !is_loopback(v));
             if let Some((key, value)) = beyond {
                 return Err(SettingsError::AnonymousBeyondLoopback {
@@ -478,6 +604,7 @@ impl Settings {
             10_000_000,
             num,
         )?;
+        self.validate_auth_ranges()?;
         check(
             "limits.max_connect_packet_bytes",
             l.max_connect_packet_bytes,
@@ -552,6 +679,46 @@ impl Settings {
             format_size,
         )?;
         Ok(())
+    }
+
+    fn validate_auth_ranges(&self) -> Result<(), SettingsError> {
+        let l = &self.limits;
+        let day = secs(24 * 3600);
+        check(
+            "limits.auth_failure_threshold",
+            l.auth_failure_threshold,
+            1,
+            1_000_000,
+            num,
+        )?;
+        check(
+            "limits.auth_failure_window",
+            l.auth_failure_window,
+            secs(1),
+            day,
+            format_duration,
+        )?;
+        check(
+            "limits.auth_failure_backoff",
+            l.auth_failure_backoff,
+            secs(1),
+            day,
+            format_duration,
+        )?;
+        check(
+            "limits.auth_failure_backoff_max",
+            l.auth_failure_backoff_max,
+            l.auth_failure_backoff,
+            day,
+            format_duration,
+        )?;
+        check(
+            "auth.acl_cache_ttl",
+            self.auth.acl_cache_ttl,
+            secs(1),
+            secs(3600),
+            format_duration,
+        )
     }
 
     /// Whether clients without credentials may connect:
@@ -827,6 +994,40 @@ mod tests {
     }
 
     #[test]
+    fn auth_failure_settings_default_per_design_and_check_their_ranges() {
+        let s = Settings::default();
+        assert_eq!(s.limits.auth_failure_threshold, 10);
+        assert_eq!(s.limits.auth_failure_window, Duration::from_secs(60));
+        assert_eq!(s.limits.auth_failure_backoff, Duration::from_secs(30));
+        assert_eq!(s.limits.auth_failure_backoff_max, Duration::from_secs(900));
+        assert_eq!(s.auth.acl_cache_ttl, Duration::from_secs(60));
+        assert_eq!(s.auth.jwt.username_claim, "sub");
+        let mut s = Settings::default();
+        s.limits.auth_failure_threshold = 0;
+        assert_eq!(
+            err(&s),
+            "limits.auth_failure_threshold = 0 is out of range 1..=1000000"
+        );
+        let mut s = Settings::default();
+        s.limits.auth_failure_backoff_max = Duration::from_secs(10);
+        assert_eq!(
+            err(&s),
+            "limits.auth_failure_backoff_max = 10s is out of range 30s..=1day"
+        );
+        let mut s = Settings::default();
+        s.auth.acl_cache_ttl = Duration::ZERO;
+        assert!(err(&s).starts_with("auth.acl_cache_ttl = 0s is out of range"));
+    }
+
+    #[test]
+    fn a_jwt_key_counts_as_a_way_to_sign_in_beyond_loopback() {
+        let mut s = Settings::default();
+        s.listeners.tcp = vec!["0.0.0.0:1883".into()];
+        s.auth.jwt.secret_file = "secret".into();
+        s.validate().unwrap();
+    }
+
+    #[test]
     fn allow_anonymous_false_is_honoured_on_loopback() {
         let mut s = Settings::default();
         s.auth.allow_anonymous = Some(false);
@@ -867,6 +1068,10 @@ mod serde_tests {
             max_keep_alive = "1h"
             [auth]
             allow_anonymous = true
+            acl_cache_ttl = "30s"
+            [auth.jwt]
+            secret_file = "jwt.secret"
+            audience = "fleet"
             [store]
             kind = "none"
             "#,
@@ -878,6 +1083,10 @@ mod serde_tests {
         assert_eq!(s.limits.connect_timeout, Duration::from_secs(7));
         assert_eq!(s.limits.max_keep_alive, Duration::from_secs(3600));
         assert_eq!(s.auth.allow_anonymous, Some(true));
+        assert_eq!(s.auth.acl_cache_ttl, Duration::from_secs(30));
+        assert_eq!(s.auth.jwt.secret_file, "jwt.secret");
+        assert_eq!(s.auth.jwt.audience, "fleet");
+        assert_eq!(s.auth.jwt.username_claim, "sub");
         assert_eq!(s.listeners, Listeners::default());
         s.validate().unwrap();
     }

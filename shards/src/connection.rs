@@ -195,6 +195,9 @@ async fn serve(
     let max_packet = settings.connect.max_packet_size;
     let publish_will = 'conn: loop {
         loop {
+            if let Some(close) = conn.close.get() {
+                break 'conn close.publish_will;
+            }
             match decode(&mut buf, Some(protocol), max_packet) {
                 Ok(Some(packet)) => {
                     if let Some(close) = shard.handle_packet(slot, &conn, packet, Instant::now()) {

@@ -53,22 +53,30 @@ impl FrameCache {
 }
 
 /// The frame for `delivery` sent over `protocol`, from `cache` when one is
-/// given and holds it.
+/// given and holds it. `alias` is the Topic Alias to send, and whether the
+/// topic goes with it (MQTT 5 §3.3.2.3.4); a frame with an alias is never
+/// cached.
 pub(crate) fn frame_for(
     delivery: &Delivery,
     protocol: ProtocolVersion,
     now: Instant,
+    alias: Option<(u16, bool)>,
     cache: Option<&mut FrameCache>,
 ) -> Frame {
+    if alias.is_some() {
+        return encode_frame(delivery, protocol, now, alias);
+    }
     let cacheable = delivery.subscription_ids.is_empty();
     let slot = usize::from(protocol.is_v5()) * 6 + (delivery.qos as usize) * 2 + usize::from(delivery.retain);
     match cache {
-        Some(cache) if cacheable => cache.frames[slot].get_or_insert_with(|| encode_frame(delivery, protocol, now)).clone(),
-        _ => encode_frame(delivery, protocol, now),
+        Some(cache) if cacheable => {
+            cache.frames[slot].get_or_insert_with(|| encode_frame(delivery, protocol, now, None)).clone()
+        }
+        _ => encode_frame(delivery, protocol, now, None),
     }
 }
 
-fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant) -> Frame {
+fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant, alias: Option<(u16, bool)>) -> Frame {
     let message = &delivery.message;
     let properties = if protocol.is_v5() {
         let mut p: Properties = message.properties.clone();
@@ -76,16 +84,22 @@ fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant) ->
         // (MQTT 5 §3.3.2.3.3, `[MQTT-3.3.2-6]`).
         p.message_expiry_interval = message.expiry_left(now).map(|left| left.max(1));
         p.subscription_identifiers.clone_from(&delivery.subscription_ids);
+        p.topic_alias = alias.map(|(a, _)| a);
         p
     } else {
         Properties::default()
     };
     let packet_id = (delivery.qos != QoS::AtMostOnce).then_some(NonZeroU16::MIN);
+    let topic = match alias {
+        Some((_, false)) => bytestring::ByteString::new(),
+        _ => message.topic.clone(),
+    };
+    let topic_len = topic.len();
     let publish = Publish {
         dup: false,
         qos: delivery.qos,
         retain: delivery.retain,
-        topic: message.topic.clone(),
+        topic,
         packet_id,
         properties,
         payload: message.payload.clone(),
@@ -95,7 +109,7 @@ fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant) ->
     let packet_id_at = packet_id.map(|_| {
         // Fixed header byte, Remaining Length (1–4 bytes), topic (2 + len).
         let varint_len = buf[1..].iter().position(|b| b & 0x80 == 0).unwrap_or(3) + 1;
-        1 + varint_len + 2 + message.topic.len()
+        1 + varint_len + 2 + topic_len
     });
     Frame { bytes: buf.freeze(), packet_id_at }
 }

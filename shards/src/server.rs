@@ -85,6 +85,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
             max_keep_alive: limits.max_keep_alive.as_secs().min(u64::from(u16::MAX)) as u16,
             max_session_expiry: limits.max_session_expiry.as_secs().min(u64::from(u32::MAX)) as u32,
             topic,
+            topic_alias_maximum: limits.topic_alias_maximum,
         },
         max_connect_packet_bytes: limits.max_connect_packet_bytes.min(limits.max_packet_size),
         connect_timeout: limits.connect_timeout,
@@ -97,9 +98,11 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
             max_subscriptions: limits.max_subscriptions_per_client as usize,
             topic,
             max_inflight: limits.max_client_writes_pending.min(u32::from(u16::MAX)) as u16,
+            topic_alias_maximum: limits.topic_alias_maximum,
         },
         max_offline_sessions: limits.max_offline_sessions as usize,
         max_client_writes_pending: limits.max_client_writes_pending as usize,
+        shared: settings.shared.clone(),
     };
 
     let global = Arc::new(Global::default());
@@ -163,7 +166,7 @@ async fn run_shard(
     shutdown: Shutdown,
     started: Arc<std::sync::atomic::AtomicUsize>,
 ) {
-    for (_, mut stream) in receivers.streams() {
+    for (from, mut stream) in receivers.streams() {
         let (shard, settings) = (shard.clone(), settings.clone());
         glommio::spawn_local(async move {
             while let Some(msg) = stream.next().await {
@@ -172,8 +175,8 @@ async fn run_shard(
                         glommio::spawn_local(handed_over(shard.clone(), settings.clone(), *handoff)).detach();
                     }
                     other => {
-                        shard.on_remote(other);
-                        shard.flush().await;
+                        shard.on_remote(from, other);
+                        shard.try_flush();
                     }
                 }
             }
@@ -209,11 +212,12 @@ async fn run_shard(
     let mut last_expiry = Instant::now();
     while !shutdown.is_triggered() {
         sleep(SHUTDOWN_POLL).await;
+        shard.try_flush();
         let now = Instant::now();
         if now.duration_since(last_expiry) >= Duration::from_secs(1) {
             last_expiry = now;
             shard.expire(now);
-            shard.flush().await;
+            shard.try_flush();
         }
     }
     shard.stopping.set(true);

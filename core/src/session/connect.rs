@@ -23,6 +23,9 @@ pub struct ConnectLimits {
     pub max_session_expiry: u32,
     /// Topic limits, applied to the Will Topic.
     pub topic: TopicLimits,
+    /// Topic Alias Maximum we announce: aliases a client may set towards
+    /// us (default 64; 0 disables inbound aliases).
+    pub topic_alias_maximum: u16,
 }
 
 impl Default for ConnectLimits {
@@ -33,6 +36,7 @@ impl Default for ConnectLimits {
             max_keep_alive: 900,
             max_session_expiry: 3600,
             topic: TopicLimits::default(),
+            topic_alias_maximum: 64,
         }
     }
 }
@@ -53,6 +57,9 @@ pub struct Negotiated {
     /// The client's Maximum Packet Size, bytes (default: no limit beyond the
     /// protocol's 268,435,460).
     pub client_max_packet_size: usize,
+    /// The client's Topic Alias Maximum: aliases we may set towards it
+    /// (default 0: none).
+    pub client_topic_alias_maximum: u16,
     /// The CONNACK to send; the caller sets `session_present`.
     pub connack: ConnAck,
 }
@@ -169,11 +176,12 @@ pub fn negotiate(
         if limits.receive_maximum != u16::MAX {
             props.receive_maximum = Some(limits.receive_maximum);
         }
+        if limits.topic_alias_maximum > 0 {
+            props.topic_alias_maximum = Some(limits.topic_alias_maximum);
+        }
         if limits.max_packet_size < PROTOCOL_MAX_PACKET_SIZE {
             props.maximum_packet_size = Some(limits.max_packet_size as u32);
         }
-        // Capabilities not yet offered (DESIGN.md §13 plans them).
-        props.shared_subscription_available = Some(0);
     }
 
     Ok(Negotiated {
@@ -181,6 +189,7 @@ pub fn negotiate(
         keep_alive,
         session_expiry,
         client_receive_maximum: connect.properties.receive_maximum.unwrap_or(u16::MAX),
+        client_topic_alias_maximum: if v5 { connect.properties.topic_alias_maximum.unwrap_or(0) } else { 0 },
         client_max_packet_size: connect
             .properties
             .maximum_packet_size

@@ -51,8 +51,9 @@ pub struct Message {
     /// When the broker received it; the Message Expiry Interval counts from
     /// here (MQTT 5 §3.3.2.3.3).
     pub received_at: Instant,
-    /// The publishing connection's key (for No Local), or `u64::MAX` for
-    /// messages the broker itself publishes (wills from gone clients, $SYS).
+    /// A hash of the publisher's client identifier ([`client_key`]), for No
+    /// Local `[MQTT-3.8.3-3]` and the `hash_client_id` shared strategy;
+    /// `u64::MAX` for messages the broker itself publishes ($SYS).
     pub origin: u64,
 }
 
@@ -88,6 +89,19 @@ pub struct Delivery {
     pub retain: bool,
     /// Subscription Identifiers of the matching subscriptions (MQTT 5).
     pub subscription_ids: Vec<u32>,
+    /// The shared subscription (`$share/{group}/{filter}`) it came through,
+    /// if any: such a delivery goes back to its group when this session
+    /// goes offline before acknowledging it.
+    pub group: Option<ByteString>,
+}
+
+/// The key of a client identifier carried in [`Message::origin`]: a stable
+/// 64-bit hash.
+pub fn client_key(client_id: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    client_id.hash(&mut h);
+    h.finish() & (u64::MAX >> 1)
 }
 
 /// What the caller must do, in order, after a call into the session.
@@ -151,6 +165,8 @@ pub struct SessionLimits {
     /// client's Receive Maximum (default 1000, `maxClientWritesPending`): it
     /// bounds what one connection can hold in the broker's write buffers.
     pub max_inflight: u16,
+    /// Topic Alias Maximum we announced (0: inbound aliases refused).
+    pub topic_alias_maximum: u16,
 }
 
 impl Default for SessionLimits {
@@ -161,6 +177,7 @@ impl Default for SessionLimits {
             max_subscriptions: 1000,
             topic: TopicLimits::default(),
             max_inflight: 1000,
+            topic_alias_maximum: 64,
         }
     }
 }
@@ -213,6 +230,11 @@ pub struct Session {
     queue: VecDeque<Delivery>,
     inbound_qos2: HashSet<u16>,
     drops: DropCounts,
+    /// Topic aliases the client set on this connection (MQTT 5 §3.3.2.3.4).
+    inbound_aliases: HashMap<u16, ByteString>,
+    /// Topic aliases we set towards the client on this connection.
+    outbound_aliases: HashMap<ByteString, u16>,
+    client_topic_alias_maximum: u16,
 }
 
 impl Session {
@@ -235,6 +257,9 @@ impl Session {
             queue: VecDeque::new(),
             inbound_qos2: HashSet::new(),
             drops: DropCounts::default(),
+            inbound_aliases: HashMap::new(),
+            outbound_aliases: HashMap::new(),
+            client_topic_alias_maximum: negotiated.client_topic_alias_maximum,
         }
     }
 
@@ -284,6 +309,34 @@ impl Session {
         self.online = false;
     }
 
+    /// Take back every delivery that came through a shared subscription and
+    /// is not yet acknowledged (in flight or queued), in order, so its group
+    /// can give it to another member (MQTT 5 §4.8.2). Called when the
+    /// session goes offline. PUBRELs already sent stay: those messages were
+    /// received.
+    pub fn take_shared_deliveries(&mut self) -> Vec<Delivery> {
+        let mut taken = Vec::new();
+        let order = std::mem::take(&mut self.inflight_order);
+        for (seq, pid) in order {
+            let entry = &self.inflight[&pid];
+            if entry.delivery.group.is_some() && entry.state != InflightState::AwaitPubComp {
+                let entry = self.inflight.remove(&pid).expect("present");
+                taken.push(entry.delivery);
+            } else {
+                self.inflight_order.insert(seq, pid);
+            }
+        }
+        let queue = std::mem::take(&mut self.queue);
+        for delivery in queue {
+            if delivery.group.is_some() {
+                taken.push(delivery);
+            } else {
+                self.queue.push_back(delivery);
+            }
+        }
+        taken
+    }
+
     /// A new connection resumes this session (Clean Start 0 and the session
     /// existed): adopt the connection's parameters, resend unacknowledged
     /// PUBLISHes with DUP set and PUBRELs, in their original order
@@ -295,6 +348,10 @@ impl Session {
         self.session_expiry = negotiated.session_expiry;
         self.client_receive_maximum = negotiated.client_receive_maximum;
         self.client_max_packet_size = negotiated.client_max_packet_size;
+        // Topic aliases last as long as one connection `[MQTT-3.3.2-10]`.
+        self.inbound_aliases.clear();
+        self.outbound_aliases.clear();
+        self.client_topic_alias_maximum = negotiated.client_topic_alias_maximum;
         for pid in self.inflight_order.values() {
             let entry = &self.inflight[pid];
             let packet_id = NonZeroU16::new(*pid).expect("packet ids are never 0");
@@ -354,6 +411,42 @@ impl Session {
             }
             self.pump(now, out);
         }
+    }
+
+    /// The Topic Alias to use for a PUBLISH on `topic` to this client:
+    /// `None` when the client accepts no aliases or all are taken; `Some((alias,
+    /// true))` when this PUBLISH establishes the alias (send the topic too);
+    /// `Some((alias, false))` when the alias is known to the client (send an
+    /// empty topic) (MQTT 5 §3.3.2.3.4).
+    pub fn outbound_topic_alias(&mut self, topic: &ByteString) -> Option<(u16, bool)> {
+        if self.client_topic_alias_maximum == 0 {
+            return None;
+        }
+        if let Some(alias) = self.outbound_aliases.get(topic) {
+            return Some((*alias, false));
+        }
+        let next = self.outbound_aliases.len() + 1;
+        if next > usize::from(self.client_topic_alias_maximum) {
+            return None;
+        }
+        let alias = next as u16;
+        self.outbound_aliases.insert(topic.clone(), alias);
+        Some((alias, true))
+    }
+
+    /// Undo an alias just established by [`Session::outbound_topic_alias`]
+    /// when the PUBLISH carrying it was not sent after all.
+    pub fn forget_outbound_topic_alias(&mut self, topic: &ByteString) {
+        // Aliases are handed out in order, so only the newest can be undone.
+        if self.outbound_aliases.get(topic).is_some_and(|a| usize::from(*a) == self.outbound_aliases.len()) {
+            self.outbound_aliases.remove(topic);
+        }
+    }
+
+    /// True when deliveries to this client may carry a Topic Alias, so the
+    /// caller cannot share one encoding with other subscribers.
+    pub fn uses_outbound_aliases(&self) -> bool {
+        self.client_topic_alias_maximum > 0
     }
 
     fn has_send_quota(&self) -> bool {
@@ -487,12 +580,31 @@ impl Session {
         out.push(Output::Close { reason, publish_will: true });
     }
 
-    fn handle_publish(&mut self, publish: Publish, now: Instant, out: &mut Vec<Output>) {
+    fn handle_publish(&mut self, mut publish: Publish, now: Instant, out: &mut Vec<Output>) {
         let v5 = self.protocol.is_v5();
-        if publish.properties.topic_alias.is_some() {
-            // We announce no Topic Alias Maximum, so any alias is invalid
+        if let Some(alias) = publish.properties.topic_alias {
+            // 0 or above our Topic Alias Maximum: 0x94 `[MQTT-3.3.2-8]`,
             // `[MQTT-3.3.2-9]`.
-            self.close_with(ReasonCode::TOPIC_ALIAS_INVALID, out);
+            if alias == 0 || alias > self.limits.topic_alias_maximum {
+                self.close_with(ReasonCode::TOPIC_ALIAS_INVALID, out);
+                return;
+            }
+            if publish.topic.is_empty() {
+                match self.inbound_aliases.get(&alias) {
+                    Some(topic) => publish.topic = topic.clone(),
+                    None => {
+                        // An alias never set, with no topic: Protocol Error
+                        // (MQTT 5 §3.3.4).
+                        self.protocol_error(out);
+                        return;
+                    }
+                }
+            } else if validate_topic_name(&publish.topic, &self.limits.topic).is_ok() {
+                self.inbound_aliases.insert(alias, publish.topic.clone());
+            }
+        } else if v5 && publish.topic.is_empty() {
+            // No topic and no alias `[MQTT-3.3.2-1]`: Protocol Error.
+            self.protocol_error(out);
             return;
         }
         if validate_topic_name(&publish.topic, &self.limits.topic).is_err() {
@@ -560,8 +672,10 @@ impl Session {
         for (filter, options) in subscribe.filters {
             let reason = if validate_topic_filter(&filter, &self.limits.topic).is_err() {
                 if v5 { ReasonCode::TOPIC_FILTER_INVALID } else { ReasonCode::UNSPECIFIED_ERROR }
-            } else if parse_shared(&filter).is_some() {
-                if v5 { ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED } else { ReasonCode::UNSPECIFIED_ERROR }
+            } else if parse_shared(&filter).is_some() && options.no_local {
+                // No Local on a shared subscription `[MQTT-3.8.3-4]`.
+                self.protocol_error(out);
+                return;
             } else if !self.subscriptions.contains_key(&filter)
                 && self.subscriptions.len() >= self.limits.max_subscriptions
             {

@@ -48,7 +48,7 @@ fn message(topic: &str, qos: QoS, t: Instant) -> Arc<Message> {
 }
 
 fn delivery(m: &Arc<Message>, qos: QoS) -> Delivery {
-    Delivery { message: m.clone(), qos, retain: false, subscription_ids: vec![] }
+    Delivery { message: m.clone(), qos, retain: false, subscription_ids: vec![], group: None }
 }
 
 fn delivered_ids(out: &[Output]) -> Vec<(Option<u16>, bool)> {
@@ -259,12 +259,10 @@ fn subscribe_grants_requested_qos_and_rejects_invalid_filters() {
     let mut out = vec![];
     s.handle(Packet::Subscribe(sub), t0, &mut out);
     let Output::Send(Packet::SubAck(ack)) = &out[0] else { panic!("SUBACK first: {out:?}") };
-    assert_eq!(
-        ack.reasons,
-        vec![ReasonCode::GRANTED_QOS_2, ReasonCode::TOPIC_FILTER_INVALID, ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED]
-    );
+    assert_eq!(ack.reasons, vec![ReasonCode::GRANTED_QOS_2, ReasonCode::TOPIC_FILTER_INVALID, ReasonCode::GRANTED_QOS_0]);
     assert!(matches!(&out[1], Output::Subscribed { filter, existed: false, .. } if filter == "a/#"));
-    assert_eq!(out.len(), 2);
+    assert!(matches!(&out[2], Output::Subscribed { filter, .. } if filter == "$share/g/a"));
+    assert_eq!(out.len(), 3);
 }
 
 #[test]
@@ -372,6 +370,117 @@ fn authentication_method_is_refused_with_0x8c() {
     c.properties.authentication_method = Some("SCRAM-SHA-1".into());
     let r = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap_err();
     assert_eq!(r.reason, ReasonCode::BAD_AUTHENTICATION_METHOD);
+}
+
+fn publish_with_alias(topic: &str, alias: u16) -> Packet {
+    let Packet::Publish(mut p) = publish(topic, QoS::AtMostOnce, None) else { unreachable!() };
+    p.properties.topic_alias = Some(alias);
+    Packet::Publish(p)
+}
+
+#[test]
+fn inbound_topic_alias_is_set_by_a_publish_with_topic_and_used_by_one_without() {
+    // MQTT 5 §3.3.2.3.4
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let mut out = vec![];
+    s.handle(publish_with_alias("a/b", 3), t0, &mut out);
+    s.handle(publish_with_alias("", 3), t0, &mut out);
+    let topics: Vec<_> = out
+        .iter()
+        .map(|o| match o {
+            Output::Publish(m) => {
+                assert_eq!(m.properties.topic_alias, None, "aliases are not forwarded");
+                m.topic.to_string()
+            }
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(topics, vec!["a/b", "a/b"]);
+}
+
+#[test]
+fn topic_alias_zero_or_above_our_maximum_gets_disconnect_0x94() {
+    // [MQTT-3.3.2-8], [MQTT-3.3.2-9]
+    let t0 = Instant::now();
+    let limits = SessionLimits { topic_alias_maximum: 4, ..SessionLimits::default() };
+    for alias in [0, 5] {
+        let mut s = session_with(ProtocolVersion::V5, 10, limits.clone());
+        let mut out = vec![];
+        s.handle(publish_with_alias("a", alias), t0, &mut out);
+        assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::TOPIC_ALIAS_INVALID), publish_will: true }]);
+    }
+}
+
+#[test]
+fn an_alias_never_set_with_an_empty_topic_is_a_protocol_error() {
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let mut out = vec![];
+    s.handle(publish_with_alias("", 2), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::PROTOCOL_ERROR), publish_will: true }]);
+    // And an empty topic with no alias at all [MQTT-3.3.2-1].
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    out.clear();
+    s.handle(publish("", QoS::AtMostOnce, None), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::PROTOCOL_ERROR), publish_will: true }]);
+}
+
+#[test]
+fn outbound_aliases_are_assigned_per_topic_up_to_the_clients_maximum_and_reset_on_reconnect() {
+    let t0 = Instant::now();
+    let mut c = connect(ProtocolVersion::V5, "c1", false);
+    c.properties.topic_alias_maximum = Some(2);
+    c.properties.session_expiry_interval = Some(60);
+    let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
+    let mut s = Session::new(ProtocolVersion::V5, &n, SessionLimits::default());
+    let (a, b, x) = (ByteString::from("a"), ByteString::from("b"), ByteString::from("x"));
+    assert_eq!(s.outbound_topic_alias(&a), Some((1, true)));
+    assert_eq!(s.outbound_topic_alias(&a), Some((1, false)));
+    assert_eq!(s.outbound_topic_alias(&b), Some((2, true)));
+    assert_eq!(s.outbound_topic_alias(&x), None, "beyond the client's Topic Alias Maximum");
+    s.go_offline();
+    s.resume(ProtocolVersion::V5, &n, t0, &mut vec![]);
+    assert_eq!(s.outbound_topic_alias(&b), Some((1, true)), "aliases last one connection");
+}
+
+#[test]
+fn an_alias_undone_after_a_dropped_publish_is_handed_out_again() {
+    let mut c = connect(ProtocolVersion::V5, "c1", true);
+    c.properties.topic_alias_maximum = Some(5);
+    let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
+    let mut s = Session::new(ProtocolVersion::V5, &n, SessionLimits::default());
+    let a = ByteString::from("a");
+    assert_eq!(s.outbound_topic_alias(&a), Some((1, true)));
+    s.forget_outbound_topic_alias(&a);
+    assert_eq!(s.outbound_topic_alias(&a), Some((1, true)));
+}
+
+#[test]
+fn no_local_on_a_shared_subscription_is_a_protocol_error() {
+    // [MQTT-3.8.3-4]
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let options = SubscriptionOptions { no_local: true, ..SubscriptionOptions::default() };
+    let filters = vec![(ByteString::from("$share/g/a"), options)];
+    let mut out = vec![];
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default(), filters }), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::PROTOCOL_ERROR), publish_will: true }]);
+}
+
+#[test]
+fn shared_deliveries_not_yet_acknowledged_are_taken_back_in_order_when_going_offline() {
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 1, SessionLimits::default());
+    let mut out = vec![];
+    let shared = |topic: &str| Delivery { group: Some("$share/g/#".into()), ..delivery(&message(topic, QoS::AtLeastOnce, t0), QoS::AtLeastOnce) };
+    s.deliver(shared("s1"), t0, &mut out);
+    s.deliver(delivery(&message("own", QoS::AtLeastOnce, t0), QoS::AtLeastOnce), t0, &mut out);
+    s.deliver(shared("s2"), t0, &mut out);
+    s.go_offline();
+    let taken: Vec<_> = s.take_shared_deliveries().into_iter().map(|d| d.message.topic.to_string()).collect();
+    assert_eq!(taken, vec!["s1", "s2"]);
+    assert_eq!((s.inflight(), s.queued()), (0, 1), "the session's own delivery stays");
 }
 
 mod properties {

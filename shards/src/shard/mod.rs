@@ -9,7 +9,10 @@
 //! delay and session expiry are therefore always local to one shard, with
 //! no session state ever moving between shards. Retained messages belong to
 //! `owner_of(topic)`, which orders set/clear and copies them to every shard,
-//! so a subscribe reads them locally.
+//! so a subscribe reads them locally. Shared subscription groups belong to
+//! `owner_of(shared filter)` (see [`groups`]).
+
+mod groups;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -28,7 +31,9 @@ use fleetmq_core::packet::{
 };
 use fleetmq_core::route::RouteTable;
 use fleetmq_core::session::timing::{session_expires_at, will_due_at};
-use fleetmq_core::session::{Delivery, Message, Negotiated, Output, Session, SessionLimits, Subscription};
+use fleetmq_core::session::{client_key, Delivery, Message, Negotiated, Output, Session, SessionLimits, Subscription};
+use fleetmq_core::settings::Shared;
+use fleetmq_core::topic::parse_shared;
 use fleetmq_core::topic::matches;
 use fleetmq_core::trie::SubscriptionTrie;
 use glommio::channels::channel_mesh::Senders;
@@ -40,6 +45,16 @@ use crate::signal::Signal;
 
 /// Index of a client (session) in its shard's slab.
 pub(crate) type Slot = u32;
+
+/// Who a trie entry delivers to: a session of this shard, or a shared
+/// subscription group this shard owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Subscriber {
+    Session(Slot),
+    Group(u32),
+}
+
+pub(crate) use groups::GroupOp;
 
 /// Counters shared by every shard of the process.
 #[derive(Default)]
@@ -64,6 +79,11 @@ pub(crate) enum ShardMsg {
     RetainApply(Arc<Message>),
     /// A connection whose client identifier the receiving shard owns.
     Handoff(Box<Handoff>),
+    /// A change to a shared subscription group the receiving shard owns.
+    Group(GroupOp),
+    /// A message a group chose the member `client_id` (owned by the
+    /// receiving shard) for.
+    DeliverShared { key: ByteString, client_id: ByteString, subscription: Subscription, message: Arc<Message> },
 }
 
 /// A connection moving to the shard that owns its client identifier.
@@ -137,6 +157,8 @@ impl ConnShared {
 
 struct Client {
     session: Session,
+    /// [`client_key`] of the client identifier (No Local).
+    key: u64,
     conn: Option<Rc<ConnShared>>,
     /// The Will of the current connection.
     will: Option<Will>,
@@ -152,12 +174,16 @@ pub(crate) struct ShardLimits {
     pub(crate) session: SessionLimits,
     pub(crate) max_offline_sessions: usize,
     pub(crate) max_client_writes_pending: usize,
+    /// Shared subscription strategies.
+    pub(crate) shared: Shared,
 }
 
 struct State {
     clients: Slab<Client>,
     by_id: HashMap<ByteString, Slot>,
-    trie: SubscriptionTrie<Slot, Subscription>,
+    trie: SubscriptionTrie<Subscriber, Subscription>,
+    groups: Slab<groups::GroupEntry>,
+    group_ids: HashMap<ByteString, u32>,
     routes: RouteTable,
     retained: HashMap<ByteString, Arc<Message>>,
     /// Deliveries for other shards, batched per shard until the next flush.
@@ -165,7 +191,7 @@ struct State {
     /// Control messages for other shards, in order.
     control: Vec<(usize, ShardMsg)>,
     frames: FrameCache,
-    matched: Vec<(Slot, Subscription)>,
+    matched: Vec<(Subscriber, Subscription)>,
     outputs: Vec<Output>,
 }
 
@@ -215,6 +241,8 @@ impl Shard {
                 clients: Slab::new(),
                 by_id: HashMap::new(),
                 trie: SubscriptionTrie::new(),
+                groups: Slab::new(),
+                group_ids: HashMap::new(),
                 routes: RouteTable::new(),
                 retained: HashMap::new(),
                 outbox: (0..shards).map(|_| Vec::new()).collect(),
@@ -255,6 +283,7 @@ impl Shard {
                 // A reconnect within the Will Delay cancels the will
                 // `[MQTT-3.1.3-9]`.
                 client.pending_will = None;
+                self.shared_presence(st, slot, true);
                 slot
             }
             Some(slot) => {
@@ -281,7 +310,8 @@ impl Shard {
 
     fn insert_client(&self, st: &mut State, session: Session) -> Slot {
         let id = session.client_id().clone();
-        let slot = st.clients.insert(Client { session, conn: None, will: None, pending_will: None, offline_since: None });
+        let key = client_key(&id);
+        let slot = st.clients.insert(Client { session, key, conn: None, will: None, pending_will: None, offline_since: None });
         st.by_id.insert(id, slot as Slot);
         slot as Slot
     }
@@ -294,14 +324,24 @@ impl Shard {
         }
         st.by_id.remove(client.session.client_id());
         for filter in client.session.subscriptions().keys() {
-            self.trie_remove(st, filter, slot);
+            self.unsubscribe(st, filter, slot, client.session.client_id());
         }
     }
 
-    fn trie_remove(&self, st: &mut State, filter: &ByteString, slot: Slot) {
-        st.trie.remove(filter, &slot);
+    /// Remove one subscription of the session on `slot` from the trie, or
+    /// its membership from a shared group.
+    fn unsubscribe(&self, st: &mut State, filter: &ByteString, slot: Slot, client_id: &ByteString) {
+        if parse_shared(filter).is_some() {
+            self.group_op(st, GroupOp::Leave { key: filter.clone(), client_id: client_id.clone() }, Instant::now());
+        } else {
+            self.trie_remove(st, filter, Subscriber::Session(slot));
+        }
+    }
+
+    fn trie_remove(&self, st: &mut State, filter: &str, subscriber: Subscriber) {
+        st.trie.remove(filter, &subscriber);
         if !st.trie.has_filter(filter) {
-            self.route_change(st, filter, false);
+            self.route_change(st, &ByteString::from(filter), false);
         }
     }
 
@@ -331,8 +371,9 @@ impl Shard {
 
     fn connection_ended(&self, st: &mut State, slot: Slot, publish_will: bool, now: Instant) {
         self.global.connected.fetch_sub(1, Ordering::Relaxed);
+        st.clients[slot as usize].session.go_offline();
+        self.shared_presence(st, slot, false);
         let client = &mut st.clients[slot as usize];
-        client.session.go_offline();
         let will = client.will.take().filter(|_| publish_will);
         let expiry = client.session.session_expiry();
         let mut will_now = None;
@@ -380,6 +421,11 @@ impl Shard {
     pub(crate) fn handle_packet(&self, slot: Slot, conn: &ConnShared, packet: Packet, now: Instant) -> Option<CloseRequest> {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
+        let attached = st.clients.get(slot as usize).and_then(|c| c.conn.as_ref()).is_some_and(|c| c.key == conn.key);
+        if !attached {
+            // Taken over while this packet was on its way: drop it.
+            return Some(CloseRequest { publish_will: false });
+        }
         let is_publish = matches!(packet, Packet::Publish(_));
         let mut outputs = std::mem::take(&mut st.outputs);
         st.clients[slot as usize].session.handle(packet, now, &mut outputs);
@@ -391,13 +437,22 @@ impl Shard {
             match output {
                 Output::Send(packet) => conn.send(&packet),
                 Output::Publish(mut message) => {
-                    message.origin = conn.key;
+                    message.origin = st.clients[slot as usize].key;
                     self.route(st, Arc::new(message), now);
                 }
                 Output::Subscribed { filter, subscription, existed } => {
-                    self.subscribe(st, slot, filter, subscription, existed, now);
+                    if parse_shared(&filter).is_some() {
+                        let client_id = st.clients[slot as usize].session.client_id().clone();
+                        let member = fleetmq_core::shared::Member { client_id, shard: self.id, subscription, online: true };
+                        self.group_op(st, GroupOp::Join { key: filter, member }, now);
+                    } else {
+                        self.subscribe(st, slot, filter, subscription, existed, now);
+                    }
                 }
-                Output::Unsubscribed { filter } => self.trie_remove(st, &filter, slot),
+                Output::Unsubscribed { filter } => {
+                    let client_id = st.clients[slot as usize].session.client_id().clone();
+                    self.unsubscribe(st, &filter, slot, &client_id);
+                }
                 Output::Close { reason, publish_will } => {
                     conn.request_close(reason, publish_will);
                     close = Some(CloseRequest { publish_will });
@@ -415,7 +470,7 @@ impl Shard {
         if !st.trie.has_filter(&filter) {
             self.route_change(st, &filter, true);
         }
-        st.trie.insert(&filter, slot, subscription);
+        st.trie.insert(&filter, Subscriber::Session(slot), subscription);
         let send_retained = match subscription.options.retain_handling {
             RetainHandling::SendAtSubscribe => true,
             RetainHandling::SendIfNew => !existed,
@@ -433,6 +488,7 @@ impl Shard {
                 // `[MQTT-3.3.1-9]`.
                 retain: true,
                 subscription_ids: subscription.identifier.into_iter().collect(),
+                group: None,
                 message,
             };
             self.deliver_to(st, slot, delivery, now, false);
@@ -453,7 +509,7 @@ impl Shard {
         let shards = st.routes.shards_for(&message.topic);
         for shard in shards.iter() {
             if shard == self.id {
-                self.dispatch_local(st, &message, now);
+                self.dispatch_local(st, &message, self.id, now);
             } else {
                 st.outbox[shard].push(message.clone());
             }
@@ -478,26 +534,34 @@ impl Shard {
     /// Deliver a message to this shard's matching subscribers: one delivery
     /// per session however many of its subscriptions match, at the highest
     /// granted QoS, with every Subscription Identifier (MQTT 5 §3.3.4).
-    fn dispatch_local(&self, st: &mut State, message: &Arc<Message>, now: Instant) {
+    /// `from_shard` is the shard the message was published on.
+    fn dispatch_local(&self, st: &mut State, message: &Arc<Message>, from_shard: usize, now: Instant) {
         let mut matched = std::mem::take(&mut st.matched);
-        st.trie.for_each_match(&message.topic, |slot, sub| matched.push((*slot, *sub)));
+        st.trie.for_each_match(&message.topic, |subscriber, sub| matched.push((*subscriber, *sub)));
         if matched.len() > 1 {
-            matched.sort_unstable_by_key(|(slot, _)| *slot);
+            matched.sort_unstable_by_key(|(subscriber, _)| *subscriber);
         }
         st.frames.clear();
         let mut i = 0;
         while i < matched.len() {
-            let slot = matched[i].0;
-            let conn_key = st.clients[slot as usize].conn.as_ref().map(|c| c.key);
+            let slot = match matched[i].0 {
+                Subscriber::Session(slot) => slot,
+                Subscriber::Group(gid) => {
+                    i += 1;
+                    self.dispatch_to_group(st, gid, message.clone(), from_shard, now);
+                    continue;
+                }
+            };
+            let client_key = st.clients[slot as usize].key;
             let mut qos = None;
             let mut retain = false;
             let mut ids = Vec::new();
-            while i < matched.len() && matched[i].0 == slot {
+            while i < matched.len() && matched[i].0 == Subscriber::Session(slot) {
                 let sub = matched[i].1;
                 i += 1;
-                // No Local: not back to the publishing connection
-                // `[MQTT-3.8.3-3]`.
-                if sub.options.no_local && conn_key == Some(message.origin) {
+                // No Local: not to a connection with the publisher's client
+                // identifier `[MQTT-3.8.3-3]`.
+                if sub.options.no_local && client_key == message.origin {
                     continue;
                 }
                 qos = qos.max(Some(sub.options.qos));
@@ -505,7 +569,8 @@ impl Shard {
                 ids.extend(sub.identifier);
             }
             let Some(qos) = qos else { continue };
-            let delivery = Delivery { message: message.clone(), qos: qos.min(message.qos), retain, subscription_ids: ids };
+            let delivery =
+                Delivery { message: message.clone(), qos: qos.min(message.qos), retain, subscription_ids: ids, group: None };
             self.deliver_to(st, slot, delivery, now, true);
         }
         matched.clear();
@@ -541,9 +606,13 @@ impl Shard {
             match output {
                 Output::Deliver { delivery, packet_id, dup } => {
                     let protocol = client.session.protocol();
-                    let frame = frame_for(&delivery, protocol, now, cached.then_some(&mut st.frames));
+                    let alias = client.session.outbound_topic_alias(&delivery.message.topic);
+                    let frame = frame_for(&delivery, protocol, now, alias, cached.then_some(&mut st.frames));
                     if frame.len() > client.session.client_max_packet_size() {
                         // `[MQTT-3.1.2-25]`: drop it for this client, counted.
+                        if let Some((_, true)) = alias {
+                            client.session.forget_outbound_topic_alias(&delivery.message.topic);
+                        }
                         client.session.dropped_too_large(packet_id, now, outputs);
                         self.metrics.dropped(DropReason::PacketTooLarge);
                         continue;
@@ -567,16 +636,20 @@ impl Shard {
         }
     }
 
-    /// Handle a message from another shard.
-    pub(crate) fn on_remote(&self, msg: ShardMsg) {
+    /// Handle a message from shard `from`.
+    pub(crate) fn on_remote(&self, from: usize, msg: ShardMsg) {
         let now = Instant::now();
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         match msg {
             ShardMsg::Deliver(messages) => {
                 for message in &messages {
-                    self.dispatch_local(st, message, now);
+                    self.dispatch_local(st, message, from, now);
                 }
+            }
+            ShardMsg::Group(op) => self.apply_group_op(st, op, from, now),
+            ShardMsg::DeliverShared { key, client_id, subscription, message } => {
+                self.deliver_shared_local(st, key, &client_id, subscription, message, now);
             }
             ShardMsg::Route { filter, shard, add } => {
                 if add {
@@ -591,39 +664,56 @@ impl Shard {
         }
     }
 
-    /// Send what this shard batched for the others. Awaits only when a
-    /// peer's channel is full (backpressure across shards).
+    /// Send what this shard batched for the others, waiting (and so
+    /// slowing the calling connection) while a peer's channel is full.
+    /// Only connection tasks call this; tasks that drain the channels call
+    /// [`Shard::try_flush`], so two shards can never wait on each other.
     pub(crate) async fn flush(&self) {
-        loop {
-            let batch = {
-                let mut st = self.state.borrow_mut();
-                let st = &mut *st;
-                let mut batch: Vec<(usize, ShardMsg)> = std::mem::take(&mut st.control);
-                for (peer, messages) in st.outbox.iter_mut().enumerate() {
-                    if !messages.is_empty() {
-                        batch.push((peer, ShardMsg::Deliver(std::mem::take(messages))));
-                    }
-                }
-                batch
-            };
-            if batch.is_empty() {
-                return;
-            }
-            for (peer, msg) in batch {
-                self.send_to(peer, msg).await;
-            }
+        while !self.try_flush() {
+            glommio::timer::sleep(std::time::Duration::from_micros(100)).await;
         }
     }
 
-    /// Send one message to a peer shard, waiting while its channel is full.
-    pub(crate) async fn send_to(&self, peer: usize, msg: ShardMsg) {
-        match self.senders.try_send_to(peer, msg) {
-            Ok(()) => {}
-            Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg))) => {
-                let _ = self.senders.send_to(peer, msg).await;
-            }
-            Err(_) => {} // the peer is stopping
+    /// Send what fits into the peers' channels without waiting; keep the
+    /// rest, in order, for the next flush. Returns true when all was sent.
+    pub(crate) fn try_flush(&self) -> bool {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        if st.control.is_empty() && st.outbox.iter().all(Vec::is_empty) {
+            return true;
         }
+        let mut batch: Vec<(usize, ShardMsg)> = std::mem::take(&mut st.control);
+        for (peer, messages) in st.outbox.iter_mut().enumerate() {
+            if !messages.is_empty() {
+                batch.push((peer, ShardMsg::Deliver(std::mem::take(messages))));
+            }
+        }
+        let mut left = Vec::new();
+        let mut blocked = [false; 64];
+        for (peer, msg) in batch {
+            // Keep per-peer order: once a peer is full, queue the rest for it.
+            if blocked[peer] {
+                left.push((peer, msg));
+                continue;
+            }
+            match self.senders.try_send_to(peer, msg) {
+                Ok(()) => {}
+                Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg))) => {
+                    blocked[peer] = true;
+                    left.push((peer, msg));
+                }
+                Err(_) => {} // the peer is stopping
+            }
+        }
+        let done = left.is_empty();
+        st.control = left;
+        done
+    }
+
+    /// Send one message to a peer shard, waiting while its channel is full.
+    /// For connection tasks only (see [`Shard::flush`]).
+    pub(crate) async fn send_to(&self, peer: usize, msg: ShardMsg) {
+        let _ = self.senders.send_to(peer, msg).await;
     }
 
     /// Periodic work: publish wills whose delay ran out, end sessions whose

@@ -1,0 +1,202 @@
+//! Shared subscription groups across shards (MQTT 5 §4.8.2).
+//!
+//! A group `$share/{group}/{filter}` belongs to `owner_of(shared filter)`.
+//! The owner puts one [`Subscriber::Group`] entry for the inner filter in
+//! its trie, so the route table sends it every matching message once; it
+//! then picks one member ([`SharedGroup::pick`]) and hands the message to
+//! the shard that owns that member's session. Members report joins, leaves
+//! and presence to the owner as [`GroupOp`]s; a member going offline returns
+//! its unacknowledged group deliveries, which the owner gives to another
+//! member or keeps until one is back.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytestring::ByteString;
+use fleetmq_core::session::{Delivery, Message, Subscription};
+use fleetmq_core::shared::{Member, SharedGroup};
+use fleetmq_core::topic::parse_shared;
+
+use super::{owner_of, Shard, ShardMsg, Slot, State, Subscriber};
+use crate::metrics::DropReason;
+
+/// A change to a group, sent to the group's owner shard.
+pub(crate) enum GroupOp {
+    /// A session subscribed to the shared filter `key` (or changed options).
+    Join { key: ByteString, member: Member },
+    /// A session unsubscribed, or ended.
+    Leave { key: ByteString, client_id: ByteString },
+    /// A member's session gained or lost its connection.
+    Online { key: ByteString, client_id: ByteString, online: bool },
+    /// Messages a member took but did not acknowledge before going away, or
+    /// could not take: to be given to another member.
+    Return { key: ByteString, messages: Vec<Arc<Message>> },
+}
+
+impl GroupOp {
+    fn key(&self) -> &ByteString {
+        match self {
+            GroupOp::Join { key, .. } | GroupOp::Leave { key, .. } | GroupOp::Online { key, .. } | GroupOp::Return { key, .. } => key,
+        }
+    }
+}
+
+/// A group and the shared filter that names it.
+pub(super) struct GroupEntry {
+    key: ByteString,
+    group: SharedGroup,
+}
+
+impl Shard {
+    /// Apply `op` here when this shard owns the group, else send it there.
+    pub(super) fn group_op(&self, st: &mut State, op: GroupOp, now: Instant) {
+        let owner = owner_of(op.key(), self.shards);
+        if owner == self.id {
+            self.apply_group_op(st, op, self.id, now);
+        } else {
+            st.control.push((owner, ShardMsg::Group(op)));
+        }
+    }
+
+    /// Apply a group change as the group's owner; `from` is the shard it
+    /// came from.
+    pub(super) fn apply_group_op(&self, st: &mut State, op: GroupOp, from: usize, now: Instant) {
+        match op {
+            GroupOp::Join { key, member } => {
+                let gid = match st.group_ids.get(&key) {
+                    Some(gid) => *gid,
+                    None => {
+                        let Some((group, filter)) = parse_shared(&key) else { return };
+                        let strategy = self.limits.shared.strategy_for(group);
+                        let filter = ByteString::from(filter);
+                        let group = SharedGroup::new(filter.clone(), strategy, self.limits.session.max_queue);
+                        let gid = st.groups.insert(GroupEntry { key: key.clone(), group }) as u32;
+                        st.group_ids.insert(key, gid);
+                        if !st.trie.has_filter(&filter) {
+                            self.route_change(st, &filter, true);
+                        }
+                        st.trie.insert(&filter, Subscriber::Group(gid), Subscription { options: Default::default(), identifier: None });
+                        gid
+                    }
+                };
+                let online = member.online;
+                st.groups[gid as usize].group.join(member);
+                if online {
+                    self.drain_group(st, gid, now);
+                }
+            }
+            GroupOp::Leave { key, client_id } => {
+                let Some(&gid) = st.group_ids.get(&key) else { return };
+                if st.groups[gid as usize].group.leave(&client_id) {
+                    let entry = st.groups.remove(gid as usize);
+                    st.group_ids.remove(&key);
+                    self.trie_remove(st, &entry.group.filter, Subscriber::Group(gid));
+                    for _ in 0..entry.group.queued() {
+                        self.metrics.dropped(DropReason::QueueFull);
+                    }
+                }
+            }
+            GroupOp::Online { key, client_id, online } => {
+                let Some(&gid) = st.group_ids.get(&key) else { return };
+                st.groups[gid as usize].group.set_online(&client_id, online);
+                if online {
+                    self.drain_group(st, gid, now);
+                }
+            }
+            GroupOp::Return { key, messages } => {
+                let Some(&gid) = st.group_ids.get(&key) else { return };
+                for message in messages {
+                    self.dispatch_to_group(st, gid, message, from, now);
+                }
+            }
+        }
+    }
+
+    /// Messages kept while no member was online go out now, oldest first.
+    fn drain_group(&self, st: &mut State, gid: u32, now: Instant) {
+        let queued = st.groups[gid as usize].group.take_queue();
+        for message in queued {
+            self.dispatch_to_group(st, gid, message, self.id, now);
+        }
+    }
+
+    /// Give a message to one member of group `gid`, or keep it while none is
+    /// online (QoS 1/2; QoS 0 is dropped).
+    pub(super) fn dispatch_to_group(&self, st: &mut State, gid: u32, message: Arc<Message>, from_shard: usize, now: Instant) {
+        let entry = &mut st.groups[gid as usize];
+        let picked = entry
+            .group
+            .pick(message.origin, from_shard, rand::random())
+            .map(|m| (m.client_id.clone(), m.shard, m.subscription));
+        let key = entry.key.clone();
+        match picked {
+            Some((client_id, shard, subscription)) if shard == self.id => {
+                self.deliver_shared_local(st, key, &client_id, subscription, message, now);
+            }
+            Some((client_id, shard, subscription)) => {
+                st.control.push((shard, ShardMsg::DeliverShared { key, client_id, subscription, message }));
+            }
+            None => {
+                if !entry.group.enqueue(message) {
+                    self.metrics.dropped(DropReason::QueueFull);
+                }
+                for _ in 0..entry.group.take_dropped() {
+                    self.metrics.dropped(DropReason::QueueFull);
+                }
+            }
+        }
+    }
+
+    /// Deliver a group's message to member `client_id`, whose session this
+    /// shard owns; when that session is gone or offline, return it to the
+    /// group.
+    pub(super) fn deliver_shared_local(
+        &self,
+        st: &mut State,
+        key: ByteString,
+        client_id: &str,
+        subscription: Subscription,
+        message: Arc<Message>,
+        now: Instant,
+    ) {
+        let slot = st.by_id.get(client_id).copied().filter(|slot| st.clients[*slot as usize].session.is_online());
+        match slot {
+            Some(slot) => {
+                let delivery = Delivery {
+                    qos: message.qos.min(subscription.options.qos),
+                    retain: subscription.options.retain_as_published && message.retain,
+                    subscription_ids: subscription.identifier.into_iter().collect(),
+                    group: Some(key),
+                    message,
+                };
+                self.deliver_to(st, slot, delivery, now, false);
+            }
+            None => self.group_op(st, GroupOp::Return { key, messages: vec![message] }, now),
+        }
+    }
+
+    /// The session on `slot` gained (`online`) or lost its connection: tell
+    /// each of its groups, and on loss return its unacknowledged group
+    /// deliveries so another member gets them.
+    pub(super) fn shared_presence(&self, st: &mut State, slot: Slot, online: bool) {
+        let client = &mut st.clients[slot as usize];
+        let client_id = client.session.client_id().clone();
+        let keys: Vec<ByteString> =
+            client.session.subscriptions().keys().filter(|f| parse_shared(f).is_some()).cloned().collect();
+        let mut returned: BTreeMap<ByteString, Vec<Arc<Message>>> = BTreeMap::new();
+        if !online {
+            for delivery in client.session.take_shared_deliveries() {
+                let key = delivery.group.expect("shared deliveries name their group");
+                returned.entry(key).or_default().push(delivery.message);
+            }
+        }
+        let now = Instant::now();
+        for key in keys {
+            self.group_op(st, GroupOp::Online { key, client_id: client_id.clone(), online }, now);
+        }
+        for (key, messages) in returned {
+            self.group_op(st, GroupOp::Return { key, messages }, now);
+        }
+    }
+}
