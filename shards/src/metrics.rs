@@ -162,6 +162,27 @@ pub struct Metrics {
     connect_refused: Family<ShardReason, Counter>,
     uptime_seconds: Gauge,
     started: Instant,
+    shards: usize,
+}
+
+/// Node-wide sums of the per-shard series, for the `$SYS/broker/...`
+/// topics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Clients connected.
+    pub clients_connected: i64,
+    /// PUBLISH packets received.
+    pub messages_in: u64,
+    /// PUBLISH packets sent.
+    pub messages_out: u64,
+    /// Messages dropped, all reasons.
+    pub messages_dropped: u64,
+    /// Bytes read.
+    pub bytes_in: u64,
+    /// Bytes written.
+    pub bytes_out: u64,
+    /// Seconds since start.
+    pub uptime_seconds: u64,
 }
 
 impl Metrics {
@@ -181,6 +202,7 @@ impl Metrics {
             connect_refused: Family::default(),
             uptime_seconds: Gauge::default(),
             started: Instant::now(),
+            shards,
         };
         let r = &mut registry;
         r.register(
@@ -253,6 +275,24 @@ impl Metrics {
             connect_refused: self.connect_refused.clone(),
             shard,
         }
+    }
+
+    /// Sums over every shard (each read is a relaxed load, so the figures
+    /// are each exact but not a snapshot of one instant).
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals { uptime_seconds: self.started.elapsed().as_secs(), ..Totals::default() };
+        for shard in 0..self.shards {
+            let label = ShardLabel { shard };
+            t.clients_connected += self.clients_connected.get_or_create(&label).get();
+            t.messages_in += self.messages_in.get_or_create(&label).get();
+            t.messages_out += self.messages_out.get_or_create(&label).get();
+            t.bytes_in += self.bytes_in.get_or_create(&label).get();
+            t.bytes_out += self.bytes_out.get_or_create(&label).get();
+            for reason in DropReason::ALL {
+                t.messages_dropped += self.dropped.get_or_create(&ShardReason { shard, reason: reason.as_str() }).get();
+            }
+        }
+        t
     }
 
     /// Every series in the OpenMetrics text format (served with

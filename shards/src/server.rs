@@ -111,15 +111,18 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     let mut handles = Vec::new();
     for (id, fds) in per_shard.into_iter().enumerate() {
         let cpu = cpus[id % cpus.len()];
-        let (mesh, metrics, global, shutdown) = (mesh.clone(), metrics.shard(id), global.clone(), shutdown.clone());
+        let (mesh, metrics_all) = (mesh.clone(), metrics.clone());
+        let (metrics, global, shutdown) = (metrics.shard(id), global.clone(), shutdown.clone());
         let (conn_settings, shard_limits, started) = (conn_settings.clone(), shard_limits.clone(), started.clone());
+        // Shard 0 publishes the $SYS topics.
+        let sys = (id == 0).then(|| (metrics_all.clone(), settings.server.sys_interval));
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("fleetmq-shard-{id}"))
             .spawn(move || async move {
                 let (senders, receivers) = mesh.join().await.expect("the shard mesh forms");
                 let shard = Rc::new(Shard::new(id, shards, shard_limits, metrics, global, senders));
                 let settings = Rc::new(conn_settings);
-                run_shard(shard, settings, fds, receivers, shutdown, started).await;
+                run_shard(shard, settings, fds, receivers, shutdown, started, sys).await;
             })
             .map_err(|e| anyhow::anyhow!("cannot start shard {id}: {e}"))?;
         handles.push(handle);
@@ -165,6 +168,7 @@ async fn run_shard(
     mut receivers: glommio::channels::channel_mesh::Receivers<ShardMsg>,
     shutdown: Shutdown,
     started: Arc<std::sync::atomic::AtomicUsize>,
+    sys: Option<(Arc<Metrics>, Duration)>,
 ) {
     for (from, mut stream) in receivers.streams() {
         let (shard, settings) = (shard.clone(), settings.clone());
@@ -210,10 +214,18 @@ async fn run_shard(
     started.fetch_add(1, Ordering::AcqRel);
 
     let mut last_expiry = Instant::now();
+    let mut last_sys: Option<Instant> = None;
     while !shutdown.is_triggered() {
         sleep(SHUTDOWN_POLL).await;
         shard.try_flush();
         let now = Instant::now();
+        if let Some((metrics, interval)) = &sys {
+            if last_sys.is_none_or(|at| now.duration_since(at) >= *interval) {
+                last_sys = Some(now);
+                shard.publish_sys(&metrics.totals());
+                shard.try_flush();
+            }
+        }
         if now.duration_since(last_expiry) >= Duration::from_secs(1) {
             last_expiry = now;
             shard.expire(now);

@@ -745,6 +745,37 @@ impl Shard {
         }
     }
 
+    /// Publish the `$SYS/broker/...` topics (retained, QoS 0), as Mosquitto
+    /// names them. `#` does not match them `[MQTT-4.7.2-1]`.
+    pub(crate) fn publish_sys(&self, totals: &crate::metrics::Totals) {
+        let now = Instant::now();
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        let figures: [(&str, String); 9] = [
+            ("$SYS/broker/version", format!("fleetmq {}", env!("CARGO_PKG_VERSION"))),
+            ("$SYS/broker/uptime", format!("{} seconds", totals.uptime_seconds)),
+            ("$SYS/broker/shards", self.shards.to_string()),
+            ("$SYS/broker/clients/connected", totals.clients_connected.to_string()),
+            ("$SYS/broker/messages/received", totals.messages_in.to_string()),
+            ("$SYS/broker/messages/sent", totals.messages_out.to_string()),
+            ("$SYS/broker/messages/dropped", totals.messages_dropped.to_string()),
+            ("$SYS/broker/bytes/received", totals.bytes_in.to_string()),
+            ("$SYS/broker/bytes/sent", totals.bytes_out.to_string()),
+        ];
+        for (topic, value) in figures {
+            let message = Message {
+                topic: ByteString::from_static(topic),
+                payload: Bytes::from(value),
+                qos: QoS::AtMostOnce,
+                retain: true,
+                properties: Properties::default(),
+                received_at: now,
+                origin: u64::MAX,
+            };
+            self.route(st, Arc::new(message), now);
+        }
+    }
+
     /// Close every connection with DISCONNECT 0x8B (server shutting down).
     pub(crate) fn close_all(&self) {
         let st = self.state.borrow();
