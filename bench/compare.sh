@@ -232,7 +232,7 @@ for s in $SCENARIOS; do
             kill -0 "$BROKER_PID" 2>/dev/null || log "$b $s run $r: BROKER DIED (log: $WORK/$b-$port/log)"
             stop_broker
         done
-        RESULT[$b,$s]=$(printf '%s\n' "${figures[@]:-}" | grep -v '^$' | median)
+        RESULT[$b,$s]=$(printf '%s\n' "${figures[@]:-}" | { grep -v -e '^$' -e '^nan$' || true; } | median)
     done
 done
 

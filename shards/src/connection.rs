@@ -12,7 +12,7 @@ use fleetmq_core::packet::codec::{decode, encode, DecodeError};
 use fleetmq_core::packet::{ConnAck, Connect, Packet, ProtocolVersion, ReasonCode};
 use fleetmq_core::session::{negotiate, ConnectLimits, Negotiated, Refusal};
 use futures_lite::future::or;
-use futures_lite::io::{split, AsyncReadExt, AsyncWriteExt, WriteHalf};
+use futures_lite::io::{split, AsyncWriteExt, WriteHalf};
 use glommio::net::TcpStream;
 use glommio::timer::sleep;
 use tracing::debug;
@@ -28,9 +28,10 @@ pub(crate) struct ConnSettings {
     pub(crate) max_clients: usize,
 }
 
-/// Read buffer growth step, bytes. The buffer starts empty, so an idle
-/// connection holds only what its last read needed.
-const READ_CHUNK: usize = 4096;
+/// Above this capacity, an emptied read buffer is released rather than
+/// kept, so a connection that once received a burst goes back to costing
+/// nothing while idle.
+const READ_BUFFER_KEEP: usize = 16 * 1024;
 
 /// How long a closing connection may take to flush what is queued for it.
 const CLOSE_FLUSH: Duration = Duration::from_secs(2);
@@ -42,31 +43,35 @@ enum ReadOutcome {
     Error,
 }
 
-async fn read_some<R: futures_lite::AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut) -> ReadOutcome {
-    let len = buf.len();
-    if buf.capacity() - len < READ_CHUNK / 4 {
-        buf.reserve(READ_CHUNK);
-    }
-    let room = buf.capacity() - len;
-    buf.resize(len + room, 0);
-    let result = reader.read(&mut buf[len..]).await;
-    match result {
-        Ok(0) => {
-            buf.truncate(len);
-            ReadOutcome::Closed
-        }
-        Ok(n) => {
-            buf.truncate(len + n);
-            ReadOutcome::Data(n)
-        }
-        Err(e) => {
-            buf.truncate(len);
-            if e.kind() == std::io::ErrorKind::TimedOut {
-                ReadOutcome::TimedOut
-            } else {
-                ReadOutcome::Error
+/// Read what the socket has into `buf`, through the shard's scratch buffer.
+///
+/// glommio's non-buffered `poll_read` copies from the socket synchronously
+/// (a non-blocking `recv`) or, when nothing is there, waits for readiness
+/// without holding the caller's buffer. So one scratch buffer per shard
+/// serves every connection, borrowed only inside each poll, and a waiting
+/// connection holds no read buffer at all: only the bytes of an incomplete
+/// packet stay with it (DESIGN.md §3: idle connections cost ≤ 1 KiB).
+async fn read_some<R: futures_lite::AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    scratch: &std::cell::RefCell<Vec<u8>>,
+) -> ReadOutcome {
+    let result = std::future::poll_fn(|cx| {
+        let mut scratch = scratch.borrow_mut();
+        match std::pin::Pin::new(&mut *reader).poll_read(cx, &mut scratch[..]) {
+            std::task::Poll::Ready(Ok(n)) => {
+                buf.extend_from_slice(&scratch[..n]);
+                std::task::Poll::Ready(Ok(n))
             }
+            other => other,
         }
+    })
+    .await;
+    match result {
+        Ok(0) => ReadOutcome::Closed,
+        Ok(n) => ReadOutcome::Data(n),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => ReadOutcome::TimedOut,
+        Err(_) => ReadOutcome::Error,
     }
 }
 
@@ -85,7 +90,7 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, mut s
                 Ok(None) => {}
                 Err(e) => return Err(Some(e)),
             }
-            match read_some(&mut stream, &mut buf).await {
+            match read_some(&mut stream, &mut buf, &shard.scratch).await {
                 ReadOutcome::Data(n) => {
                     shard.metrics.bytes_in.inc_by(n as u64);
                 }
@@ -192,6 +197,7 @@ async fn serve(
     let (mut reader, writer) = split(stream);
     let writer_task = glommio::spawn_local(write_loop(shard.clone(), conn.clone(), writer));
     let mut buf = BytesMut::from(&unread[..]);
+    drop(unread);
     let max_packet = settings.connect.max_packet_size;
     let publish_will = 'conn: loop {
         loop {
@@ -218,10 +224,10 @@ async fn serve(
         if let Some(close) = conn.close.get() {
             break close.publish_will;
         }
-        if buf.is_empty() && buf.capacity() > READ_CHUNK * 4 {
+        if buf.is_empty() && buf.capacity() > READ_BUFFER_KEEP {
             buf = BytesMut::new();
         }
-        let read = or(async { Some(read_some(&mut reader, &mut buf).await) }, async {
+        let read = or(async { Some(read_some(&mut reader, &mut buf, &shard.scratch).await) }, async {
             conn.close_signal.wait().await;
             None
         })
@@ -263,7 +269,14 @@ async fn serve(
 async fn write_loop(shard: Rc<Shard>, conn: Rc<ConnShared>, mut writer: WriteHalf<TcpStream>) {
     loop {
         conn.write_signal.wait().await;
-        let chunk = conn.out.borrow_mut().split();
+        let chunk = {
+            let mut out = conn.out.borrow_mut();
+            let chunk = out.split();
+            if out.capacity() > READ_BUFFER_KEEP {
+                *out = BytesMut::new();
+            }
+            chunk
+        };
         conn.pending.set(0);
         if !chunk.is_empty() {
             if writer.write_all(&chunk).await.is_err() {

@@ -6,6 +6,7 @@
 //! the admin HTTP thread and returns when [`shutdown::Shutdown`] fires.
 
 pub mod admin;
+pub mod auth;
 pub mod config;
 mod connection;
 pub mod metrics;
@@ -14,3 +15,5 @@ pub mod server;
 mod shard;
 pub mod shutdown;
 mod signal;
+pub mod tls;
+pub mod ws;

@@ -35,6 +35,9 @@ enum Command {
     /// Validate the settings and print the effective ones as TOML; exit 2
     /// when they are refused.
     CheckConfig(ServeArgs),
+    /// Add or change a user in a password file (prompting for the password
+    /// twice, or reading it from standard input), or delete one.
+    Passwd(fleetmq_shards::auth::password::PasswdArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,20 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(&args),
         Command::CheckConfig(args) => check_config(&args),
+        Command::Passwd(args) => passwd(&args),
+    }
+}
+
+fn passwd(args: &fleetmq_shards::auth::password::PasswdArgs) -> ExitCode {
+    match fleetmq_shards::auth::password::run_passwd(args) {
+        Ok(done) => {
+            eprintln!("fleetmq: {done}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("fleetmq: error: {err:#}");
+            ExitCode::from(1)
+        }
     }
 }
 

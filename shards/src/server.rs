@@ -105,7 +105,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         shared: settings.shared.clone(),
     };
 
-    let global = Arc::new(Global::default());
+    let global = Arc::new(Global::new(shards));
     let mesh = MeshBuilder::<ShardMsg, _>::full(shards, SHARD_CHANNEL_CAPACITY);
     let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut handles = Vec::new();
@@ -217,6 +217,7 @@ async fn run_shard(
     let mut last_sys: Option<Instant> = None;
     while !shutdown.is_triggered() {
         sleep(SHUTDOWN_POLL).await;
+        shard.poll_inbox();
         shard.try_flush();
         let now = Instant::now();
         if let Some((metrics, interval)) = &sys {

@@ -18,10 +18,12 @@ use fleetmq_core::session::{Delivery, Message, Subscription};
 use fleetmq_core::shared::{Member, SharedGroup};
 use fleetmq_core::topic::parse_shared;
 
+use super::inbox::Control;
 use super::{owner_of, Shard, ShardMsg, Slot, State, Subscriber};
 use crate::metrics::DropReason;
 
 /// A change to a group, sent to the group's owner shard.
+#[derive(Clone)]
 pub(crate) enum GroupOp {
     /// A session subscribed to the shared filter `key` (or changed options).
     Join { key: ByteString, member: Member },
@@ -49,14 +51,24 @@ pub(super) struct GroupEntry {
 }
 
 impl Shard {
-    /// Apply `op` here when this shard owns the group, else send it there.
+    /// Apply `op` here when this shard owns the group, else push it into
+    /// the owner's inbox. A join also routes the group's filter to the owner
+    /// on every shard at once, so a publish right after the SUBACK reaches
+    /// the group (the owner applies its inbox before dispatching).
     pub(super) fn group_op(&self, st: &mut State, op: GroupOp, now: Instant) {
         let owner = owner_of(op.key(), self.shards);
         if owner == self.id {
             self.apply_group_op(st, op, self.id, now);
-        } else {
-            st.control.push((owner, ShardMsg::Group(op)));
+            return;
         }
+        if let GroupOp::Join { key, .. } = &op {
+            if let Some((_, filter)) = parse_shared(key) {
+                let filter = ByteString::from(filter);
+                st.routes.add(&filter, owner);
+                self.broadcast(Control::Route { filter, shard: owner, add: true });
+            }
+        }
+        self.global.inboxes[owner].push(Control::Group { from: self.id, op });
     }
 
     /// Apply a group change as the group's owner; `from` is the shard it

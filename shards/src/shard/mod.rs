@@ -7,12 +7,13 @@
 //! CONNECT there, and is then handed (socket and unread bytes) to the owner
 //! shard, where it lives until it closes. Take-over, session resume, will
 //! delay and session expiry are therefore always local to one shard, with
-//! no session state ever moving between shards. Retained messages belong to
-//! `owner_of(topic)`, which orders set/clear and copies them to every shard,
-//! so a subscribe reads them locally. Shared subscription groups belong to
+//! no session state ever moving between shards. The route table and the
+//! retained messages are copied on every shard and kept current through
+//! lock-free inboxes (see [`inbox`]). Shared subscription groups belong to
 //! `owner_of(shared filter)` (see [`groups`]).
 
 mod groups;
+mod inbox;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -42,6 +43,11 @@ use slab::Slab;
 use crate::metrics::{DropReason, ShardMetrics};
 use crate::outbound::{frame_for, FrameCache};
 use crate::signal::Signal;
+use inbox::{Control, Inbox, Retained};
+
+/// Size of a shard's read scratch buffer: the most one read takes from a
+/// socket.
+const SCRATCH_BYTES: usize = 64 * 1024;
 
 /// Index of a client (session) in its shard's slab.
 pub(crate) type Slot = u32;
@@ -57,7 +63,6 @@ enum Subscriber {
 pub(crate) use groups::GroupOp;
 
 /// Counters shared by every shard of the process.
-#[derive(Default)]
 pub(crate) struct Global {
     /// Connections that completed CONNECT and are attached.
     pub(crate) connected: AtomicUsize,
@@ -65,22 +70,31 @@ pub(crate) struct Global {
     pub(crate) offline_sessions: AtomicUsize,
     /// Source of connection keys (unique per process).
     pub(crate) next_conn_key: AtomicU64,
+    /// Source of retained-change sequence numbers.
+    pub(crate) retain_seq: AtomicU64,
+    /// One inbox per shard for changes to node-wide state.
+    pub(crate) inboxes: Vec<Inbox>,
+}
+
+impl Global {
+    /// Counters at zero and an empty inbox for each of `shards` shards.
+    pub(crate) fn new(shards: usize) -> Global {
+        Global {
+            connected: AtomicUsize::new(0),
+            offline_sessions: AtomicUsize::new(0),
+            next_conn_key: AtomicU64::new(0),
+            retain_seq: AtomicU64::new(0),
+            inboxes: (0..shards).map(|_| Inbox::new()).collect(),
+        }
+    }
 }
 
 /// What crosses from one shard to another.
 pub(crate) enum ShardMsg {
     /// Messages for the receiving shard's subscribers, in publish order.
     Deliver(Vec<Arc<Message>>),
-    /// Shard `shard` gained (`add`) or lost its last subscriber on `filter`.
-    Route { filter: ByteString, shard: usize, add: bool },
-    /// A retained message (empty payload: clear) for its owner shard to order.
-    Retain(Arc<Message>),
-    /// A retained message ordered by its owner: apply it.
-    RetainApply(Arc<Message>),
     /// A connection whose client identifier the receiving shard owns.
     Handoff(Box<Handoff>),
-    /// A change to a shared subscription group the receiving shard owns.
-    Group(GroupOp),
     /// A message a group chose the member `client_id` (owned by the
     /// receiving shard) for.
     DeliverShared { key: ByteString, client_id: ByteString, subscription: Subscription, message: Arc<Message> },
@@ -185,7 +199,9 @@ struct State {
     groups: Slab<groups::GroupEntry>,
     group_ids: HashMap<ByteString, u32>,
     routes: RouteTable,
-    retained: HashMap<ByteString, Arc<Message>>,
+    retained: Retained,
+    /// Inbox changes applied so far.
+    applied: u64,
     /// Deliveries for other shards, batched per shard until the next flush.
     outbox: Vec<Vec<Arc<Message>>>,
     /// Control messages for other shards, in order.
@@ -208,6 +224,9 @@ pub(crate) struct Shard {
     pub(crate) stop_signal: Signal,
     /// Connections currently served on this shard.
     pub(crate) live_connections: Cell<usize>,
+    /// The buffer every connection of the shard reads into before keeping
+    /// what it needs (see `connection::read_some`).
+    pub(crate) scratch: RefCell<Vec<u8>>,
     state: RefCell<State>,
 }
 
@@ -237,6 +256,7 @@ impl Shard {
             stopping: Cell::new(false),
             stop_signal: Signal::default(),
             live_connections: Cell::new(0),
+            scratch: RefCell::new(vec![0; SCRATCH_BYTES]),
             state: RefCell::new(State {
                 clients: Slab::new(),
                 by_id: HashMap::new(),
@@ -244,7 +264,8 @@ impl Shard {
                 groups: Slab::new(),
                 group_ids: HashMap::new(),
                 routes: RouteTable::new(),
-                retained: HashMap::new(),
+                retained: Retained::default(),
+                applied: 0,
                 outbox: (0..shards).map(|_| Vec::new()).collect(),
                 control: Vec::new(),
                 frames: FrameCache::default(),
@@ -351,8 +372,46 @@ impl Shard {
         } else {
             st.routes.remove(filter, self.id);
         }
-        for peer in (0..self.shards).filter(|&p| p != self.id) {
-            st.control.push((peer, ShardMsg::Route { filter: filter.clone(), shard: self.id, add }));
+        self.broadcast(Control::Route { filter: filter.clone(), shard: self.id, add });
+    }
+
+    /// Push a change into every other shard's inbox.
+    fn broadcast(&self, change: Control) {
+        for (peer, inbox) in self.global.inboxes.iter().enumerate() {
+            if peer != self.id {
+                inbox.push(change.clone());
+            }
+        }
+    }
+
+    /// Apply what other shards pushed into this shard's inbox (from the
+    /// shard's periodic loop, so group changes land without traffic).
+    pub(crate) fn poll_inbox(&self) {
+        let mut st = self.state.borrow_mut();
+        self.catch_up(&mut st);
+    }
+
+    /// Apply the changes other shards pushed into this shard's inbox. One
+    /// atomic load when there are none.
+    fn catch_up(&self, st: &mut State) {
+        let inbox = &self.global.inboxes[self.id];
+        if inbox.pushed() == st.applied {
+            return;
+        }
+        let now = Instant::now();
+        while let Some(change) = inbox.pop() {
+            st.applied += 1;
+            match change {
+                Control::Route { filter, shard, add } => {
+                    if add {
+                        st.routes.add(&filter, shard);
+                    } else {
+                        st.routes.remove(&filter, shard);
+                    }
+                }
+                Control::Retain { seq, message } => st.retained.apply(seq, message, now),
+                Control::Group { from, op } => self.apply_group_op(st, op, from, now),
+            }
         }
     }
 
@@ -479,8 +538,8 @@ impl Shard {
         if !send_retained {
             return;
         }
-        let retained: Vec<Arc<Message>> =
-            st.retained.values().filter(|m| matches(&filter, &m.topic)).cloned().collect();
+        self.catch_up(st);
+        let retained = st.retained.matching(|topic| matches(&filter, topic));
         for message in retained {
             let delivery = Delivery {
                 qos: message.qos.min(subscription.options.qos),
@@ -499,13 +558,11 @@ impl Shard {
     /// other shards whose routes match.
     fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) {
         if message.retain {
-            let owner = owner_of(&message.topic, self.shards);
-            if owner == self.id {
-                self.apply_retained(st, message.clone(), true);
-            } else {
-                st.control.push((owner, ShardMsg::Retain(message.clone())));
-            }
+            let seq = self.global.retain_seq.fetch_add(1, Ordering::Relaxed);
+            st.retained.apply(seq, message.clone(), now);
+            self.broadcast(Control::Retain { seq, message: message.clone() });
         }
+        self.catch_up(st);
         let shards = st.routes.shards_for(&message.topic);
         for shard in shards.iter() {
             if shard == self.id {
@@ -513,21 +570,6 @@ impl Shard {
             } else {
                 st.outbox[shard].push(message.clone());
             }
-        }
-    }
-
-    /// Set or clear (empty payload `[MQTT-3.3.1-6]`) a retained message;
-    /// as the owner, copy the change to every other shard.
-    fn apply_retained(&self, st: &mut State, message: Arc<Message>, owner: bool) {
-        if owner {
-            for peer in (0..self.shards).filter(|&p| p != self.id) {
-                st.control.push((peer, ShardMsg::RetainApply(message.clone())));
-            }
-        }
-        if message.payload.is_empty() {
-            st.retained.remove(&message.topic);
-        } else {
-            st.retained.insert(message.topic.clone(), message);
         }
     }
 
@@ -641,25 +683,16 @@ impl Shard {
         let now = Instant::now();
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
+        self.catch_up(st);
         match msg {
             ShardMsg::Deliver(messages) => {
                 for message in &messages {
                     self.dispatch_local(st, message, from, now);
                 }
             }
-            ShardMsg::Group(op) => self.apply_group_op(st, op, from, now),
             ShardMsg::DeliverShared { key, client_id, subscription, message } => {
                 self.deliver_shared_local(st, key, &client_id, subscription, message, now);
             }
-            ShardMsg::Route { filter, shard, add } => {
-                if add {
-                    st.routes.add(&filter, shard);
-                } else {
-                    st.routes.remove(&filter, shard);
-                }
-            }
-            ShardMsg::Retain(message) => self.apply_retained(st, message, true),
-            ShardMsg::RetainApply(message) => self.apply_retained(st, message, false),
             ShardMsg::Handoff(_) => unreachable!("handoffs are taken by the connection module"),
         }
     }
@@ -722,6 +755,8 @@ impl Shard {
     pub(crate) fn expire(&self, now: Instant) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
+        self.catch_up(st);
+        st.retained.prune(now);
         let mut due_wills = Vec::new();
         let mut expired = Vec::new();
         for (slot, client) in st.clients.iter_mut() {

@@ -1,0 +1,387 @@
+//! The lean MQTT client: CONNECT/SUBSCRIBE handshakes with deadlines, a
+//! PUBLISH template patched in place per message (no allocation per
+//! message), all encoding and decoding through `fleetmq_core`'s codec.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU16;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use bytestring::ByteString;
+use fleetmq_core::packet::codec::{decode, encode, DecodeError};
+use fleetmq_core::packet::{
+    Connect, Packet, PacketId, Properties, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
+    SubscriptionOptions,
+};
+use futures_lite::future::or;
+use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use glommio::timer::sleep;
+
+use crate::options::PAYLOAD_HEADER_BYTES;
+
+/// Largest packet accepted from the broker, bytes.
+pub const MAX_PACKET_BYTES: usize = 256 * 1024 * 1024 + 1024;
+
+/// Bytes read from the socket at most per read.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Why a client failed; [`ClientError::kind`] names the error count.
+#[derive(Debug)]
+pub enum ClientError {
+    /// The TCP connect failed (refused, unreachable, timed out).
+    Connect(std::io::Error),
+    /// The broker answered CONNACK with a failure reason code.
+    Refused(String),
+    /// A SUBSCRIBE was refused in its SUBACK.
+    SubscribeRefused(String),
+    /// No answer within the deadline; the text names what was awaited.
+    Timeout(&'static str),
+    /// The broker closed the connection.
+    Closed,
+    /// A socket read or write failed.
+    Io(std::io::Error),
+    /// The broker sent bytes the codec refused.
+    Decode(DecodeError),
+    /// The broker sent a packet that makes no sense here.
+    Unexpected(&'static str),
+}
+
+impl std::error::Error for ClientError {}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::Connect(e) => write!(f, "TCP connect failed: {e}"),
+            ClientError::Refused(r) => write!(f, "CONNACK refused the connection: {r}"),
+            ClientError::SubscribeRefused(r) => write!(f, "SUBACK refused the subscription: {r}"),
+            ClientError::Timeout(what) => write!(f, "timed out waiting for {what}"),
+            ClientError::Closed => write!(f, "the broker closed the connection"),
+            ClientError::Io(e) => write!(f, "socket error: {e}"),
+            ClientError::Decode(e) => write!(f, "bad packet from the broker: {e}"),
+            ClientError::Unexpected(what) => write!(f, "unexpected packet: {what}"),
+        }
+    }
+}
+
+impl ClientError {
+    /// A short, stable name for counting errors by kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClientError::Connect(_) => "connect failed",
+            ClientError::Refused(_) => "connack refused",
+            ClientError::SubscribeRefused(_) => "suback refused",
+            ClientError::Timeout(_) => "timeout",
+            ClientError::Closed => "closed by broker",
+            ClientError::Io(_) => "socket error",
+            ClientError::Decode(_) => "malformed packet",
+            ClientError::Unexpected(_) => "unexpected packet",
+        }
+    }
+}
+
+/// What every CONNECT carries.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Protocol version.
+    pub version: ProtocolVersion,
+    /// Keep Alive, seconds; 0 disables it.
+    pub keep_alive: u16,
+    /// User name.
+    pub username: Option<String>,
+    /// Password.
+    pub password: Option<String>,
+    /// Deadline for the TCP connect and for the CONNACK, each.
+    pub timeout: Duration,
+}
+
+/// A connected client: the socket, what was read but not yet decoded, and
+/// what the broker announced.
+pub struct Conn {
+    /// The socket, TCP_NODELAY set.
+    pub stream: TcpStream,
+    /// Bytes read and not yet decoded.
+    pub buf: BytesMut,
+    scratch: Vec<u8>,
+    /// The protocol version.
+    pub version: ProtocolVersion,
+    /// Receive Maximum announced by the broker (MQTT 5), else 65,535.
+    pub receive_maximum: u16,
+}
+
+impl Conn {
+    /// Opens a TCP connection, sends CONNECT and waits for a successful
+    /// CONNACK.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`], [`ClientError::Refused`],
+    /// [`ClientError::Timeout`] or any read error.
+    pub async fn connect(
+        addr: SocketAddr,
+        client_id: &str,
+        o: &ConnectOptions,
+    ) -> Result<Conn, ClientError> {
+        let stream = TcpStream::connect_timeout(addr, o.timeout)
+            .await
+            .map_err(|e| ClientError::Connect(e.into()))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| ClientError::Io(e.into()))?;
+        let mut conn = Conn {
+            stream,
+            buf: BytesMut::with_capacity(256),
+            scratch: vec![0; 512],
+            version: o.version,
+            receive_maximum: u16::MAX,
+        };
+        let connect = Connect {
+            protocol: o.version,
+            clean_start: true,
+            keep_alive: o.keep_alive,
+            client_id: ByteString::from(client_id),
+            will: None,
+            username: o.username.as_deref().map(ByteString::from),
+            password: o
+                .password
+                .as_ref()
+                .map(|p| bytes::Bytes::from(p.clone().into_bytes())),
+            properties: Properties::default(),
+        };
+        conn.send(&Packet::Connect(Box::new(connect))).await?;
+        match conn.next_packet_within(o.timeout, "CONNACK").await? {
+            Packet::ConnAck(ack) if ack.reason.is_error() => {
+                Err(ClientError::Refused(format!("{}", ack.reason)))
+            }
+            Packet::ConnAck(ack) => {
+                if let Some(max) = ack.properties.receive_maximum {
+                    conn.receive_maximum = max;
+                }
+                Ok(conn)
+            }
+            _ => Err(ClientError::Unexpected("expected CONNACK")),
+        }
+    }
+
+    /// Subscribes to `filter` at `qos` and waits for a successful SUBACK.
+    ///
+    /// # Errors
+    /// [`ClientError::SubscribeRefused`], [`ClientError::Timeout`] or any
+    /// read or write error.
+    pub async fn subscribe(
+        &mut self,
+        filter: &str,
+        qos: QoS,
+        timeout: Duration,
+    ) -> Result<(), ClientError> {
+        let subscribe = Subscribe {
+            packet_id: PacketId::MIN,
+            properties: Properties::default(),
+            filters: vec![(
+                ByteString::from(filter),
+                SubscriptionOptions {
+                    qos,
+                    ..Default::default()
+                },
+            )],
+        };
+        self.send(&Packet::Subscribe(subscribe)).await?;
+        match self.next_packet_within(timeout, "SUBACK").await? {
+            Packet::SubAck(ack) => match ack.reasons.first() {
+                Some(r) if !r.is_error() => Ok(()),
+                Some(r) => Err(ClientError::SubscribeRefused(format!("{filter}: {r}"))),
+                None => Err(ClientError::Unexpected("SUBACK without reason codes")),
+            },
+            _ => Err(ClientError::Unexpected("expected SUBACK")),
+        }
+    }
+
+    /// Encodes and writes one packet.
+    ///
+    /// # Errors
+    /// [`ClientError::Io`] when the write fails.
+    pub async fn send(&mut self, packet: &Packet) -> Result<(), ClientError> {
+        let mut out = BytesMut::new();
+        encode(packet, self.version, &mut out)
+            .map_err(|_| ClientError::Unexpected("cannot encode"))?;
+        self.stream.write_all(&out).await.map_err(ClientError::Io)
+    }
+
+    /// Waits for the next packet for at most `timeout`.
+    ///
+    /// # Errors
+    /// [`ClientError::Timeout`] naming `what`, or any read error.
+    pub async fn next_packet_within(
+        &mut self,
+        timeout: Duration,
+        what: &'static str,
+    ) -> Result<Packet, ClientError> {
+        or(self.next_packet(), async {
+            sleep(timeout).await;
+            Err(ClientError::Timeout(what))
+        })
+        .await
+    }
+
+    /// Waits for the next packet.
+    ///
+    /// # Errors
+    /// [`ClientError::Closed`], [`ClientError::Io`] or
+    /// [`ClientError::Decode`].
+    pub async fn next_packet(&mut self) -> Result<Packet, ClientError> {
+        loop {
+            if let Some(p) = decode(&mut self.buf, Some(self.version), MAX_PACKET_BYTES)
+                .map_err(ClientError::Decode)?
+            {
+                return Ok(p);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Reads once from the socket into `buf`; returns the bytes read.
+    ///
+    /// # Errors
+    /// [`ClientError::Closed`] on end of stream, [`ClientError::Timeout`]
+    /// when a read timeout set on the socket expires, [`ClientError::Io`].
+    pub async fn fill(&mut self) -> Result<usize, ClientError> {
+        match self.stream.read(&mut self.scratch).await {
+            Ok(0) => Err(ClientError::Closed),
+            Ok(n) => {
+                self.buf.extend_from_slice(&self.scratch[..n]);
+                // A full read means traffic: read in big chunks from now on.
+                if n == self.scratch.len() && n < READ_CHUNK {
+                    self.scratch.resize(READ_CHUNK, 0);
+                }
+                Ok(n)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ClientError::Timeout("data")),
+            Err(e) => Err(ClientError::Io(e)),
+        }
+    }
+
+    /// Decodes the next complete packet already in `buf`, if any.
+    ///
+    /// # Errors
+    /// [`ClientError::Decode`].
+    pub fn decode_buffered(&mut self) -> Result<Option<Packet>, ClientError> {
+        decode(&mut self.buf, Some(self.version), MAX_PACKET_BYTES).map_err(ClientError::Decode)
+    }
+}
+
+/// Appends the acknowledgement `packet` (PUBACK, PUBREC, PUBREL, PUBCOMP)
+/// for `id` to `out`.
+pub fn put_response(
+    out: &mut BytesMut,
+    version: ProtocolVersion,
+    id: PacketId,
+    kind: fn(PubResponse) -> Packet,
+) {
+    // A success response with no properties always encodes.
+    let _ = encode(&kind(PubResponse::success(id)), version, out);
+}
+
+/// A PUBLISH encoded once by the codec; each message copies it and patches
+/// the timestamp, sequence and packet identifier in place.
+#[derive(Debug, Clone)]
+pub struct PublishTemplate {
+    bytes: Vec<u8>,
+    payload_at: usize,
+    packet_id_at: Option<usize>,
+}
+
+impl PublishTemplate {
+    /// A PUBLISH of `payload_size` bytes (≥ 16) to `topic` at `qos`.
+    ///
+    /// # Panics
+    /// When the codec refuses the packet (a topic over 65,535 bytes).
+    pub fn new(
+        topic: &str,
+        qos: QoS,
+        payload_size: usize,
+        version: ProtocolVersion,
+    ) -> PublishTemplate {
+        assert!(payload_size >= PAYLOAD_HEADER_BYTES);
+        let publish = Publish {
+            dup: false,
+            qos,
+            retain: false,
+            topic: ByteString::from(topic),
+            packet_id: (qos != QoS::AtMostOnce).then_some(PacketId::MIN),
+            properties: Properties::default(),
+            payload: bytes::Bytes::from(vec![0x5A; payload_size]),
+        };
+        let mut out = BytesMut::new();
+        encode(&Packet::Publish(publish), version, &mut out).expect("the PUBLISH template encodes");
+        let payload_at = out.len() - payload_size;
+        // Packet identifier, then (MQTT 5) a zero Property Length byte.
+        let props = usize::from(version.is_v5());
+        let packet_id_at = (qos != QoS::AtMostOnce).then(|| payload_at - props - 2);
+        PublishTemplate {
+            bytes: out.to_vec(),
+            payload_at,
+            packet_id_at,
+        }
+    }
+
+    /// Encoded size of one message, bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Always false: a PUBLISH has a fixed header.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Appends one message stamped with `time_ns` and `seq`.
+    pub fn put(&self, out: &mut BytesMut, time_ns: u64, seq: u64, packet_id: Option<NonZeroU16>) {
+        let start = out.len();
+        out.extend_from_slice(&self.bytes);
+        let msg = &mut out[start..];
+        msg[self.payload_at..self.payload_at + 8].copy_from_slice(&time_ns.to_le_bytes());
+        msg[self.payload_at + 8..self.payload_at + 16].copy_from_slice(&seq.to_le_bytes());
+        if let (Some(at), Some(id)) = (self.packet_id_at, packet_id) {
+            msg[at..at + 2].copy_from_slice(&id.get().to_be_bytes());
+        }
+    }
+}
+
+/// The send time and sequence at the front of a payload, if it is long enough.
+pub fn stamp(payload: &[u8]) -> Option<(u64, u64)> {
+    let t = u64::from_le_bytes(payload.get(..8)?.try_into().ok()?);
+    let s = u64::from_le_bytes(payload.get(8..16)?.try_into().ok()?);
+    Some((t, s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_one(buf: &mut BytesMut, v: ProtocolVersion) -> Publish {
+        match decode(buf, Some(v), MAX_PACKET_BYTES).unwrap().unwrap() {
+            Packet::Publish(p) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn patched_templates_decode_with_their_stamp_and_packet_id() {
+        for v in [ProtocolVersion::V3_1_1, ProtocolVersion::V5] {
+            for qos in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce] {
+                let t = PublishTemplate::new("lg/7", qos, 64, v);
+                let mut out = BytesMut::new();
+                let id = NonZeroU16::new(0xBEEF);
+                t.put(&mut out, 123_456_789, 42, id);
+                t.put(&mut out, 5, 6, NonZeroU16::new(2));
+                let p = decode_one(&mut out, v);
+                assert_eq!(&p.topic[..], "lg/7");
+                assert_eq!(p.payload.len(), 64);
+                assert_eq!(stamp(&p.payload), Some((123_456_789, 42)));
+                let expect_id = if qos == QoS::AtMostOnce { None } else { id };
+                assert_eq!(p.packet_id, expect_id, "{v:?} {qos:?}");
+                assert_eq!(stamp(&decode_one(&mut out, v).payload), Some((5, 6)));
+                assert!(out.is_empty());
+            }
+        }
+    }
+}

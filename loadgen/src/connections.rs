@@ -1,0 +1,198 @@
+//! Connection scenarios: `connect-storm` (open `--connections` at
+//! `--connect-rate` per second on a fixed schedule; CONNACK latency from
+//! the scheduled time) and `idle` (the same, then hold them with
+//! keep-alive and report the broker's RSS per connection).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetmq_core::packet::Packet;
+use glommio::timer::sleep;
+
+use crate::client::{ClientError, Conn, ConnectOptions};
+use crate::latency::Latency;
+use crate::options::{RunArgs, Scenario};
+use crate::report::{ConnectionFigures, Report};
+use crate::runtime::{
+    join_executors, now_ns, progress, rss_kib, spawn_executors, Shared, ThreadResult,
+};
+use crate::scenario::{start, wait_ready, RunError};
+use crate::schedule::Schedule;
+
+/// How often a held connection wakes to look at the stop flag.
+const HOLD_POLL: Duration = Duration::from_secs(1);
+
+/// Time for the broker's memory to settle after the last connection.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// Runs `connect-storm` or `idle`.
+///
+/// # Errors
+/// [`RunError::Usage`] when `--broker-pid` names no readable process,
+/// [`RunError::Failed`] when no connection could be made.
+pub fn run(args: RunArgs) -> Result<Report, RunError> {
+    let rss_before = match args.broker_pid {
+        Some(pid) => Some(rss_kib(pid).ok_or_else(|| {
+            RunError::Usage(format!(
+                "--broker-pid {pid}: cannot read /proc/{pid}/status"
+            ))
+        })?),
+        None => None,
+    };
+    let shared = Arc::new(Shared::new(0));
+    let handles = {
+        let (args, shared) = (Arc::new(args.clone()), shared.clone());
+        spawn_executors(&args.clone(), move |t| {
+            executor(args.clone(), shared.clone(), t)
+        })
+        .map_err(|e| RunError::Failed(format!("{e:#}")))?
+    };
+    wait_ready(&shared, args.threads).map_err(RunError::Failed)?;
+    let t0 = start(&shared, &args);
+    let running = Arc::new(AtomicBool::new(true));
+    let progress = progress(shared.clone(), running.clone(), true);
+    let target = args.connections;
+    let deadline = t0
+        + (target as f64 / args.connect_rate as f64 * 1e9) as u64
+        + 2 * args.connect_timeout.as_nanos() as u64
+        + 1_000_000_000;
+    let mut last_connack = t0;
+    loop {
+        let (ok, failed) = (
+            shared.connected.load(Ordering::Acquire),
+            shared.failed.load(Ordering::Acquire),
+        );
+        if ok + failed >= target || now_ns() > deadline {
+            break;
+        }
+        last_connack = now_ns();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let connected_in_s = (last_connack.saturating_sub(t0)) as f64 / 1e9;
+    let mut figures = ConnectionFigures {
+        target,
+        connected: shared.connected.load(Ordering::Acquire),
+        failed: shared.failed.load(Ordering::Acquire),
+        ..Default::default()
+    };
+    if args.scenario == Scenario::Idle && figures.connected > 0 {
+        std::thread::sleep(args.duration.max(SETTLE));
+        if let (Some(pid), Some(before)) = (args.broker_pid, rss_before) {
+            let after = rss_kib(pid);
+            figures.broker_rss_before_kib = Some(before);
+            figures.broker_rss_after_kib = after;
+            figures.broker_kib_per_connection =
+                after.map(|a| (a as f64 - before as f64) / figures.connected as f64);
+        }
+    }
+    shared.stop.store(true, Ordering::Release);
+    running.store(false, Ordering::Release);
+    let latency = join_executors(handles);
+    if let Some(p) = progress {
+        let _ = p.join();
+    }
+    if figures.connected == 0 {
+        let first = shared
+            .setup_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        return Err(RunError::Failed(format!(
+            "no connection succeeded: {}",
+            first.unwrap_or_default()
+        )));
+    }
+    let mut r = Report::new(&args, &latency);
+    figures.connect_per_s = if connected_in_s > 0.0 {
+        figures.connected as f64 / connected_in_s
+    } else {
+        0.0
+    };
+    r.measured_s = connected_in_s;
+    r.throughput_per_s = figures.connect_per_s;
+    r.errors = shared.errors();
+    if figures.connected < target {
+        r.check = format!(
+            "{} of {target} connections failed",
+            target - figures.connected
+        );
+        r.passed = false;
+    }
+    r.connections = Some(figures);
+    Ok(r)
+}
+
+async fn executor(args: Arc<RunArgs>, shared: Arc<Shared>, thread: usize) -> ThreadResult {
+    shared.ready.fetch_add(1, Ordering::AcqRel);
+    let Some(t0) = shared.wait_start().await else {
+        return ThreadResult::default();
+    };
+    let latency = Rc::new(RefCell::new(Latency::default()));
+    let schedule = Schedule::new(args.connect_rate, 1, 0);
+    let opts = Rc::new(ConnectOptions {
+        version: args.protocol.version(),
+        keep_alive: args.keep_alive,
+        username: args.username.clone(),
+        password: args.password.clone(),
+        timeout: args.connect_timeout,
+    });
+    let hold = args.scenario == Scenario::Idle;
+    let pid = std::process::id();
+    let mut tasks = Vec::new();
+    for c in (thread as u64..args.connections).step_by(args.threads) {
+        let (shared, latency, opts) = (shared.clone(), latency.clone(), opts.clone());
+        let addr = args.urls[c as usize % args.urls.len()].addr;
+        let due = t0 + schedule.due_at(c);
+        tasks.push(glommio::spawn_local(async move {
+            let now = now_ns();
+            if due > now {
+                sleep(Duration::from_nanos(due - now)).await;
+            }
+            match Conn::connect(addr, &format!("lg{pid}-c{c}"), &opts).await {
+                Ok(conn) => {
+                    latency.borrow_mut().record_ns(now_ns().saturating_sub(due));
+                    shared.connected.fetch_add(1, Ordering::AcqRel);
+                    if hold {
+                        if let Err(e) = hold_idle(conn, &shared, opts.keep_alive).await {
+                            shared.error(e.kind(), 1);
+                        }
+                    }
+                }
+                Err(e) => {
+                    shared.error(e.kind(), 1);
+                    shared.fail_setup(format!("{addr}: {e}"));
+                    shared.failed.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await;
+    }
+    let latency = latency.take();
+    ThreadResult { latency }
+}
+
+/// Holds an idle connection until the run stops: PINGREQ every half
+/// Keep Alive, answers read and dropped.
+async fn hold_idle(mut conn: Conn, shared: &Shared, keep_alive: u16) -> Result<(), ClientError> {
+    let _ = conn.stream.set_read_timeout(Some(HOLD_POLL));
+    let ping_every = u64::from(keep_alive) * 500_000_000;
+    let mut last_ping = now_ns();
+    while !shared.stopped() {
+        match conn.fill().await {
+            Ok(_) => while conn.decode_buffered()?.is_some() {},
+            Err(ClientError::Timeout(_)) => {}
+            Err(_) if shared.stopped() => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        if ping_every > 0 && now_ns() - last_ping >= ping_every {
+            conn.send(&Packet::PingReq).await?;
+            last_ping = now_ns();
+        }
+    }
+    Ok(())
+}

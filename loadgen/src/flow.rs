@@ -1,0 +1,469 @@
+//! Message-flow scenarios: `fan-in` (N publishers on `{prefix}/{i}` → M
+//! subscribers on `{prefix}/+`) and `fan-out` (publishers on
+//! `{prefix}/all` → N subscribers on it).
+//!
+//! Every client is connected and subscribed before the start; then the
+//! publishers run for warm-up plus duration, open loop on a
+//! [`Schedule`] or closed loop under `--window`. Only messages stamped
+//! inside the measured interval count; after it the run drains until every
+//! counted message arrived (or nothing moved for a second).
+
+use std::cell::{Cell, RefCell};
+use std::num::NonZeroU16;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use fleetmq_core::packet::{Packet, ProtocolVersion, QoS};
+use futures_lite::future::{or, yield_now};
+use futures_lite::io::{split, AsyncWriteExt, ReadHalf};
+use glommio::net::TcpStream;
+use glommio::timer::sleep;
+
+use crate::client::{put_response, stamp, ClientError, Conn, ConnectOptions, PublishTemplate};
+use crate::latency::Latency;
+use crate::options::{Rate, RunArgs, Scenario};
+use crate::runtime::{now_ns, Gate, Shared, Signal, ThreadResult};
+use crate::schedule::Schedule;
+
+/// How often a blocked read wakes to look at the stop flag.
+const POLL_STOP: Duration = Duration::from_millis(100);
+
+/// Messages encoded per publisher turn at most.
+const BATCH: u64 = 64;
+
+/// In-flight QoS 1/2 publishes per publisher at most (also capped by the
+/// broker's Receive Maximum).
+const MAX_INFLIGHT: u32 = 1000;
+
+/// One client's role.
+#[derive(Debug, Clone, Copy)]
+enum Role {
+    Subscriber(usize),
+    Publisher(usize),
+}
+
+/// The plan every executor reads: who connects where with what.
+pub struct Plan {
+    /// The options.
+    pub args: RunArgs,
+    /// Topic prefix.
+    pub prefix: String,
+    /// Publishers.
+    pub publishers: usize,
+    /// Subscribers.
+    pub subscribers: usize,
+}
+
+impl Plan {
+    fn topic_of(&self, publisher: usize) -> String {
+        match self.args.scenario {
+            Scenario::FanOut => format!("{}/all", self.prefix),
+            _ => format!("{}/{publisher}", self.prefix),
+        }
+    }
+
+    fn filter(&self) -> String {
+        match self.args.scenario {
+            Scenario::FanOut => format!("{}/all", self.prefix),
+            _ => format!("{}/+", self.prefix),
+        }
+    }
+
+    fn roles_of(&self, thread: usize) -> Vec<Role> {
+        let all = (0..self.subscribers)
+            .map(Role::Subscriber)
+            .chain((0..self.publishers).map(Role::Publisher));
+        all.enumerate()
+            .filter(|(c, _)| c % self.args.threads == thread)
+            .map(|(_, r)| r)
+            .collect()
+    }
+
+    fn connect_options(&self) -> ConnectOptions {
+        ConnectOptions {
+            version: self.args.protocol.version(),
+            keep_alive: 0,
+            username: self.args.username.clone(),
+            password: self.args.password.clone(),
+            timeout: self.args.connect_timeout,
+        }
+    }
+}
+
+/// One executor's part of a flow run: connect its clients, wait for the
+/// start, run them, and hand back its latencies.
+pub async fn executor(plan: Arc<Plan>, shared: Arc<Shared>, thread: usize) -> ThreadResult {
+    let opts = plan.connect_options();
+    let pid = std::process::id();
+    let mut clients = Vec::new();
+    for (c, role) in plan.roles_of(thread).into_iter().enumerate() {
+        if shared.abort.load(Ordering::Acquire) {
+            return ThreadResult::default();
+        }
+        let url = &plan.args.urls[(c * plan.args.threads + thread) % plan.args.urls.len()];
+        let id = match role {
+            Role::Subscriber(j) => format!("lg{pid}-s{j}"),
+            Role::Publisher(i) => format!("lg{pid}-p{i}"),
+        };
+        let setup = async {
+            let mut conn = Conn::connect(url.addr, &id, &opts).await?;
+            if let Role::Subscriber(_) = role {
+                conn.subscribe(&plan.filter(), plan.args.qos(), plan.args.connect_timeout)
+                    .await?;
+            }
+            Ok::<_, ClientError>(conn)
+        };
+        match setup.await {
+            Ok(conn) => clients.push((role, conn)),
+            Err(e) => {
+                shared.fail_setup(format!("{} ({}): {e}", url.text, id));
+                return ThreadResult::default();
+            }
+        }
+    }
+    shared.ready.fetch_add(1, Ordering::AcqRel);
+    let Some(t0) = shared.wait_start().await else {
+        return ThreadResult::default();
+    };
+    let latency = Rc::new(RefCell::new(Latency::default()));
+    let gate = Rc::new(Gate::default());
+    let mut tasks = Vec::new();
+    for (role, conn) in clients {
+        let (plan, shared, latency, gate) =
+            (plan.clone(), shared.clone(), latency.clone(), gate.clone());
+        tasks.push(glommio::spawn_local(async move {
+            let result = match role {
+                Role::Subscriber(j) => subscriber(&shared, j, conn, &latency, &gate).await,
+                Role::Publisher(i) => publisher(&plan, &shared, i, conn, &gate, t0).await,
+            };
+            if let Err(e) = result {
+                if !shared.stopped() {
+                    shared.error(e.kind(), 1);
+                }
+            }
+        }));
+    }
+    if plan.args.threads > 1 {
+        // Subscribers on other executors cannot wake this gate: poll.
+        let (gate, shared) = (gate.clone(), shared.clone());
+        glommio::spawn_local(async move {
+            while !shared.stopped() {
+                sleep(Duration::from_micros(200)).await;
+                if gate.has_waiters() {
+                    gate.wake_all();
+                }
+            }
+        })
+        .detach();
+    }
+    for t in tasks {
+        t.await;
+    }
+    let latency = latency.take();
+    ThreadResult { latency }
+}
+
+async fn subscriber(
+    shared: &Shared,
+    j: usize,
+    mut conn: Conn,
+    latency: &RefCell<Latency>,
+    gate: &Gate,
+) -> Result<(), ClientError> {
+    let _ = conn.stream.set_read_timeout(Some(POLL_STOP));
+    let (from, to) = (
+        shared.measure_start.load(Ordering::Acquire),
+        shared.measure_end.load(Ordering::Acquire),
+    );
+    let version = conn.version;
+    let mut out = BytesMut::new();
+    while !shared.stopped() {
+        match conn.fill().await {
+            Ok(_) => {}
+            Err(ClientError::Timeout(_)) => continue,
+            Err(e) => return Err(e),
+        }
+        let now = now_ns();
+        let (mut all, mut measured) = (0u64, 0u64);
+        {
+            let mut latency = latency.borrow_mut();
+            while let Some(packet) = conn.decode_buffered()? {
+                match packet {
+                    Packet::Publish(p) => {
+                        all += 1;
+                        if let Some((sent, _seq)) = stamp(&p.payload) {
+                            if (from..to).contains(&sent) {
+                                measured += 1;
+                                latency.record_ns(now.saturating_sub(sent));
+                            }
+                        }
+                        match (p.qos, p.packet_id) {
+                            (QoS::AtLeastOnce, Some(id)) => {
+                                put_response(&mut out, version, id, Packet::PubAck)
+                            }
+                            (QoS::ExactlyOnce, Some(id)) => {
+                                put_response(&mut out, version, id, Packet::PubRec)
+                            }
+                            _ => {}
+                        }
+                    }
+                    Packet::PubRel(r) => {
+                        put_response(&mut out, version, r.packet_id, Packet::PubComp)
+                    }
+                    Packet::Disconnect(_) => return Err(ClientError::Closed),
+                    _ => {}
+                }
+            }
+        }
+        shared.received[j].fetch_add(all, Ordering::Relaxed);
+        shared
+            .received_measured
+            .fetch_add(measured, Ordering::Relaxed);
+        if !out.is_empty() {
+            conn.stream.write_all(&out).await.map_err(ClientError::Io)?;
+            out.clear();
+        }
+        gate.wake_all();
+    }
+    Ok(())
+}
+
+/// A publisher's state shared by its generator, writer and ack reader.
+struct PubState {
+    out: RefCell<BytesMut>,
+    write: Signal,
+    acked: Signal,
+    inflight: Cell<u32>,
+    done: Cell<bool>,
+    failed: Cell<bool>,
+    version: ProtocolVersion,
+}
+
+async fn publisher(
+    plan: &Plan,
+    shared: &Arc<Shared>,
+    i: usize,
+    conn: Conn,
+    gate: &Gate,
+    t0: u64,
+) -> Result<(), ClientError> {
+    let args = &plan.args;
+    let qos = args.qos();
+    let template = PublishTemplate::new(&plan.topic_of(i), qos, args.payload_size, conn.version);
+    let max_inflight = u32::from(conn.receive_maximum).min(MAX_INFLIGHT);
+    let state = Rc::new(PubState {
+        out: RefCell::new(BytesMut::with_capacity(template.len() * BATCH as usize)),
+        write: Signal::default(),
+        acked: Signal::default(),
+        inflight: Cell::new(0),
+        done: Cell::new(false),
+        failed: Cell::new(false),
+        version: conn.version,
+    });
+    let Conn { stream, buf, .. } = conn;
+    let _ = stream.set_read_timeout(Some(POLL_STOP));
+    let (reader, mut writer) = split(stream);
+    let reader_task = glommio::spawn_local(read_acks(state.clone(), reader, buf, shared.clone()));
+    let writer_state = state.clone();
+    let writer_task = glommio::spawn_local(async move {
+        loop {
+            writer_state.write.wait().await;
+            let chunk = writer_state.out.borrow_mut().split();
+            if !chunk.is_empty() && writer.write_all(&chunk).await.is_err() {
+                writer_state.failed.set(true);
+                writer_state.acked.notify();
+                return Err(ClientError::Closed);
+            }
+            if writer_state.done.get() && writer_state.out.borrow().is_empty() {
+                let _ = writer.close().await;
+                return Ok(());
+            }
+        }
+    });
+
+    let (from, to) = (
+        shared.measure_start.load(Ordering::Acquire),
+        shared.measure_end.load(Ordering::Acquire),
+    );
+    let schedule = match args.rate {
+        Rate::PerSecond(r) => Some(Schedule::new(r, plan.publishers as u64, i as u64)),
+        Rate::Max => None,
+    };
+    // Open loop: every message due before the end of the measured interval.
+    let last = schedule.map(|s| s.due_count(to - t0 - 1));
+    let give_up = to + 2_000_000_000;
+    let mut k = 0u64;
+    let mut next_id = 0u16;
+    while !shared.stopped() && !state.failed.get() {
+        let now = now_ns();
+        let want = match (schedule, last) {
+            (Some(s), Some(last)) => {
+                if k >= last {
+                    break;
+                }
+                if now >= give_up {
+                    shared.error("not sent: publisher backlog at the end", last - k);
+                    break;
+                }
+                let due = s.due_count(now.saturating_sub(t0)).min(last);
+                if due <= k {
+                    sleep(Duration::from_nanos(t0 + s.due_at(k) - now)).await;
+                    continue;
+                }
+                (due - k).min(BATCH)
+            }
+            _ => {
+                if now >= to {
+                    break;
+                }
+                let free = shared.window_free(args.window);
+                if free == 0 {
+                    or(gate.wait(), sleep(Duration::from_millis(5))).await;
+                    continue;
+                }
+                free.min(BATCH)
+                    .min((args.window / plan.publishers as u64).max(1))
+            }
+        };
+        let want = if qos == QoS::AtMostOnce {
+            want
+        } else {
+            let room = max_inflight - state.inflight.get();
+            if room == 0 {
+                state.acked.wait().await;
+                continue;
+            }
+            want.min(u64::from(room))
+        };
+        let mut measured = 0;
+        {
+            let mut out = state.out.borrow_mut();
+            for _ in 0..want {
+                let stamp = schedule.map_or(now, |s| t0 + s.due_at(k));
+                measured += u64::from((from..to).contains(&stamp));
+                let id = (qos != QoS::AtMostOnce).then(|| {
+                    next_id = next_id.checked_add(1).unwrap_or(1);
+                    NonZeroU16::new(next_id).unwrap_or(NonZeroU16::MIN)
+                });
+                template.put(&mut out, stamp, (i as u64) << 40 | k, id);
+                k += 1;
+            }
+        }
+        if qos != QoS::AtMostOnce {
+            state.inflight.set(state.inflight.get() + want as u32);
+        }
+        shared.published.fetch_add(want, Ordering::Relaxed);
+        shared.sent_measured.fetch_add(measured, Ordering::Relaxed);
+        state.write.notify();
+        yield_now().await;
+    }
+    shared.publishers_finished.fetch_add(1, Ordering::AcqRel);
+    // Wait for the outstanding acknowledgements, then DISCONNECT.
+    while state.inflight.get() > 0 && !shared.stopped() && !state.failed.get() {
+        or(state.acked.wait(), sleep(POLL_STOP)).await;
+    }
+    let _ = fleetmq_core::packet::codec::encode(
+        &Packet::Disconnect(Default::default()),
+        state.version,
+        &mut state.out.borrow_mut(),
+    );
+    state.done.set(true);
+    state.write.notify();
+    let written = writer_task.await;
+    reader_task.await;
+    written
+}
+
+async fn read_acks(
+    state: Rc<PubState>,
+    mut reader: ReadHalf<TcpStream>,
+    buf: BytesMut,
+    shared: Arc<Shared>,
+) {
+    let mut conn = AckReader {
+        buf,
+        scratch: vec![0; 16 * 1024],
+    };
+    loop {
+        if state.done.get() && (state.inflight.get() == 0 || shared.stopped()) {
+            return;
+        }
+        match conn.fill(&mut reader).await {
+            Ok(()) => {}
+            Err(ClientError::Timeout(_)) => continue,
+            Err(e) => {
+                if !state.done.get() && !shared.stopped() {
+                    shared.error(e.kind(), 1);
+                }
+                state.failed.set(true);
+                state.acked.notify();
+                return;
+            }
+        }
+        let mut acked = 0u32;
+        loop {
+            match fleetmq_core::packet::codec::decode(
+                &mut conn.buf,
+                Some(state.version),
+                crate::client::MAX_PACKET_BYTES,
+            ) {
+                Ok(Some(Packet::PubAck(_) | Packet::PubComp(_))) => acked += 1,
+                Ok(Some(Packet::PubRec(r))) => {
+                    put_response(
+                        &mut state.out.borrow_mut(),
+                        state.version,
+                        r.packet_id,
+                        Packet::PubRel,
+                    );
+                    state.write.notify();
+                }
+                Ok(Some(Packet::Disconnect(_))) => {
+                    shared.error("disconnected by broker", 1);
+                    state.failed.set(true);
+                    break;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(_) => {
+                    shared.error("malformed packet", 1);
+                    state.failed.set(true);
+                    break;
+                }
+            }
+        }
+        if acked > 0 {
+            state
+                .inflight
+                .set(state.inflight.get().saturating_sub(acked));
+            shared.acked.fetch_add(u64::from(acked), Ordering::Relaxed);
+            state.acked.notify();
+        }
+        if state.failed.get() {
+            state.acked.notify();
+            return;
+        }
+    }
+}
+
+struct AckReader {
+    buf: BytesMut,
+    scratch: Vec<u8>,
+}
+
+impl AckReader {
+    async fn fill(&mut self, reader: &mut ReadHalf<TcpStream>) -> Result<(), ClientError> {
+        use futures_lite::io::AsyncReadExt;
+        match reader.read(&mut self.scratch).await {
+            Ok(0) => Err(ClientError::Closed),
+            Ok(n) => {
+                self.buf.extend_from_slice(&self.scratch[..n]);
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ClientError::Timeout("data")),
+            Err(e) => Err(ClientError::Io(e)),
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! fleetmq-loadgen: an MQTT load generator built like the broker (glommio,
+//! one executor per `--threads`), encoding through `fleetmq_core`'s codec.
+//!
+//! Modules by subsystem: [`options`] (the command line), [`schedule`] (the
+//! open-loop send schedule), [`latency`] (histograms), [`client`] (the lean
+//! MQTT client), [`runtime`] (executors, shared counters, signals),
+//! [`flow`] and [`connections`] (the scenarios), [`scenario`] (the
+//! coordinating thread), [`report`] (summary and JSON), [`compare`].
+
+pub mod client;
+pub mod compare;
+pub mod connections;
+pub mod flow;
+pub mod latency;
+pub mod options;
+pub mod report;
+pub mod runtime;
+pub mod scenario;
+pub mod schedule;

@@ -1,0 +1,464 @@
+//! Command-line options of `fleetmq-loadgen run` and their parsers.
+//!
+//! Every option is checked before any connection is opened, so a typo fails
+//! at once with exit status 2 (clap's usage error).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use fleetmq_core::packet::{ProtocolVersion, QoS};
+use serde::Serialize;
+
+/// The bytes at the front of every payload: send time (ns, u64 LE) and
+/// sequence number (u64 LE).
+pub const PAYLOAD_HEADER_BYTES: usize = 16;
+
+/// A scenario of `run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// N publishers on distinct topics `{prefix}/{i}` → M subscribers on `{prefix}/+`.
+    FanIn,
+    /// Publishers on one topic `{prefix}/all` → N subscribers on that topic.
+    FanOut,
+    /// Open connections at `--connect-rate` per second up to `--connections`;
+    /// CONNACK latency.
+    ConnectStorm,
+    /// Hold `--connections` idle connections with keep-alive; the broker's
+    /// RSS per connection when `--broker-pid` is given.
+    Idle,
+    /// Publishers → a `$share` group (not implemented yet).
+    Shared,
+    /// A persistent-session subscriber that reconnects (not implemented yet).
+    Persistent,
+}
+
+/// The offered publish rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rate {
+    /// Open loop: this many messages per second in total, on a fixed
+    /// schedule; latency counts from the scheduled send time.
+    PerSecond(u64),
+    /// Closed loop: as fast as `--window` allows.
+    Max,
+}
+
+impl Serialize for Rate {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Rate::PerSecond(n) => s.serialize_u64(*n),
+            Rate::Max => s.serialize_str("max"),
+        }
+    }
+}
+
+/// Parses `max`, `20000`, `20k` or `1.5M` (messages per second).
+pub fn parse_rate(s: &str) -> Result<Rate, String> {
+    if s.eq_ignore_ascii_case("max") {
+        return Ok(Rate::Max);
+    }
+    let n = parse_count(s)?;
+    if n == 0 {
+        return Err("the rate must be at least 1 msg/s (or `max`)".into());
+    }
+    Ok(Rate::PerSecond(n))
+}
+
+/// Parses a count with an optional `k` (10^3) or `M` (10^6) suffix.
+pub fn parse_count(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1e3),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1e6),
+        _ => (s, 1.0),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("`{s}` is not a non-negative number"));
+    }
+    Ok((v * mult).round() as u64)
+}
+
+/// Parses a duration such as `10s`, `500ms`, `2m` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 10s, 500ms)"))?;
+    let secs = match unit {
+        "ms" => v / 1e3,
+        "s" => v,
+        "m" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (ms, s, m, h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("`{s}` is not a non-negative duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `mqtt://host:port` (port 1883 when omitted). `mqtts://`, `ws://`
+/// and `wss://` are recognised but refused as not implemented yet.
+pub fn parse_url(s: &str) -> Result<BrokerUrl, String> {
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return Err(format!("`{s}`: expected mqtt://HOST:PORT"));
+    };
+    match scheme {
+        "mqtt" | "tcp" => {}
+        "mqtts" | "ssl" | "ws" | "wss" => {
+            return Err(format!(
+                "`{s}`: {scheme}:// is not implemented yet (use mqtt://)"
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "`{s}`: unknown scheme `{scheme}` (expected mqtt://)"
+            ))
+        }
+    }
+    let hostport = rest.trim_end_matches('/');
+    let with_port = if hostport
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:1883")
+    };
+    let addr = with_port
+        .to_socket_addrs()
+        .map_err(|e| format!("`{s}`: cannot resolve: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{s}`: resolves to no address"))?;
+    Ok(BrokerUrl {
+        text: s.to_string(),
+        addr,
+    })
+}
+
+/// A broker address given with `--url`.
+#[derive(Debug, Clone)]
+pub struct BrokerUrl {
+    /// As given on the command line.
+    pub text: String,
+    /// Resolved once at start.
+    pub addr: SocketAddr,
+}
+
+impl Serialize for BrokerUrl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+/// MQTT protocol version of every client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+pub enum Protocol {
+    /// MQTT 3.1.1.
+    #[value(name = "3.1.1")]
+    #[serde(rename = "3.1.1")]
+    V311,
+    /// MQTT 5.0.
+    #[value(name = "5")]
+    #[serde(rename = "5")]
+    V5,
+}
+
+impl Protocol {
+    /// The codec's version.
+    pub fn version(self) -> ProtocolVersion {
+        match self {
+            Protocol::V311 => ProtocolVersion::V3_1_1,
+            Protocol::V5 => ProtocolVersion::V5,
+        }
+    }
+}
+
+fn parse_qos(s: &str) -> Result<u8, String> {
+    match s {
+        "0" | "1" | "2" => Ok(s.as_bytes()[0] - b'0'),
+        _ => Err(format!("`{s}`: QoS must be 0, 1 or 2")),
+    }
+}
+
+fn parse_payload_size(s: &str) -> Result<usize, String> {
+    let n = parse_count(s)? as usize;
+    if n < PAYLOAD_HEADER_BYTES {
+        return Err(format!(
+            "payload size {n} is below {PAYLOAD_HEADER_BYTES} bytes (timestamp and sequence)"
+        ));
+    }
+    if n > 256 * 1024 * 1024 {
+        return Err(format!("payload size {n} is above 256 MiB"));
+    }
+    Ok(n)
+}
+
+/// A CPU list given with `--cpu`, e.g. `1` or `0,2-3`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CpuList(pub Vec<usize>);
+
+fn parse_cpus(s: &str) -> Result<CpuList, String> {
+    let mut cpus = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let bad = || format!("`{s}`: expected a CPU list such as 1 or 0,2-3");
+        if let Some((a, b)) = part.split_once('-') {
+            let (a, b): (usize, usize) =
+                (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+            if a > b {
+                return Err(bad());
+            }
+            cpus.extend(a..=b);
+        } else {
+            cpus.push(part.parse().map_err(|_| bad())?);
+        }
+    }
+    Ok(CpuList(cpus))
+}
+
+/// Options of `fleetmq-loadgen run`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct RunArgs {
+    /// The scenario.
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// Broker URL, mqtt://HOST:PORT. Repeatable: clients are spread over the
+    /// URLs round-robin.
+    #[arg(long = "url", value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
+    pub urls: Vec<BrokerUrl>,
+    /// MQTT protocol version.
+    #[arg(long, value_enum, default_value = "3.1.1")]
+    pub protocol: Protocol,
+    /// QoS of publishes and subscriptions (0, 1 or 2).
+    #[arg(long, value_parser = parse_qos, default_value = "0")]
+    pub qos: u8,
+    /// Payload size in bytes, at least 16 (send timestamp and sequence).
+    #[arg(long, value_parser = parse_payload_size, default_value = "64")]
+    pub payload_size: usize,
+    /// Offered rate in msg/s in total (open loop, fixed schedule), or `max`
+    /// (closed loop bounded by --window).
+    #[arg(long, value_parser = parse_rate, default_value = "max")]
+    #[serde(serialize_with = "serialize_rate")]
+    pub rate: Rate,
+    /// Closed loop: at most this many messages per subscriber published but
+    /// not yet received.
+    #[arg(long, default_value_t = 1000)]
+    pub window: u64,
+    /// Measured time (after the warm-up), e.g. 10s.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub duration: Duration,
+    /// Warm-up before measuring, e.g. 1s; nothing sent then is counted.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub warmup: Duration,
+    /// Publishers (fan-in default 10, fan-out default 1).
+    #[arg(long)]
+    pub publishers: Option<usize>,
+    /// Subscribers (fan-in default 1, fan-out default 100).
+    #[arg(long)]
+    pub subscribers: Option<usize>,
+    /// Topic prefix; default `loadgen/PID`.
+    #[arg(long)]
+    pub topic_prefix: Option<String>,
+    /// connect-storm and idle: connections to open.
+    #[arg(long, value_parser = parse_count, default_value = "1000")]
+    pub connections: u64,
+    /// connect-storm and idle: new connections per second.
+    #[arg(long, value_parser = parse_count, default_value = "2000")]
+    pub connect_rate: u64,
+    /// Keep Alive in seconds announced by idle and connect-storm clients
+    /// (PINGREQ every half of it).
+    #[arg(long, default_value_t = 60)]
+    pub keep_alive: u16,
+    /// idle: the broker's PID, to report its RSS per connection from
+    /// /proc/PID/status.
+    #[arg(long)]
+    pub broker_pid: Option<u32>,
+    /// User name sent in CONNECT.
+    #[arg(long)]
+    pub username: Option<String>,
+    /// Password sent in CONNECT.
+    #[arg(long)]
+    #[serde(skip)]
+    pub password: Option<String>,
+    /// Executors (threads), one glommio executor each.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Pin executors to these CPUs (e.g. `1` or `2-3`), round-robin;
+    /// unpinned when absent.
+    #[arg(long, value_parser = parse_cpus)]
+    pub cpu: Option<CpuList>,
+    /// How long to wait for a TCP connect, CONNACK or SUBACK.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub connect_timeout: Duration,
+    /// Write the result as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+fn serialize_rate<S: serde::Serializer>(r: &Rate, s: S) -> Result<S::Ok, S::Error> {
+    r.serialize(s)
+}
+
+fn serialize_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl RunArgs {
+    /// The QoS as the codec's type.
+    pub fn qos(&self) -> QoS {
+        QoS::from_u8(self.qos).unwrap_or(QoS::AtMostOnce)
+    }
+
+    /// Publishers for this scenario.
+    pub fn publisher_count(&self) -> usize {
+        self.publishers.unwrap_or(match self.scenario {
+            Scenario::FanOut => 1,
+            _ => 10,
+        })
+    }
+
+    /// Subscribers for this scenario.
+    pub fn subscriber_count(&self) -> usize {
+        self.subscribers.unwrap_or(match self.scenario {
+            Scenario::FanOut => 100,
+            _ => 1,
+        })
+    }
+
+    /// The topic prefix.
+    pub fn prefix(&self) -> String {
+        self.topic_prefix
+            .clone()
+            .unwrap_or_else(|| format!("loadgen/{}", std::process::id()))
+    }
+
+    /// Checks combinations clap cannot see.
+    ///
+    /// # Errors
+    /// A message naming the bad option.
+    pub fn check(&self) -> Result<(), String> {
+        if self.threads == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        if self.window == 0 {
+            return Err("--window must be at least 1".into());
+        }
+        if matches!(self.scenario, Scenario::FanIn | Scenario::FanOut) {
+            if self.publisher_count() == 0 || self.subscriber_count() == 0 {
+                return Err("--publishers and --subscribers must be at least 1".into());
+            }
+            if self.duration.is_zero() {
+                return Err("--duration must be above 0".into());
+            }
+        }
+        if matches!(self.scenario, Scenario::ConnectStorm | Scenario::Idle)
+            && (self.connections == 0 || self.connect_rate == 0)
+        {
+            return Err("--connections and --connect-rate must be at least 1".into());
+        }
+        if let Some(prefix) = &self.topic_prefix {
+            if prefix.contains(['+', '#']) || prefix.is_empty() {
+                return Err(
+                    "--topic-prefix must be a non-empty topic name without wildcards".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_accept_max_and_suffixes() {
+        assert_eq!(parse_rate("max"), Ok(Rate::Max));
+        assert_eq!(parse_rate("20k"), Ok(Rate::PerSecond(20_000)));
+        assert_eq!(parse_rate("1.5M"), Ok(Rate::PerSecond(1_500_000)));
+        assert!(parse_rate("0").is_err());
+        assert!(parse_rate("fast").is_err());
+    }
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("1 fortnight").is_err());
+    }
+
+    #[test]
+    fn urls_other_than_mqtt_are_refused_clearly() {
+        assert_eq!(
+            parse_url("mqtt://127.0.0.1:1884").unwrap().addr.port(),
+            1884
+        );
+        assert_eq!(parse_url("mqtt://127.0.0.1").unwrap().addr.port(), 1883);
+        assert!(parse_url("wss://127.0.0.1:1")
+            .unwrap_err()
+            .contains("not implemented"));
+        assert!(parse_url("127.0.0.1:1883").is_err());
+    }
+
+    #[test]
+    fn payloads_must_hold_the_timestamp_and_sequence() {
+        assert!(parse_payload_size("15").is_err());
+        assert_eq!(parse_payload_size("16"), Ok(16));
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    #[test]
+    fn every_option_parses_through_clap() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from([
+            "x",
+            "fan-out",
+            "--cpu",
+            "1",
+            "--rate",
+            "20k",
+            "--qos",
+            "2",
+            "--protocol",
+            "5",
+            "--url",
+            "mqtt://127.0.0.1:1",
+            "--url",
+            "mqtt://127.0.0.1:2",
+            "--duration",
+            "3s",
+            "--connections",
+            "10k",
+        ])
+        .unwrap();
+        assert_eq!(cli.run.cpu, Some(CpuList(vec![1])));
+        assert_eq!(cli.run.urls.len(), 2);
+        assert_eq!(cli.run.rate, Rate::PerSecond(20_000));
+        assert_eq!(cli.run.connections, 10_000);
+        assert!(serde_json::to_value(&cli.run).is_ok());
+    }
+
+    #[test]
+    fn cpu_lists_take_ranges() {
+        assert_eq!(parse_cpus("1"), Ok(CpuList(vec![1])));
+        assert_eq!(parse_cpus("0,2-3"), Ok(CpuList(vec![0, 2, 3])));
+        assert!(parse_cpus("3-1").is_err());
+    }
+}

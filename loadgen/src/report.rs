@@ -1,0 +1,196 @@
+//! The result of a run: a human summary on stdout and the `--json` file
+//! (figures, the serialized histogram, run metadata).
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::latency::{Latency, LatencySummary};
+use crate::options::RunArgs;
+
+/// Connection figures of `connect-storm` and `idle`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConnectionFigures {
+    /// Connections asked for.
+    pub target: u64,
+    /// Connections that got a successful CONNACK.
+    pub connected: u64,
+    /// Connections that failed.
+    pub failed: u64,
+    /// connect-storm: successful connections per second.
+    pub connect_per_s: f64,
+    /// idle: the broker's RSS before connecting, KiB.
+    pub broker_rss_before_kib: Option<u64>,
+    /// idle: the broker's RSS with every connection open, KiB.
+    pub broker_rss_after_kib: Option<u64>,
+    /// idle: (after − before) / connected, KiB.
+    pub broker_kib_per_connection: Option<f64>,
+}
+
+/// Everything `--json` writes; `compare` reads it back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// "fleetmq-loadgen".
+    pub tool: String,
+    /// The loadgen's version.
+    pub version: String,
+    /// The scenario's name.
+    pub scenario: String,
+    /// When the run ended, seconds since the Unix epoch.
+    pub timestamp_unix_s: u64,
+    /// CPUs of the machine.
+    pub machine_cores: usize,
+    /// The options of the run.
+    pub options: serde_json::Value,
+    /// Length of the measured interval, seconds.
+    pub measured_s: f64,
+    /// Publishers.
+    pub publishers: usize,
+    /// Subscribers.
+    pub subscribers: usize,
+    /// Messages sent stamped inside the measured interval.
+    pub sent: u64,
+    /// Deliveries expected for them (sent × subscribers).
+    pub expected: u64,
+    /// Deliveries received of them.
+    pub received: u64,
+    /// Messages published in total, warm-up and drain included.
+    pub published_total: u64,
+    /// PUBACK/PUBCOMP received in total (QoS 1/2).
+    pub acked_total: u64,
+    /// sent / measured_s.
+    pub sent_per_s: f64,
+    /// received / measured_s: delivered messages per second.
+    pub received_per_s: f64,
+    /// The figure `compare` checks: received_per_s, or connect_per_s for
+    /// connect-storm.
+    pub throughput_per_s: f64,
+    /// End-to-end latency (flows) or CONNACK latency (connections), µs.
+    pub latency_us: LatencySummary,
+    /// The latency histogram, hdrhistogram V2, base64.
+    pub histogram_v2_base64: String,
+    /// Errors by kind.
+    pub errors: BTreeMap<String, u64>,
+    /// Connection figures (connect-storm, idle).
+    pub connections: Option<ConnectionFigures>,
+    /// "ok", or what went wrong (loss, missing acks).
+    pub check: String,
+    /// False when the run must exit non-zero: loss or missing acks at
+    /// QoS 1/2, nothing sent, no connection made. Loss at QoS 0 is reported
+    /// but passes.
+    pub passed: bool,
+}
+
+impl Report {
+    /// A report with the metadata filled and every figure zero.
+    pub fn new(args: &RunArgs, latency: &Latency) -> Report {
+        Report {
+            tool: "fleetmq-loadgen".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            scenario: serde_json::to_value(args.scenario)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            timestamp_unix_s: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            machine_cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            options: serde_json::to_value(args).unwrap_or(serde_json::Value::Null),
+            measured_s: args.duration.as_secs_f64(),
+            publishers: 0,
+            subscribers: 0,
+            sent: 0,
+            expected: 0,
+            received: 0,
+            published_total: 0,
+            acked_total: 0,
+            sent_per_s: 0.0,
+            received_per_s: 0.0,
+            throughput_per_s: 0.0,
+            latency_us: latency.summary(),
+            histogram_v2_base64: latency.to_base64(),
+            errors: BTreeMap::new(),
+            connections: None,
+            check: "ok".into(),
+            passed: true,
+        }
+    }
+
+    /// The human summary.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let l = &self.latency_us;
+        s += &format!(
+            "scenario {}  ({:.1} s measured)\n",
+            self.scenario, self.measured_s
+        );
+        if let Some(c) = &self.connections {
+            s += &format!(
+                "connections  {} of {} connected, {} failed",
+                c.connected, c.target, c.failed
+            );
+            if c.connect_per_s > 0.0 {
+                s += &format!(", {:.0} connections/s", c.connect_per_s);
+            }
+            s += "\n";
+            if let (Some(b), Some(a), Some(k)) = (
+                c.broker_rss_before_kib,
+                c.broker_rss_after_kib,
+                c.broker_kib_per_connection,
+            ) {
+                s += &format!(
+                    "broker RSS   {b} KiB before, {a} KiB after: {k:.2} KiB per connection\n"
+                );
+            }
+            s += "CONNACK latency (µs)\n";
+        } else {
+            s += &format!(
+                "clients      {} publishers, {} subscribers\n\
+                 sent         {} ({:.0} msg/s)\n\
+                 received     {} of {} expected ({:.0} msg/s)\n",
+                self.publishers,
+                self.subscribers,
+                self.sent,
+                self.sent_per_s,
+                self.received,
+                self.expected,
+                self.received_per_s
+            );
+            if self.acked_total > 0 {
+                s += &format!(
+                    "acked        {} of {} published\n",
+                    self.acked_total, self.published_total
+                );
+            }
+            s += "latency (µs, from the scheduled send time when --rate is a number)\n";
+        }
+        s += &format!(
+            "  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (mean {:.1}, {} samples)\n",
+            l.p50, l.p90, l.p99, l.p999, l.max, l.mean, l.count
+        );
+        if self.errors.is_empty() {
+            s += "errors       none\n";
+        } else {
+            s += "errors\n";
+            for (kind, n) in &self.errors {
+                s += &format!("  {kind}: {n}\n");
+            }
+        }
+        s += &format!("check        {}\n", self.check);
+        s
+    }
+
+    /// Writes the report as pretty JSON to `path`.
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn write_json(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        let text = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
+    }
+}

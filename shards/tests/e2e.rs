@@ -1,0 +1,48 @@
+//! End-to-end tests: the real `fleetmq` binary on free ports, used by real
+//! clients (rumqttc for MQTT 3.1.1 and 5, mosquitto_pub/mosquitto_sub from
+//! the Debian package mosquitto-clients) and by a raw socket for what real
+//! clients will not send. One test binary; one submodule per area.
+
+/// Starting and stopping the broker; admin HTTP; mosquitto processes.
+#[path = "e2e/harness.rs"]
+mod harness;
+
+/// A raw-socket client and packet builders.
+#[path = "e2e/raw.rs"]
+mod raw;
+
+/// rumqttc clients with awaitable packets.
+#[path = "e2e/clients.rs"]
+mod clients;
+
+/// QoS 0/1/2 delivery and the downgrade to the subscription's QoS.
+#[path = "e2e/qos.rs"]
+mod qos;
+
+/// Overlapping subscriptions and subscription identifiers.
+#[path = "e2e/overlap.rs"]
+mod overlap;
+
+/// Retained messages: set, replace, clear, RETAIN flag on delivery.
+#[path = "e2e/retained.rs"]
+mod retained;
+
+/// Persistent and clean sessions, take-over across shards.
+#[path = "e2e/sessions.rs"]
+mod sessions;
+
+/// Wills: killed clients, clean DISCONNECT, Will Delay, 0x04, keep alive.
+#[path = "e2e/wills.rs"]
+mod wills;
+
+/// CONNECT handling and malformed input.
+#[path = "e2e/protocol.rs"]
+mod protocol;
+
+/// Many clients at once.
+#[path = "e2e/scale.rs"]
+mod scale;
+
+/// Admin HTTP, settings refused at start, SIGTERM.
+#[path = "e2e/operations.rs"]
+mod operations;

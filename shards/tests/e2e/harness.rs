@@ -1,0 +1,383 @@
+//! The broker under test: the real `fleetmq` binary started on free ports,
+//! its admin HTTP endpoints, and helpers to run mosquitto_pub/mosquitto_sub.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long the broker may take to print `fleetmq: ready`.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running `fleetmq serve`, killed (SIGKILL) when dropped.
+pub(crate) struct Broker {
+    child: Child,
+    /// The MQTT over TCP listener.
+    pub(crate) mqtt: SocketAddr,
+    /// The admin HTTP listener.
+    pub(crate) admin: SocketAddr,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Broker {
+    /// Starts `fleetmq serve --listen 127.0.0.1:0 --admin 127.0.0.1:0
+    /// <args>` and waits for `fleetmq: ready`.
+    ///
+    /// # Panics
+    ///
+    /// The binary does not start, exits, or is not ready within 20 s; the
+    /// panic message carries its stderr.
+    pub(crate) fn start(args: &[&str]) -> Broker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fleetmq"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the fleetmq binary starts");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("stderr is piped");
+        let sink = stderr.clone();
+        thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+        });
+        let lines = line_channel(child.stdout.take().expect("stdout is piped"));
+        let (mut mqtt, mut admin) = (None, None);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let broker_failed = |why: &str, child: &mut Child| -> ! {
+            let _ = child.kill();
+            let _ = child.wait();
+            thread::sleep(Duration::from_millis(50));
+            panic!(
+                "fleetmq {args:?}: {why}\n--- stderr ---\n{}",
+                stderr.lock().unwrap()
+            );
+        };
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(addr) = line.strip_prefix("fleetmq: listening mqtt-tcp ") {
+                        mqtt.get_or_insert(addr.trim().parse().expect("an MQTT address"));
+                    } else if let Some(addr) = line.strip_prefix("fleetmq: listening admin ") {
+                        admin = Some(addr.trim().parse().expect("an admin address"));
+                    } else if line.trim() == "fleetmq: ready" {
+                        break;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    broker_failed("not ready within 20 s", &mut child)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    broker_failed("exited before ready", &mut child)
+                }
+            }
+        }
+        let (Some(mqtt), Some(admin)) = (mqtt, admin) else {
+            broker_failed("did not print its MQTT and admin addresses", &mut child)
+        };
+        Broker {
+            child,
+            mqtt,
+            admin,
+            stderr,
+        }
+    }
+
+    /// `start` with `--shards 2` before `args`: every test that needs the
+    /// cross-shard paths uses it.
+    pub(crate) fn two_shards(args: &[&str]) -> Broker {
+        let mut all = vec!["--shards", "2"];
+        all.extend_from_slice(args);
+        Broker::start(&all)
+    }
+
+    /// The MQTT port.
+    pub(crate) fn mqtt_port(&self) -> u16 {
+        self.mqtt.port()
+    }
+
+    /// What the broker wrote to stderr so far.
+    pub(crate) fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// `GET path` on the admin listener: (status, body).
+    ///
+    /// # Panics
+    ///
+    /// The admin listener does not answer an HTTP/1.1 response within 5 s.
+    pub(crate) fn admin_get(&self, path: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(self.admin).expect("admin connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.admin
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("admin answers");
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    /// The sum over all label sets of the Prometheus sample `name`.
+    pub(crate) fn metric_sum(&self, name: &str) -> f64 {
+        let (status, body) = self.admin_get("/metrics");
+        assert_eq!(status, 200, "/metrics: {body}");
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until `fleetmq_clients_connected` sums to `n`.
+    ///
+    /// # Panics
+    ///
+    /// It does not within `timeout`.
+    pub(crate) fn wait_for_clients(&self, n: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.metric_sum("fleetmq_clients_connected");
+            if now as usize == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "fleetmq_clients_connected is {now}, expected {n} within {timeout:?}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends SIGTERM and waits (at most 10 s) for the process to exit.
+    ///
+    /// # Panics
+    ///
+    /// The process does not exit within 10 s.
+    pub(crate) fn stop_with_sigterm(&mut self) -> ExitStatus {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGTERM) },
+            0,
+            "kill(SIGTERM)"
+        );
+        wait_timeout(&mut self.child, Duration::from_secs(10)).unwrap_or_else(|| {
+            panic!(
+                "fleetmq did not exit within 10 s of SIGTERM\n{}",
+                self.stderr()
+            )
+        })
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        if thread::panicking() {
+            eprintln!("--- fleetmq stderr ---\n{}", self.stderr());
+        }
+    }
+}
+
+/// Waits for `child` at most `timeout`; `None` if it is still running.
+pub(crate) fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs `cmd` to completion, killing it after `timeout`.
+///
+/// # Panics
+///
+/// The command cannot start or does not finish within `timeout`.
+pub(crate) fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?} starts (is mosquitto-clients installed?): {e}"));
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = match wait_timeout(&mut child, timeout) {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not finish within {timeout:?}");
+        }
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// `mosquitto_pub -h 127.0.0.1 -p PORT <args>`; panics unless it exits 0
+/// within 5 s.
+pub(crate) fn mosquitto_pub(broker: &Broker, args: &[&str]) {
+    let port = broker.mqtt_port().to_string();
+    let out = run_with_timeout(
+        Command::new("mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &port])
+            .args(args),
+        Duration::from_secs(5),
+    );
+    assert!(
+        out.status.success(),
+        "mosquitto_pub {args:?}: {:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A `mosquitto_sub` process, started with `-d` (and line-buffered by
+/// `stdbuf`) so that its SUBACK can be awaited, and an output format that prefixes each message with `MSG`.
+/// Killed when dropped.
+pub(crate) struct MosquittoSub {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+/// The `-F` format of [`MosquittoSub`]: `MSG <qos> <retain> <topic> <payload>`.
+pub(crate) const SUB_FORMAT: &str = "MSG %q %r %t %p";
+
+impl MosquittoSub {
+    /// Starts `mosquitto_sub -d -h 127.0.0.1 -p PORT -F '<SUB_FORMAT>' <args>`
+    /// and waits (5 s) for its SUBACK.
+    pub(crate) fn start(broker: &Broker, args: &[&str]) -> MosquittoSub {
+        let port = broker.mqtt_port().to_string();
+        // stdbuf: mosquitto_sub block-buffers its debug lines on a pipe.
+        let mut child = Command::new("stdbuf")
+            .args([
+                "-oL",
+                "mosquitto_sub",
+                "-d",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-F",
+                SUB_FORMAT,
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mosquitto_sub starts (is mosquitto-clients installed?)");
+        let lines = line_channel(child.stdout.take().unwrap());
+        let sub = MosquittoSub { child, lines };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match sub
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) if line.contains("received SUBACK") => return sub,
+                Ok(_) => {}
+                Err(e) => panic!("mosquitto_sub {args:?}: no SUBACK within 5 s ({e})"),
+            }
+        }
+    }
+
+    /// The next message line (`MSG ...` without the prefix), or `None`
+    /// after `timeout`.
+    pub(crate) fn next_message(&mut self, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => {
+                    if let Some(msg) = line.strip_prefix("MSG ") {
+                        return Some(msg.to_owned());
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Sends SIGKILL: the client drops its TCP connection without DISCONNECT.
+    pub(crate) fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for MosquittoSub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn line_channel(stdout: ChildStdout) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}

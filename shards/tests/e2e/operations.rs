@@ -1,0 +1,88 @@
+//! Operating the broker: admin HTTP, settings refused at start, SIGTERM.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::clients::{unique, v5, WAIT};
+use crate::harness::{mosquitto_pub, run_with_timeout, Broker};
+
+/// `/health/live` and `/health/ready` answer 200 once the broker printed
+/// `fleetmq: ready`; `/metrics` is Prometheus text that counts messages in.
+#[test]
+fn admin_endpoints_answer_health_and_metrics() {
+    let broker = Broker::two_shards(&[]);
+    assert_eq!(broker.admin_get("/health/live").0, 200);
+    assert_eq!(broker.admin_get("/health/ready").0, 200);
+    mosquitto_pub(&broker, &["-t", &unique("m"), "-m", "x"]);
+    let (status, body) = broker.admin_get("/metrics");
+    assert_eq!(status, 200);
+    assert!(body.contains("fleetmq_messages_in_total"), "{body}");
+    assert!(body.contains("fleetmq_clients_connected"), "{body}");
+    let deadline = std::time::Instant::now() + WAIT;
+    while broker.metric_sum("fleetmq_messages_in_total") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fleetmq_messages_in_total stays 0 after a publish"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(broker.admin_get("/no/such/path").0, 404);
+}
+
+fn serve_refused(args: &[&str]) -> String {
+    let out = run_with_timeout(
+        Command::new(env!("CARGO_BIN_EXE_fleetmq"))
+            .arg("serve")
+            .args(["--admin", "127.0.0.1:0"])
+            .args(args),
+        Duration::from_secs(10),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "fleetmq serve {args:?} started: {stdout}"
+    );
+    assert!(!stdout.contains("fleetmq: ready"), "{stdout}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// An out-of-range setting stops the start with a message naming the key
+/// and its range (DESIGN.md §9).
+#[test]
+fn out_of_range_setting_stops_the_start_naming_key_and_range() {
+    let stderr = serve_refused(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--set",
+        "limits.max_packet_size=10B",
+    ]);
+    assert!(stderr.contains("limits.max_packet_size"), "{stderr}");
+    assert!(
+        stderr.contains("..") || stderr.to_lowercase().contains("range"),
+        "names the range: {stderr}"
+    );
+}
+
+/// Listening beyond loopback without `auth.allow_anonymous = true` (and
+/// with no authentication method yet) refuses to start, saying why.
+#[test]
+fn listening_on_all_interfaces_without_allow_anonymous_is_refused() {
+    let stderr = serve_refused(&["--listen", "0.0.0.0:0"]);
+    assert!(stderr.contains("allow_anonymous"), "{stderr}");
+}
+
+/// SIGTERM: an MQTT 5 client gets DISCONNECT 0x8B (Server shutting down)
+/// and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_sends_disconnect_0x8b_and_exits_0() {
+    let mut broker = Broker::two_shards(&[]);
+    let mut client = v5::Client::connect(broker.mqtt_port(), &unique("stay")).await;
+    let status = tokio::task::block_in_place(|| broker.stop_with_sigterm());
+    let err = client.closed_with(WAIT).await;
+    assert_eq!(
+        err.as_ref().and_then(v5::server_disconnect_reason),
+        Some(0x8B),
+        "{err:?}"
+    );
+    assert!(status.success(), "exit status {status:?}");
+}

@@ -1,0 +1,229 @@
+//! Wills: published when a client vanishes (killed, keep-alive timeout,
+//! MQTT 5 DISCONNECT 0x04), not after a normal DISCONNECT; the MQTT 5 Will
+//! Delay Interval holds it back and a reconnect within the delay cancels it.
+
+use std::time::{Duration, Instant};
+
+use rumqttc::v5::mqttbytes::v5::{LastWill, LastWillProperties};
+
+use crate::clients::{unique, v4, v5, WAIT};
+use crate::harness::{mosquitto_pub, Broker, MosquittoSub};
+use crate::raw::{wire, RawClient};
+
+/// mosquitto_sub with a will, killed with SIGKILL (no DISCONNECT): the will
+/// is published [MQTT-3.1.2-8], over both protocol versions.
+#[test]
+fn will_is_published_when_the_client_is_killed() {
+    let broker = Broker::two_shards(&[]);
+    for version in ["mqttv311", "mqttv5"] {
+        let will_topic = unique("will/killed");
+        let mut watcher = MosquittoSub::start(&broker, &["-t", &will_topic, "-q", "1"]);
+        let doomed = MosquittoSub::start(
+            &broker,
+            &[
+                "-V",
+                version,
+                "-t",
+                &unique("idle"),
+                "--will-topic",
+                &will_topic,
+                "--will-payload",
+                "gone",
+                "--will-qos",
+                "1",
+            ],
+        );
+        doomed.kill();
+        assert_eq!(
+            watcher.next_message(WAIT),
+            Some(format!("1 0 {will_topic} gone")),
+            "{version}"
+        );
+    }
+}
+
+/// mosquitto_pub with a will publishes and disconnects normally: its message
+/// arrives and its will does not [MQTT-3.1.2-10] [MQTT-3.14.4-3].
+#[test]
+fn will_is_not_published_after_a_clean_disconnect() {
+    let broker = Broker::two_shards(&[]);
+    for version in ["mqttv311", "mqttv5"] {
+        let t = unique("will/clean");
+        let mut watcher = MosquittoSub::start(&broker, &["-t", &format!("{t}/#"), "-q", "1"]);
+        let (will_topic, msg_topic) = (format!("{t}/will"), format!("{t}/msg"));
+        mosquitto_pub(
+            &broker,
+            &[
+                "-V",
+                version,
+                "-t",
+                &msg_topic,
+                "-q",
+                "1",
+                "-m",
+                "bye",
+                "--will-topic",
+                &will_topic,
+                "--will-payload",
+                "gone",
+            ],
+        );
+        assert_eq!(
+            watcher.next_message(WAIT),
+            Some(format!("1 0 {msg_topic} bye")),
+            "{version}"
+        );
+        assert_eq!(
+            watcher.next_message(Duration::from_millis(500)),
+            None,
+            "{version}: no will"
+        );
+    }
+}
+
+fn delayed_will_options(port: u16, id: &str, topic: &str) -> v5::MqttOptions {
+    let mut o = v5::options(port, id, false);
+    o.set_session_expiry_interval(Some(60));
+    let props = LastWillProperties {
+        delay_interval: Some(2),
+        payload_format_indicator: None,
+        message_expiry_interval: None,
+        content_type: None,
+        response_topic: None,
+        correlation_data: None,
+        user_properties: Vec::new(),
+    };
+    o.set_last_will(LastWill::new(
+        topic,
+        id.to_owned(),
+        v5::QoS::AtLeastOnce,
+        false,
+        Some(props),
+    ));
+    o
+}
+
+/// MQTT 5 wills with Will Delay Interval 2 s: of two killed clients, the one
+/// that reconnects within the delay has no will published [MQTT-3.1.3-9];
+/// the other one's will comes about 2 s after the kill, not before
+/// [MQTT-3.1.2-8].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn will_delay_holds_the_will_back_and_a_reconnect_cancels_it() {
+    let broker = Broker::two_shards(&[]);
+    let port = broker.mqtt_port();
+    let t = unique("will/delay");
+    let mut watcher = v4::Client::connect(port, &unique("watcher")).await;
+    watcher
+        .subscribe(&format!("{t}/#"), v4::QoS::AtLeastOnce)
+        .await;
+    let (returning, leaving) = (unique("returning"), unique("leaving"));
+    let topic_of = |id: &str| format!("{t}/{id}");
+    let (a, _) = v5::Client::connect_with(delayed_will_options(
+        port,
+        &returning,
+        &topic_of(&returning),
+    ))
+    .await;
+    let (b, _) =
+        v5::Client::connect_with(delayed_will_options(port, &leaving, &topic_of(&leaving))).await;
+    a.kill().await;
+    b.kill().await;
+    let killed = Instant::now();
+    let (_a_again, connack) = v5::Client::connect_with(delayed_will_options(
+        port,
+        &returning,
+        &topic_of(&returning),
+    ))
+    .await;
+    assert!(
+        matches!(connack, v5::Packet::ConnAck(ref c) if c.session_present),
+        "{connack:?}"
+    );
+
+    let will = watcher
+        .try_next_publish(Duration::from_secs(5))
+        .await
+        .expect("the leaving client's will");
+    let after = killed.elapsed();
+    assert_eq!(
+        std::str::from_utf8(&will.payload).unwrap(),
+        leaving,
+        "only the client that stayed away"
+    );
+    assert!(
+        after >= Duration::from_millis(1500),
+        "will published {after:?} after the kill, before its 2 s delay"
+    );
+    assert!(
+        after <= Duration::from_millis(4000),
+        "will published {after:?} after the kill"
+    );
+    let rest = Duration::from_millis(3500).saturating_sub(killed.elapsed());
+    watcher
+        .expect_no_publish(rest.max(Duration::from_millis(200)))
+        .await;
+}
+
+/// MQTT 5 DISCONNECT with reason 0x04 (Disconnect with Will Message) is a
+/// clean close that still publishes the will [MQTT-3.14.2-1].
+#[test]
+fn disconnect_with_reason_0x04_publishes_the_will() {
+    let broker = Broker::two_shards(&[]);
+    let will_topic = unique("will/0x04");
+    let mut watcher = MosquittoSub::start(&broker, &["-t", &will_topic, "-q", "1"]);
+    let mut client = RawClient::connect(broker.mqtt);
+    let will = wire::Will {
+        topic: &will_topic,
+        payload: b"asked for",
+        delay_secs: None,
+    };
+    let id = unique("c");
+    let connect = wire::Connect {
+        will: Some(will),
+        ..wire::Connect::v5(&id)
+    };
+    assert_eq!(client.handshake(&connect.encode()).1, 0);
+    client.send(&wire::disconnect_v5(0x04));
+    client.packets_until_closed(WAIT);
+    assert_eq!(
+        watcher.next_message(WAIT),
+        Some(format!("0 0 {will_topic} asked for"))
+    );
+}
+
+/// A 3.1.1 client with Keep Alive 1 s that sends nothing after CONNECT is
+/// disconnected after 1.5 s [MQTT-3.1.2-22] and its will is published.
+#[test]
+fn keep_alive_timeout_closes_the_connection_and_publishes_the_will() {
+    let broker = Broker::two_shards(&[]);
+    let will_topic = unique("will/keepalive");
+    let mut watcher = MosquittoSub::start(&broker, &["-t", &will_topic, "-q", "1"]);
+    let mut client = RawClient::connect(broker.mqtt);
+    let will = wire::Will {
+        topic: &will_topic,
+        payload: b"silent",
+        delay_secs: None,
+    };
+    let id = unique("quiet");
+    let connect = wire::Connect {
+        keep_alive: 1,
+        will: Some(will),
+        ..wire::Connect::v311(&id)
+    };
+    assert_eq!(client.handshake(&connect.encode()), (0, 0));
+    let connacked = Instant::now();
+    let seen = client.packets_until_closed(Duration::from_secs(4));
+    let after = connacked.elapsed();
+    assert!(
+        seen.is_empty(),
+        "3.1.1 gets no packet before the close: {seen:02x?}"
+    );
+    assert!(
+        (Duration::from_millis(1400)..=Duration::from_millis(2500)).contains(&after),
+        "closed {after:?} after CONNACK, expected about 1.5 s"
+    );
+    assert_eq!(
+        watcher.next_message(WAIT),
+        Some(format!("0 0 {will_topic} silent"))
+    );
+}
