@@ -46,3 +46,7 @@ mod scale;
 /// Admin HTTP, settings refused at start, SIGTERM.
 #[path = "e2e/operations.rs"]
 mod operations;
+
+/// Flow control towards subscribers: queued QoS 1 messages and PUBACKs.
+#[path = "e2e/flow.rs"]
+mod flow;

@@ -148,6 +148,34 @@ pub enum Output {
     },
 }
 
+/// What a client may do: the broker's access control, asked by the session
+/// on PUBLISH, SUBSCRIBE and each delivery (DESIGN.md §9). Topics and
+/// filters are as the client sees them (without workspace prefix).
+pub trait Authorize {
+    /// May the client publish to `topic`?
+    fn may_publish(&self, topic: &str) -> bool;
+    /// May the client subscribe to `filter`?
+    fn may_subscribe(&self, filter: &str) -> bool;
+    /// May the client receive a message on `topic`?
+    fn may_receive(&self, topic: &str) -> bool;
+}
+
+/// How long a delivery decision of [`Authorize::may_receive`] is reused
+/// per topic (`auth.acl_cache_ttl`), and how many topics are remembered.
+#[derive(Debug, Clone, Copy)]
+pub struct AuthorizeCache {
+    /// Reuse a decision this long (default 60 s).
+    pub ttl: std::time::Duration,
+    /// Remember at most this many topics per session (default 1024).
+    pub max_topics: usize,
+}
+
+impl Default for AuthorizeCache {
+    fn default() -> Self {
+        AuthorizeCache { ttl: std::time::Duration::from_secs(60), max_topics: 1024 }
+    }
+}
+
 /// Limits a session enforces (DESIGN.md §9).
 #[derive(Debug, Clone)]
 pub struct SessionLimits {
@@ -192,6 +220,9 @@ pub struct DropCounts {
     /// Dropped because the message exceeds the client's Maximum Packet Size
     /// `[MQTT-3.1.2-25]`.
     pub too_large: u64,
+    /// Dropped because the access control refused it (publish at QoS 0, or
+    /// delivery).
+    pub not_authorized: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,7 +243,6 @@ struct Inflight {
 }
 
 /// The server-side state of one MQTT session.
-#[derive(Debug)]
 pub struct Session {
     client_id: ByteString,
     protocol: ProtocolVersion,
@@ -235,6 +265,49 @@ pub struct Session {
     /// Topic aliases we set towards the client on this connection.
     outbound_aliases: HashMap<ByteString, u16>,
     client_topic_alias_maximum: u16,
+    authorizer: Option<Arc<dyn Authorize>>,
+    authorize_cache: AuthorizeCache,
+    receive_decisions: HashMap<ByteString, (bool, Instant)>,
+    /// Prefix of every topic inside the broker for this client's workspace
+    /// (empty for the default workspace). It starts with U+0000, which no
+    /// client can send, so no topic or filter of one workspace can name
+    /// another's (DESIGN.md §9).
+    namespace: ByteString,
+}
+
+/// The topic prefix of workspace `workspace`: empty for `"default"`, else
+/// U+0000, the name and `/`.
+pub fn workspace_namespace(workspace: &str) -> ByteString {
+    if workspace.is_empty() || workspace == "default" {
+        ByteString::new()
+    } else {
+        ByteString::from(format!("\u{0}{workspace}/"))
+    }
+}
+
+/// `filter` as the broker keeps it for a client whose workspace prefix is
+/// `namespace`; a shared filter keeps its `$share/{group}/` in front.
+pub fn internal_filter(namespace: &str, filter: &ByteString) -> ByteString {
+    if namespace.is_empty() {
+        return filter.clone();
+    }
+    match parse_shared(filter) {
+        Some((group, inner)) => ByteString::from(format!("$share/{group}/{namespace}{inner}")),
+        None => ByteString::from(format!("{namespace}{filter}")),
+    }
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("client_id", &self.client_id)
+            .field("protocol", &self.protocol)
+            .field("online", &self.online)
+            .field("subscriptions", &self.subscriptions.len())
+            .field("inflight", &self.inflight.len())
+            .field("queued", &self.queue.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Session {
@@ -260,7 +333,48 @@ impl Session {
             inbound_aliases: HashMap::new(),
             outbound_aliases: HashMap::new(),
             client_topic_alias_maximum: negotiated.client_topic_alias_maximum,
+            authorizer: None,
+            authorize_cache: AuthorizeCache::default(),
+            receive_decisions: HashMap::new(),
+            namespace: ByteString::new(),
         }
+    }
+
+    /// Check PUBLISH, SUBSCRIBE and deliveries with `authorizer` from now
+    /// on (none: everything allowed).
+    pub fn set_authorizer(&mut self, authorizer: Option<Arc<dyn Authorize>>, cache: AuthorizeCache) {
+        self.authorizer = authorizer;
+        self.authorize_cache = cache;
+        self.receive_decisions.clear();
+    }
+
+    /// Keep this session's topics inside workspace prefix `namespace`
+    /// ([`workspace_namespace`]). Set once, before the first packet.
+    pub fn set_namespace(&mut self, namespace: ByteString) {
+        self.namespace = namespace;
+    }
+
+    /// The workspace prefix of this session's topics.
+    pub fn namespace(&self) -> &ByteString {
+        &self.namespace
+    }
+
+    /// May this client receive a message on the internal `topic`? Asks the
+    /// authorizer at most once per `ttl` per topic.
+    fn may_receive(&mut self, topic: &ByteString, now: Instant) -> bool {
+        let Some(authorizer) = &self.authorizer else { return true };
+        if let Some((allowed, at)) = self.receive_decisions.get(topic) {
+            if now.saturating_duration_since(*at) < self.authorize_cache.ttl {
+                return *allowed;
+            }
+        }
+        let visible = topic.strip_prefix(&*self.namespace).unwrap_or(topic);
+        let allowed = authorizer.may_receive(visible);
+        if self.receive_decisions.len() >= self.authorize_cache.max_topics {
+            self.receive_decisions.clear();
+        }
+        self.receive_decisions.insert(topic.clone(), (allowed, now));
+        allowed
     }
 
     /// The client identifier.
@@ -374,6 +488,10 @@ impl Session {
     pub fn deliver(&mut self, delivery: Delivery, now: Instant, out: &mut Vec<Output>) {
         if delivery.message.expiry_left(now) == Some(0) {
             self.drops.expired += 1;
+            return;
+        }
+        if !self.may_receive(&delivery.message.topic, now) {
+            self.drops.not_authorized += 1;
             return;
         }
         if delivery.qos == QoS::AtMostOnce {
@@ -619,16 +737,30 @@ impl Session {
         }
         let format_invalid = publish.properties.payload_format_indicator == Some(1)
             && std::str::from_utf8(&publish.payload).is_err();
-        let ack_reason = if v5 && format_invalid { ReasonCode::PAYLOAD_FORMAT_INVALID } else { ReasonCode::SUCCESS };
+        let denied = self.authorizer.as_ref().is_some_and(|a| !a.may_publish(&publish.topic));
+        // Refused publishes get a reason code on MQTT 5; 3.1.1 has none, so
+        // the message is acknowledged and dropped, as Mosquitto does.
+        let ack_reason = match (v5, denied, format_invalid) {
+            (true, true, _) => ReasonCode::NOT_AUTHORIZED,
+            (true, false, true) => ReasonCode::PAYLOAD_FORMAT_INVALID,
+            _ => ReasonCode::SUCCESS,
+        };
+        let forward = !denied && !(v5 && format_invalid);
+        if denied {
+            self.drops.not_authorized += 1;
+        }
+        if !self.namespace.is_empty() {
+            publish.topic = ByteString::from(format!("{}{}", self.namespace, publish.topic));
+        }
         match publish.qos {
             QoS::AtMostOnce => {
-                if !format_invalid || !v5 {
+                if forward {
                     out.push(Output::Publish(into_message(publish, now)));
                 }
             }
             QoS::AtLeastOnce => {
                 let packet_id = publish.packet_id.expect("decoder guarantees a packet id at QoS 1");
-                if !ack_reason.is_error() {
+                if forward {
                     out.push(Output::Publish(into_message(publish, now)));
                 }
                 out.push(Output::Send(Packet::PubAck(PubResponse {
@@ -650,7 +782,9 @@ impl Session {
                             return;
                         }
                         self.inbound_qos2.insert(pid);
-                        out.push(Output::Publish(into_message(publish, now)));
+                        if forward {
+                            out.push(Output::Publish(into_message(publish, now)));
+                        }
                     }
                 }
                 // A resent PUBLISH with a packet id we hold is not forwarded
@@ -676,11 +810,14 @@ impl Session {
                 // No Local on a shared subscription `[MQTT-3.8.3-4]`.
                 self.protocol_error(out);
                 return;
-            } else if !self.subscriptions.contains_key(&filter)
+            } else if self.authorizer.as_ref().is_some_and(|a| !a.may_subscribe(&filter)) {
+                if v5 { ReasonCode::NOT_AUTHORIZED } else { ReasonCode::UNSPECIFIED_ERROR }
+            } else if !self.subscriptions.contains_key(&internal_filter(&self.namespace, &filter))
                 && self.subscriptions.len() >= self.limits.max_subscriptions
             {
                 if v5 { ReasonCode::QUOTA_EXCEEDED } else { ReasonCode::UNSPECIFIED_ERROR }
             } else {
+                let filter = internal_filter(&self.namespace, &filter);
                 let subscription = Subscription { options, identifier };
                 let existed = self.subscriptions.insert(filter.clone(), subscription).is_some();
                 changes.push(Output::Subscribed { filter, subscription, existed });
@@ -701,6 +838,7 @@ impl Session {
         let mut reasons = Vec::with_capacity(if v5 { unsubscribe.filters.len() } else { 0 });
         let mut changes = Vec::with_capacity(unsubscribe.filters.len());
         for filter in unsubscribe.filters {
+            let filter = internal_filter(&self.namespace, &filter);
             let existed = self.subscriptions.remove(&filter).is_some();
             if v5 {
                 reasons.push(if existed { ReasonCode::SUCCESS } else { ReasonCode::NO_SUBSCRIPTION_EXISTED });

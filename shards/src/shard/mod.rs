@@ -492,6 +492,7 @@ impl Shard {
             self.metrics.messages_in.inc();
         }
         let mut close = None;
+        let mut deliveries = Vec::new();
         for output in outputs.drain(..) {
             match output {
                 Output::Send(packet) => conn.send(&packet),
@@ -517,11 +518,15 @@ impl Shard {
                     close = Some(CloseRequest { publish_will });
                     break;
                 }
-                Output::Deliver { .. } => unreachable!("sessions deliver only from deliver() and resume()"),
+                // An acknowledgement freed room for queued messages.
+                deliver @ Output::Deliver { .. } => deliveries.push(deliver),
             }
         }
         outputs.clear();
         st.outputs = outputs;
+        if !deliveries.is_empty() {
+            self.write_deliveries(st, slot, &mut deliveries, now, false);
+        }
         close
     }
 
