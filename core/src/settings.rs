@@ -308,6 +308,10 @@ pub struct Limits {
     /// set towards the broker (MQTT 5 §3.3.2.3.4). Default 64, range
     /// 0..=65535; 0 disables inbound topic aliases.
     pub topic_alias_maximum: u16,
+    /// Whether connection source addresses identify clients (no proxy or
+    /// NAT in front): only then is `max_connections_per_source` enforced.
+    /// Default false.
+    pub trust_client_addresses: bool,
 }
 
 impl Default for Limits {
@@ -335,6 +339,7 @@ impl Default for Limits {
             max_offline_sessions: 100_000,
             max_packet_size: MIB,
             topic_alias_maximum: 64,
+            trust_client_addresses: false,
         }
     }
 }

@@ -1,37 +1,56 @@
-//! A client connection: accept, CONNECT, hand-off to the owner shard, then
-//! a reader (this task) and a writer task sharing the shard's
-//! [`ConnShared`].
+//! A client connection: accept, limits, TLS/WebSocket handshakes, CONNECT,
+//! sign-in, hand-off to the owner shard, then a reader (this task) and a
+//! writer task sharing the shard's [`ConnShared`].
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use fleetmq_core::packet::codec::{decode, encode, DecodeError};
 use fleetmq_core::packet::{ConnAck, Connect, Packet, ProtocolVersion, ReasonCode};
-use fleetmq_core::session::{negotiate, ConnectLimits, Negotiated, Refusal};
+use fleetmq_core::session::{negotiate, AuthorizeCache, ConnectLimits, Negotiated, Refusal};
 use futures_lite::future::or;
 use futures_lite::io::{split, AsyncWriteExt, WriteHalf};
-use glommio::net::TcpStream;
+use glommio::net::{TcpStream, UnixStream};
 use glommio::timer::sleep;
 use tracing::debug;
 
-use crate::shard::{owner_of, ConnShared, Handoff, Shard, ShardMsg};
+use crate::access::AclAuthorizer;
+use crate::auth::{AuthError, Authenticator, Credentials, Identity};
+use crate::limits::{Gate, Slot as LimitSlot};
+use crate::shard::{owner_of, ConnShared, Handoff, HandoffStream, Shard, ShardMsg};
+use crate::tls::TlsConfig;
+use crate::transport::{self, bridge, ListenerKind, Transport};
 
-/// Settings a connection needs, derived once from the settings.
+/// What connections need from the settings, derived once.
 #[derive(Clone)]
 pub(crate) struct ConnSettings {
     pub(crate) connect: ConnectLimits,
     pub(crate) max_connect_packet_bytes: usize,
     pub(crate) connect_timeout: Duration,
     pub(crate) max_clients: usize,
+    pub(crate) auth: Arc<Authenticator>,
+    pub(crate) tls: Option<Arc<TlsConfig>>,
+    pub(crate) gate: Arc<Gate>,
+    pub(crate) acl_cache: AuthorizeCache,
 }
 
-/// Above this capacity, an emptied read buffer is released rather than
-/// kept, so a connection that once received a burst goes back to costing
-/// nothing while idle.
-const READ_BUFFER_KEEP: usize = 16 * 1024;
+/// A signed-in client: who it is and the limit slots it holds until it
+/// disconnects.
+pub(crate) struct Admission {
+    pub(crate) identity: Identity,
+    /// Held, not read: dropping them gives the limit slots back.
+    #[allow(dead_code)]
+    pub(crate) slots: Vec<LimitSlot>,
+}
+
+/// Above this capacity, an emptied buffer is released rather than kept, so
+/// a connection that once received a burst costs nothing while idle.
+const BUFFER_KEEP: usize = 16 * 1024;
 
 /// How long a closing connection may take to flush what is queued for it.
 const CLOSE_FLUSH: Duration = Duration::from_secs(2);
@@ -39,23 +58,18 @@ const CLOSE_FLUSH: Duration = Duration::from_secs(2);
 enum ReadOutcome {
     Data(usize),
     Closed,
-    TimedOut,
-    Error,
 }
 
-/// Read what the socket has into `buf`, through the shard's scratch buffer.
+/// Read what the stream has into `buf`, through the shard's scratch buffer.
 ///
 /// glommio's non-buffered `poll_read` copies from the socket synchronously
 /// (a non-blocking `recv`) or, when nothing is there, waits for readiness
-/// without holding the caller's buffer. So one scratch buffer per shard
-/// serves every connection, borrowed only inside each poll, and a waiting
-/// connection holds no read buffer at all: only the bytes of an incomplete
-/// packet stay with it (DESIGN.md §3: idle connections cost ≤ 1 KiB).
-async fn read_some<R: futures_lite::AsyncRead + Unpin>(
-    reader: &mut R,
-    buf: &mut BytesMut,
-    scratch: &std::cell::RefCell<Vec<u8>>,
-) -> ReadOutcome {
+/// without holding the caller's buffer; TLS and WebSocket streams copy out
+/// of their own buffers. So one scratch buffer per shard serves every
+/// connection, borrowed only inside each poll, and a waiting connection
+/// holds no read buffer: only the bytes of an incomplete packet stay with
+/// it (DESIGN.md §3: idle connections should cost ≤ 1 KiB).
+async fn read_some<R: futures_lite::AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut, scratch: &std::cell::RefCell<Vec<u8>>) -> ReadOutcome {
     let result = std::future::poll_fn(|cx| {
         let mut scratch = scratch.borrow_mut();
         match std::pin::Pin::new(&mut *reader).poll_read(cx, &mut scratch[..]) {
@@ -68,133 +82,246 @@ async fn read_some<R: futures_lite::AsyncRead + Unpin>(
     })
     .await;
     match result {
-        Ok(0) => ReadOutcome::Closed,
-        Ok(n) => ReadOutcome::Data(n),
-        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => ReadOutcome::TimedOut,
-        Err(_) => ReadOutcome::Error,
+        Ok(n) if n > 0 => ReadOutcome::Data(n),
+        _ => ReadOutcome::Closed,
     }
 }
 
-/// Serve a freshly accepted socket: read its CONNECT within the connect
-/// timeout, negotiate, then serve it here or hand it to the owner shard.
-pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, mut stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
+/// Why a connection ended before its CONNECT was accepted.
+enum Early {
+    Handshake(String),
+    Decode(DecodeError),
+    NotConnect,
+    Closed,
+}
+
+async fn open_and_read_connect(
+    shard: &Shard,
+    settings: &ConnSettings,
+    kind: ListenerKind,
+    stream: TcpStream,
+) -> Result<(Transport, Option<String>, Box<Connect>, BytesMut), (Option<Transport>, Early)> {
+    let (mut transport, tls_identity) =
+        transport::open(kind, stream, settings.tls.as_deref()).await.map_err(|e| (None, Early::Handshake(e)))?;
     let mut buf = BytesMut::new();
-    let max = settings.max_connect_packet_bytes;
-    let deadline = sleep(settings.connect_timeout);
-    let read_connect = async {
-        loop {
-            match decode(&mut buf, None, max) {
-                Ok(Some(Packet::Connect(connect))) => return Ok(connect),
-                Ok(Some(_)) => return Err(None),
-                Ok(None) => {}
-                Err(e) => return Err(Some(e)),
-            }
-            match read_some(&mut stream, &mut buf, &shard.scratch).await {
-                ReadOutcome::Data(n) => {
-                    shard.metrics.bytes_in.inc_by(n as u64);
-                }
-                _ => return Err(None),
-            }
+    loop {
+        match decode(&mut buf, None, settings.max_connect_packet_bytes) {
+            Ok(Some(Packet::Connect(connect))) => return Ok((transport, tls_identity, connect, buf)),
+            Ok(Some(_)) => return Err((Some(transport), Early::NotConnect)),
+            Ok(None) => {}
+            Err(e) => return Err((Some(transport), Early::Decode(e))),
         }
+        match read_some(&mut transport, &mut buf, &shard.scratch).await {
+            ReadOutcome::Data(n) => {
+                shard.metrics.bytes_in.inc_by(n as u64);
+            }
+            ReadOutcome::Closed => return Err((Some(transport), Early::Closed)),
+        }
+    }
+}
+
+fn refused(shard: &Shard, settings: &ConnSettings, reason: &'static str) {
+    shard.metrics.connect_refused(reason);
+    settings.gate.log_refusal(reason);
+}
+
+/// Serve a freshly accepted socket of a `kind` listener: limits, the TLS /
+/// WebSocket handshake and a complete CONNECT within `connect_timeout`,
+/// sign-in, then serve it here or hand it to the shard that owns its client
+/// identifier.
+pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, stream: TcpStream, kind: ListenerKind) {
+    let _ = stream.set_nodelay(true);
+    let peer = stream.peer_addr().map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    // Limits that hold before anything is read (DESIGN.md §9).
+    let Some(pending) = settings.gate.pending() else {
+        return refused(&shard, &settings, "max_pending_connections");
     };
-    let connect = match or(read_connect, async {
-        deadline.await;
-        Err(None)
+    let Ok(source_slot) = settings.gate.source(peer) else {
+        return refused(&shard, &settings, "max_connections_per_source");
+    };
+    let opened = or(async { Some(open_and_read_connect(&shard, &settings, kind, stream).await) }, async {
+        sleep(settings.connect_timeout).await;
+        None
     })
-    .await
-    {
-        Ok(connect) => connect,
-        Err(Some(DecodeError::UnsupportedProtocolVersion(level))) => {
+    .await;
+    let (mut transport, tls_identity, connect, buf) = match opened {
+        Some(Ok(opened)) => opened,
+        Some(Err((Some(mut transport), Early::Decode(DecodeError::UnsupportedProtocolVersion(level))))) => {
             // [MQTT-3.1.2-2]: CONNACK return code 1 (0x84), then close.
             debug!(target: "broker", level, "unsupported protocol level");
-            let mut out = BytesMut::new();
-            let _ = encode(
-                &Packet::ConnAck(ConnAck { reason: ReasonCode::UNSUPPORTED_PROTOCOL_VERSION, ..ConnAck::default() }),
-                ProtocolVersion::V3_1_1,
-                &mut out,
-            );
-            let _ = stream.write_all(&out).await;
-            shard.metrics.connect_refused("unsupported_protocol_version");
-            return;
+            let connack = ConnAck { reason: ReasonCode::UNSUPPORTED_PROTOCOL_VERSION, ..ConnAck::default() };
+            write_packet(&shard, &mut transport, &Packet::ConnAck(connack), ProtocolVersion::V3_1_1).await;
+            return refused(&shard, &settings, "unsupported_protocol_version");
         }
-        Err(e) => {
-            // Malformed CONNECT, another packet first [MQTT-3.1.0-1],
-            // timeout or EOF: close without CONNACK.
-            debug!(target: "broker", error = ?e, "connection closed before CONNECT completed");
-            shard.metrics.connect_refused(if e.is_some() { "malformed_connect" } else { "no_connect" });
-            return;
+        Some(Err((_, early))) => {
+            // A failed handshake, a malformed CONNECT, another packet first
+            // [MQTT-3.1.0-1], or EOF: close without CONNACK.
+            let reason = match early {
+                Early::Handshake(e) => {
+                    debug!(target: "broker", error = %e, "handshake failed");
+                    "handshake_failed"
+                }
+                Early::Decode(_) | Early::NotConnect => "malformed_connect",
+                Early::Closed => "closed_before_connect",
+            };
+            return refused(&shard, &settings, reason);
+        }
+        None => return refused(&shard, &settings, "connect_timeout"),
+    };
+    let refuse_with = |reason: ReasonCode, detail: &'static str| Refusal { reason, detail };
+    if shard.global.connected.load(Ordering::Relaxed) >= settings.max_clients {
+        refuse(&shard, &mut transport, &connect, refuse_with(ReasonCode::SERVER_BUSY, "too many clients")).await;
+        return refused(&shard, &settings, "max_clients");
+    }
+    let identity = match sign_in(&settings, &connect, peer, tls_identity).await {
+        Ok(identity) => identity,
+        Err((reason, why)) => {
+            refuse(&shard, &mut transport, &connect, refuse_with(reason, why)).await;
+            return refused(&shard, &settings, why);
         }
     };
-    if shard.global.connected.load(Ordering::Relaxed) >= settings.max_clients {
-        refuse(&shard, &mut stream, &connect, Refusal { reason: ReasonCode::SERVER_BUSY, detail: "too many clients" }).await;
-        shard.metrics.connect_refused("max_clients");
-        return;
+    let mut slots: Vec<LimitSlot> = source_slot.into_iter().collect();
+    if let Some(user) = &identity.username {
+        match settings.gate.credential(user) {
+            Some(slot) => slots.push(slot),
+            None => {
+                let refusal = refuse_with(ReasonCode::QUOTA_EXCEEDED, "too many connections for this user");
+                refuse(&shard, &mut transport, &connect, refusal).await;
+                return refused(&shard, &settings, "max_connections_per_credential");
+            }
+        }
     }
     let negotiated = match negotiate(&connect, &settings.connect, || shard.assign_client_id()) {
         Ok(n) => n,
         Err(refusal) => {
-            shard.metrics.connect_refused("refused");
-            refuse(&shard, &mut stream, &connect, refusal).await;
-            return;
+            refuse(&shard, &mut transport, &connect, refusal).await;
+            return refused(&shard, &settings, "connect_refused");
         }
     };
+    drop(pending);
+    let admission = Admission { identity, slots };
     let owner = owner_of(&negotiated.client_id, shard.shards);
-    if owner != shard.id {
-        // Hand the socket to the shard that owns the client identifier.
-        // SAFETY: dup returns a new descriptor we own (or -1, checked);
-        // dropping `stream` then closes only the original one.
-        let fd = unsafe { libc::dup(stream.as_raw_fd()) };
-        if fd < 0 {
-            return;
-        }
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        drop(stream);
-        let handoff = Handoff { fd, unread: buf.freeze(), connect, negotiated };
-        shard.send_to(owner, ShardMsg::Handoff(Box::new(handoff))).await;
-        return;
+    if owner == shard.id {
+        return serve(shard, settings, transport, connect, negotiated, admission, buf.freeze()).await;
     }
-    serve(shard, settings, stream, connect, negotiated, buf.freeze()).await;
+    // Hand the connection to the shard that owns the client identifier: a
+    // TCP socket itself; a TLS or WebSocket connection through a local
+    // socket pair whose other end stays here, bridged to the client.
+    let stream = match transport {
+        Transport::Tcp(stream) => dup(&stream).map(HandoffStream::Tcp),
+        outer => match std::os::unix::net::UnixStream::pair() {
+            Ok((near, far)) => {
+                // SAFETY: into_raw_fd hands over a descriptor only we own.
+                let near = unsafe { UnixStream::from_raw_fd(near.into_raw_fd()) };
+                glommio::spawn_local(bridge(outer, near)).detach();
+                Some(HandoffStream::Unix(OwnedFd::from(far)))
+            }
+            Err(_) => None,
+        },
+    };
+    let Some(stream) = stream else { return };
+    let handoff = Handoff { stream, unread: buf.freeze(), connect, negotiated, admission };
+    shard.send_to(owner, ShardMsg::Handoff(Box::new(handoff))).await;
+}
+
+/// A new descriptor for the socket behind `stream`; dropping `stream`
+/// then closes only its own.
+fn dup<S: AsRawFd>(stream: &S) -> Option<OwnedFd> {
+    // SAFETY: dup returns a fresh descriptor (checked for -1) that only the
+    // OwnedFd owns.
+    let fd = unsafe { libc::dup(stream.as_raw_fd()) };
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Check the CONNECT's credentials (DESIGN.md §9) off the shard thread:
+/// argon2 takes milliseconds, which would stall every connection here.
+async fn sign_in(settings: &ConnSettings, connect: &Connect, peer: IpAddr, tls_identity: Option<String>) -> Result<Identity, (ReasonCode, &'static str)> {
+    let Some(_checking) = settings.gate.authenticating() else {
+        return Err((ReasonCode::SERVER_BUSY, "max_connects_authenticating"));
+    };
+    let auth = settings.auth.clone();
+    let username = connect.username.as_ref().map(|u| u.to_string());
+    let password = connect.password.clone();
+    let client_id = connect.client_id.to_string();
+    let check = move || {
+        let creds = Credentials {
+            username: username.as_deref(),
+            password: password.as_deref(),
+            client_id: &client_id,
+            peer,
+            tls_identity: tls_identity.as_deref(),
+        };
+        auth.authenticate(&creds, SystemTime::now())
+    };
+    let result = if connect.password.is_none() && connect.username.is_none() {
+        check()
+    } else {
+        glommio::executor().spawn_blocking(check).await
+    };
+    result.map_err(|e| match e {
+        AuthError::BadCredentials => (ReasonCode::BAD_USER_NAME_OR_PASSWORD, "bad_credentials"),
+        AuthError::Throttled => (ReasonCode::NOT_AUTHORIZED, "auth_throttled"),
+        _ => (ReasonCode::NOT_AUTHORIZED, "not_authorized"),
+    })
 }
 
 /// Take a connection handed over by another shard.
 pub(crate) async fn handed_over(shard: Rc<Shard>, settings: Rc<ConnSettings>, handoff: Handoff) {
     // SAFETY: the descriptor came from `dup` on the accepting shard and is
     // owned by the hand-off alone.
-    let stream = unsafe { TcpStream::from_raw_fd(handoff.fd.into_raw_fd()) };
-    serve(shard, settings, stream, handoff.connect, handoff.negotiated, handoff.unread).await;
+    let transport = unsafe {
+        match handoff.stream {
+            HandoffStream::Tcp(fd) => Transport::Tcp(TcpStream::from_raw_fd(fd.into_raw_fd())),
+            HandoffStream::Unix(fd) => Transport::Unix(UnixStream::from_raw_fd(fd.into_raw_fd())),
+        }
+    };
+    serve(shard, settings, transport, handoff.connect, handoff.negotiated, handoff.admission, handoff.unread).await;
 }
 
-async fn refuse(shard: &Shard, stream: &mut TcpStream, connect: &Connect, refusal: Refusal) {
-    debug!(target: "broker", reason = ?refusal.reason, detail = refusal.detail, "CONNECT refused");
+async fn write_packet(shard: &Shard, transport: &mut Transport, packet: &Packet, protocol: ProtocolVersion) {
     let mut out = BytesMut::new();
-    let _ = encode(&Packet::ConnAck(refusal.connack(connect.protocol)), connect.protocol, &mut out);
+    let _ = encode(packet, protocol, &mut out);
     shard.metrics.bytes_out.inc_by(out.len() as u64);
-    let _ = stream.write_all(&out).await;
+    let _ = transport.write_all(&out).await;
+    let _ = transport.flush().await;
+}
+
+async fn refuse(shard: &Shard, transport: &mut Transport, connect: &Connect, refusal: Refusal) {
+    debug!(target: "broker", reason = ?refusal.reason, detail = refusal.detail, "CONNECT refused");
+    write_packet(shard, transport, &Packet::ConnAck(refusal.connack(connect.protocol)), connect.protocol).await;
 }
 
 async fn serve(
     shard: Rc<Shard>,
     settings: Rc<ConnSettings>,
-    stream: TcpStream,
+    mut transport: Transport,
     connect: Box<Connect>,
     negotiated: Negotiated,
+    admission: Admission,
     unread: Bytes,
 ) {
     let protocol = connect.protocol;
     let key = shard.global.next_conn_key.fetch_add(1, Ordering::Relaxed);
-    let conn = Rc::new(ConnShared::new(key, protocol));
-    if negotiated.keep_alive > 0 {
-        // [MQTT-3.1.2-22]: one and a half times the Keep Alive.
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(u64::from(negotiated.keep_alive) * 1500)));
-    }
-    let slot = shard.attach(&connect, &negotiated, &conn, Instant::now());
+    let now = Instant::now();
+    let expires_at = admission
+        .identity
+        .expires_at
+        .map(|at| now + at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO));
+    let conn = Rc::new(ConnShared::new(key, protocol, negotiated.keep_alive, expires_at, now));
+    let authorizer = AclAuthorizer::for_client(&settings.auth, &admission.identity, &negotiated.client_id);
+    let slot = match shard.attach(&connect, &negotiated, &admission.identity, authorizer, settings.acl_cache, &conn, now) {
+        Ok(slot) => slot,
+        Err(refusal) => {
+            refuse(&shard, &mut transport, &connect, refusal).await;
+            return refused(&shard, &settings, "client_id_in_use");
+        }
+    };
     drop(connect);
     shard.live_connections.set(shard.live_connections.get() + 1);
     shard.metrics.clients_connected.inc();
     shard.flush().await;
 
-    let (mut reader, writer) = split(stream);
+    let (mut reader, writer) = split(transport);
     let writer_task = glommio::spawn_local(write_loop(shard.clone(), conn.clone(), writer));
     let mut buf = BytesMut::from(&unread[..]);
     drop(unread);
@@ -224,7 +351,7 @@ async fn serve(
         if let Some(close) = conn.close.get() {
             break close.publish_will;
         }
-        if buf.is_empty() && buf.capacity() > READ_BUFFER_KEEP {
+        if buf.is_empty() && buf.capacity() > BUFFER_KEEP {
             buf = BytesMut::new();
         }
         let read = or(async { Some(read_some(&mut reader, &mut buf, &shard.scratch).await) }, async {
@@ -235,13 +362,9 @@ async fn serve(
         match read {
             Some(ReadOutcome::Data(n)) => {
                 shard.metrics.bytes_in.inc_by(n as u64);
+                conn.last_read.set(Instant::now());
             }
-            Some(ReadOutcome::TimedOut) => {
-                debug!(target: "broker", "keep alive timeout");
-                conn.request_close(Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true);
-                break true;
-            }
-            Some(ReadOutcome::Closed) | Some(ReadOutcome::Error) => {
+            Some(ReadOutcome::Closed) => {
                 // Closed without DISCONNECT: the will is published
                 // `[MQTT-3.1.2-8]`.
                 conn.request_close(None, true);
@@ -261,25 +384,41 @@ async fn serve(
         None
     })
     .await;
+    drop(admission);
     shard.live_connections.set(shard.live_connections.get() - 1);
     shard.metrics.clients_connected.dec();
 }
 
 /// Write what the shard queued for the connection, one write per wake-up.
-async fn write_loop(shard: Rc<Shard>, conn: Rc<ConnShared>, mut writer: WriteHalf<TcpStream>) {
+/// It also keeps the connection's clocks: no packet for 1.5 × Keep Alive
+/// closes it (`[MQTT-3.1.2-22]`, DISCONNECT 0x8D), and so does a
+/// credential that expires (a JWT's `exp`: DISCONNECT 0xA0).
+async fn write_loop(shard: Rc<Shard>, conn: Rc<ConnShared>, mut writer: WriteHalf<Transport>) {
     loop {
-        conn.write_signal.wait().await;
+        match conn.next_deadline() {
+            Some(at) => {
+                let woken = or(async { Some(conn.write_signal.wait().await) }, async {
+                    sleep(at.saturating_duration_since(Instant::now())).await;
+                    None
+                })
+                .await;
+                if woken.is_none() {
+                    conn.check_deadlines(Instant::now());
+                }
+            }
+            None => conn.write_signal.wait().await,
+        }
         let chunk = {
             let mut out = conn.out.borrow_mut();
             let chunk = out.split();
-            if out.capacity() > READ_BUFFER_KEEP {
+            if out.capacity() > BUFFER_KEEP {
                 *out = BytesMut::new();
             }
             chunk
         };
         conn.pending.set(0);
         if !chunk.is_empty() {
-            if writer.write_all(&chunk).await.is_err() {
+            if writer.write_all(&chunk).await.is_err() || writer.flush().await.is_err() {
                 conn.request_close(None, true);
                 break;
             }

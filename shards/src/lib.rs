@@ -5,15 +5,18 @@
 //! its own copy of the route table. [`server::run`] starts the shards and
 //! the admin HTTP thread and returns when [`shutdown::Shutdown`] fires.
 
+mod access;
 pub mod admin;
 pub mod auth;
 pub mod config;
 mod connection;
+mod limits;
 pub mod metrics;
 mod outbound;
 pub mod server;
 mod shard;
 pub mod shutdown;
 mod signal;
+mod transport;
 pub mod tls;
 pub mod ws;

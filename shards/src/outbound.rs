@@ -55,28 +55,31 @@ impl FrameCache {
 /// The frame for `delivery` sent over `protocol`, from `cache` when one is
 /// given and holds it. `alias` is the Topic Alias to send, and whether the
 /// topic goes with it (MQTT 5 §3.3.2.3.4); a frame with an alias is never
-/// cached.
+/// cached. The first `strip` bytes of the topic (the subscriber's workspace
+/// prefix) are not sent; one message only reaches one workspace, so the
+/// cache holds frames of one `strip`.
 pub(crate) fn frame_for(
     delivery: &Delivery,
     protocol: ProtocolVersion,
     now: Instant,
     alias: Option<(u16, bool)>,
+    strip: usize,
     cache: Option<&mut FrameCache>,
 ) -> Frame {
     if alias.is_some() {
-        return encode_frame(delivery, protocol, now, alias);
+        return encode_frame(delivery, protocol, now, alias, strip);
     }
     let cacheable = delivery.subscription_ids.is_empty();
     let slot = usize::from(protocol.is_v5()) * 6 + (delivery.qos as usize) * 2 + usize::from(delivery.retain);
     match cache {
         Some(cache) if cacheable => {
-            cache.frames[slot].get_or_insert_with(|| encode_frame(delivery, protocol, now, None)).clone()
+            cache.frames[slot].get_or_insert_with(|| encode_frame(delivery, protocol, now, None, strip)).clone()
         }
-        _ => encode_frame(delivery, protocol, now, None),
+        _ => encode_frame(delivery, protocol, now, None, strip),
     }
 }
 
-fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant, alias: Option<(u16, bool)>) -> Frame {
+fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant, alias: Option<(u16, bool)>, strip: usize) -> Frame {
     let message = &delivery.message;
     let properties = if protocol.is_v5() {
         let mut p: Properties = message.properties.clone();
@@ -92,6 +95,7 @@ fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant, al
     let packet_id = (delivery.qos != QoS::AtMostOnce).then_some(NonZeroU16::MIN);
     let topic = match alias {
         Some((_, false)) => bytestring::ByteString::new(),
+        _ if strip > 0 => message.topic.slice_ref(&message.topic[strip..]),
         _ => message.topic.clone(),
     };
     let topic_len = topic.len();

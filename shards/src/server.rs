@@ -20,7 +20,12 @@ use glommio::{LocalExecutorBuilder, Placement};
 use socket2::{Domain, Protocol, Socket, Type};
 use tracing::{info, warn};
 
+use crate::auth::Authenticator;
 use crate::connection::{accepted, handed_over, ConnSettings};
+use crate::limits::Gate;
+use crate::tls::TlsConfig;
+use crate::transport::ListenerKind;
+use fleetmq_core::session::AuthorizeCache;
 use crate::metrics::Metrics;
 use crate::shard::{Global, Shard, ShardLimits, ShardMsg};
 use crate::shutdown::Shutdown;
@@ -48,23 +53,38 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     let cpus = allowed_cpus();
     let shards = if settings.server.shards == 0 { cpus.len().max(1) } else { settings.server.shards };
 
-    // Bind each TCP listener once per shard with SO_REUSEPORT; port 0 is
+    // Sign-in, access control and certificates, checked before binding.
+    let auth = Arc::new(Authenticator::from_settings(&settings).context("cannot load the authentication settings")?);
+    let needs_tls = !settings.listeners.tls.is_empty() || !settings.listeners.wss.is_empty();
+    let tls = if needs_tls {
+        Some(Arc::new(TlsConfig::new(&settings.tls).context("cannot load the TLS certificate (tls.cert, tls.key)")?))
+    } else {
+        None
+    };
+
+    // Bind each listener once per shard with SO_REUSEPORT; port 0 is
     // resolved by the first bind and reused by the others.
-    let mut per_shard: Vec<Vec<OwnedFd>> = (0..shards).map(|_| Vec::new()).collect();
+    let mut per_shard: Vec<Vec<(OwnedFd, ListenerKind)>> = (0..shards).map(|_| Vec::new()).collect();
     let mut bound = Vec::new();
-    for addr in &settings.listeners.tcp {
-        let mut addr: SocketAddr = addr.parse().with_context(|| format!("listeners.tcp: bad address {addr}"))?;
-        for fds in per_shard.iter_mut() {
-            let listener = bind_reuseport(addr).with_context(|| format!("cannot listen on {addr}"))?;
-            addr = listener.local_addr()?;
-            // SAFETY: into_raw_fd hands over ownership of a valid fd.
-            fds.push(unsafe { OwnedFd::from_raw_fd(listener.into_raw_fd()) });
+    let listeners = [
+        (ListenerKind::Tcp, "listeners.tcp", &settings.listeners.tcp),
+        (ListenerKind::Tls, "listeners.tls", &settings.listeners.tls),
+        (ListenerKind::Ws, "listeners.ws", &settings.listeners.ws),
+        (ListenerKind::Wss, "listeners.wss", &settings.listeners.wss),
+    ];
+    for (kind, key, addrs) in listeners {
+        for addr in addrs {
+            let mut addr: SocketAddr = addr.parse().with_context(|| format!("{key}: bad address {addr}"))?;
+            for fds in per_shard.iter_mut() {
+                let listener = bind_reuseport(addr).with_context(|| format!("cannot listen on {addr} ({key})"))?;
+                addr = listener.local_addr()?;
+                // SAFETY: into_raw_fd hands over ownership of a valid fd.
+                fds.push((unsafe { OwnedFd::from_raw_fd(listener.into_raw_fd()) }, kind));
+            }
+            bound.push((kind, addr));
         }
-        bound.push(addr);
     }
-    if !settings.listeners.tls.is_empty() || !settings.listeners.ws.is_empty() || !settings.listeners.wss.is_empty() {
-        bail!("TLS, WebSocket and WSS listeners are not available in this build yet (listeners.tls/ws/wss must be empty)");
-    }
+    let reloader = spawn_reloader(auth.clone(), shutdown.clone())?;
 
     let metrics = Metrics::new(shards);
     let ready = Arc::new(AtomicBool::new(false));
@@ -90,6 +110,15 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         max_connect_packet_bytes: limits.max_connect_packet_bytes.min(limits.max_packet_size),
         connect_timeout: limits.connect_timeout,
         max_clients: limits.max_clients as usize,
+        auth,
+        tls,
+        gate: Gate::new(
+            limits.max_pending_connections as usize,
+            limits.max_connects_authenticating as usize,
+            limits.trust_client_addresses.then_some(limits.max_connections_per_source as usize),
+            limits.max_connections_per_credential as usize,
+        ),
+        acl_cache: AuthorizeCache { ttl: settings.auth.acl_cache_ttl, ..AuthorizeCache::default() },
     };
     let shard_limits = ShardLimits {
         session: SessionLimits {
@@ -134,9 +163,9 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    for addr in &bound {
-        println!("fleetmq: listening mqtt-tcp {addr}");
-        info!(target: "broker", %addr, shards, "listening (MQTT over TCP)");
+    for (kind, addr) in &bound {
+        println!("fleetmq: listening {} {addr}", kind.name());
+        info!(target: "broker", %addr, shards, listener = kind.name(), "listening");
     }
     if let Some(admin) = &admin {
         println!("fleetmq: listening admin {}", admin.local_addr);
@@ -151,6 +180,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         }
     }
     ready.store(false, Ordering::Release);
+    let _ = reloader.join();
     if let Some(admin) = admin {
         admin.stop();
     }
@@ -164,7 +194,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
 async fn run_shard(
     shard: Rc<Shard>,
     settings: Rc<ConnSettings>,
-    fds: Vec<OwnedFd>,
+    fds: Vec<(OwnedFd, ListenerKind)>,
     mut receivers: glommio::channels::channel_mesh::Receivers<ShardMsg>,
     shutdown: Shutdown,
     started: Arc<std::sync::atomic::AtomicUsize>,
@@ -187,7 +217,7 @@ async fn run_shard(
         })
         .detach();
     }
-    for fd in fds {
+    for (fd, kind) in fds {
         // SAFETY: the fd is a listening socket we own.
         let listener = unsafe { TcpListener::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
         let (shard, settings) = (shard.clone(), settings.clone());
@@ -199,7 +229,7 @@ async fn run_shard(
                 });
                 match accept.await {
                     Some(Ok(stream)) => {
-                        glommio::spawn_local(accepted(shard.clone(), settings.clone(), stream)).detach();
+                        glommio::spawn_local(accepted(shard.clone(), settings.clone(), stream, kind)).detach();
                     }
                     Some(Err(e)) => {
                         warn!(target: "broker", error = %e, "accept failed");
@@ -240,6 +270,43 @@ async fn run_shard(
     while shard.live_connections.get() > 0 && Instant::now() < stop_by {
         sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// How often the reloader looks at the password, ACL and JWKS files.
+const RELOAD_POLL: Duration = Duration::from_secs(2);
+
+/// A thread that re-reads the password, ACL and key files on SIGHUP and
+/// when one of them changes (modification time or size), until shutdown.
+/// The TLS certificate reloads itself on change (see [`TlsConfig`]).
+fn spawn_reloader(auth: Arc<Authenticator>, shutdown: Shutdown) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone()).context("cannot watch SIGHUP")?;
+    let stamp = |files: &[std::path::PathBuf]| -> Vec<Option<(std::time::SystemTime, u64)>> {
+        files.iter().map(|f| std::fs::metadata(f).ok().and_then(|m| Some((m.modified().ok()?, m.len())))).collect()
+    };
+    let files = auth.watched_files();
+    let mut last = stamp(&files);
+    let handle = std::thread::Builder::new().name("fleetmq-reload".into()).spawn(move || {
+        let mut waited = Duration::ZERO;
+        while !shutdown.is_triggered() {
+            std::thread::sleep(SHUTDOWN_POLL);
+            waited += SHUTDOWN_POLL;
+            let signalled = hup.swap(false, Ordering::AcqRel);
+            if !signalled && waited < RELOAD_POLL {
+                continue;
+            }
+            waited = Duration::ZERO;
+            let now = stamp(&files);
+            if signalled || now != last {
+                last = now;
+                match auth.reload() {
+                    Ok(()) => info!(target: "broker", signalled, "reloaded password, ACL and key files"),
+                    Err(e) => warn!(target: "broker", error = %format!("{e:#}"), "reload failed; keeping the previous files"),
+                }
+            }
+        }
+    })?;
+    Ok(handle)
 }
 
 fn bind_reuseport(addr: SocketAddr) -> std::io::Result<StdListener> {

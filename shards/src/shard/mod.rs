@@ -31,8 +31,11 @@ use fleetmq_core::packet::{
     Connect, Disconnect, Packet, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, Will,
 };
 use fleetmq_core::route::RouteTable;
-use fleetmq_core::session::timing::{session_expires_at, will_due_at};
-use fleetmq_core::session::{client_key, Delivery, Message, Negotiated, Output, Session, SessionLimits, Subscription};
+use fleetmq_core::session::timing::{keep_alive_deadline, session_expires_at, will_due_at};
+use fleetmq_core::session::{
+    client_key, workspace_namespace, Authorize, AuthorizeCache, Delivery, Message, Negotiated, Output, Refusal, Session,
+    SessionLimits, Subscription,
+};
 use fleetmq_core::settings::Shared;
 use fleetmq_core::topic::parse_shared;
 use fleetmq_core::topic::matches;
@@ -102,10 +105,18 @@ pub(crate) enum ShardMsg {
 
 /// A connection moving to the shard that owns its client identifier.
 pub(crate) struct Handoff {
-    pub(crate) fd: OwnedFd,
+    pub(crate) stream: HandoffStream,
     pub(crate) unread: Bytes,
     pub(crate) connect: Box<Connect>,
     pub(crate) negotiated: Negotiated,
+    pub(crate) admission: crate::connection::Admission,
+}
+
+/// The socket of a hand-off: the client's TCP socket, or a local socket
+/// carrying the plain MQTT bytes of a TLS or WebSocket connection.
+pub(crate) enum HandoffStream {
+    Tcp(OwnedFd),
+    Unix(OwnedFd),
 }
 
 /// Why a connection is being closed by the broker.
@@ -126,10 +137,15 @@ pub(crate) struct ConnShared {
     pub(crate) write_signal: Signal,
     pub(crate) close: Cell<Option<CloseRequest>>,
     pub(crate) close_signal: Signal,
+    /// When the client last sent anything (keep alive).
+    pub(crate) last_read: Cell<Instant>,
+    keep_alive: u16,
+    /// When the client's credential expires (JWT `exp`).
+    expires_at: Option<Instant>,
 }
 
 impl ConnShared {
-    pub(crate) fn new(key: u64, protocol: ProtocolVersion) -> ConnShared {
+    pub(crate) fn new(key: u64, protocol: ProtocolVersion, keep_alive: u16, expires_at: Option<Instant>, now: Instant) -> ConnShared {
         ConnShared {
             key,
             protocol,
@@ -138,6 +154,27 @@ impl ConnShared {
             write_signal: Signal::default(),
             close: Cell::new(None),
             close_signal: Signal::default(),
+            last_read: Cell::new(now),
+            keep_alive,
+            expires_at,
+        }
+    }
+
+    /// The next time the connection's clocks must be checked.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let keep_alive = keep_alive_deadline(self.last_read.get(), self.keep_alive);
+        match (keep_alive, self.expires_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Close the connection when its keep alive or credential ran out.
+    pub(crate) fn check_deadlines(&self, now: Instant) {
+        if self.expires_at.is_some_and(|at| at <= now) {
+            self.request_close(Some(ReasonCode::MAXIMUM_CONNECT_TIME), true);
+        } else if keep_alive_deadline(self.last_read.get(), self.keep_alive).is_some_and(|at| at <= now) {
+            self.request_close(Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true);
         }
     }
 
@@ -171,6 +208,8 @@ impl ConnShared {
 
 struct Client {
     session: Session,
+    /// Who holds the client identifier: user name and workspace.
+    owner: (Option<String>, String),
     /// [`client_key`] of the client identifier (No Local).
     key: u64,
     conn: Option<Rc<ConnShared>>,
@@ -280,11 +319,32 @@ impl Shard {
     /// discard the old session on Clean Start `[MQTT-3.1.2-4]` or resume it
     /// `[MQTT-3.1.2-5]`, write the CONNACK and then whatever the resumed
     /// session sends.
-    pub(crate) fn attach(&self, connect: &Connect, negotiated: &Negotiated, conn: &Rc<ConnShared>, now: Instant) -> Slot {
+    ///
+    /// # Errors
+    /// The client identifier belongs to another identity (user name or
+    /// workspace): CONNACK 0x85 (3.1.1: 2), DESIGN.md §9.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attach(
+        &self,
+        connect: &Connect,
+        negotiated: &Negotiated,
+        identity: &crate::auth::Identity,
+        authorizer: Option<Arc<dyn Authorize>>,
+        cache: AuthorizeCache,
+        conn: &Rc<ConnShared>,
+        now: Instant,
+    ) -> Result<Slot, Refusal> {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
+        let owner = (identity.username.clone(), identity.workspace.clone());
         let existing = st.by_id.get(&negotiated.client_id).copied();
         if let Some(slot) = existing {
+            if st.clients[slot as usize].owner != owner {
+                return Err(Refusal {
+                    reason: ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+                    detail: "the client identifier is held by another identity",
+                });
+            }
             if let Some(old) = st.clients[slot as usize].conn.take() {
                 // Take-over: MQTT 5 gets DISCONNECT 0x8E; the old
                 // connection's will follows the usual rules.
@@ -293,6 +353,7 @@ impl Shard {
             }
         }
         let limits = self.limits.session.clone();
+        let namespace = workspace_namespace(&identity.workspace);
         let mut session_present = false;
         let slot = match st.by_id.get(&negotiated.client_id).copied() {
             Some(slot) if !connect.clean_start => {
@@ -307,15 +368,24 @@ impl Shard {
                 self.shared_presence(st, slot, true);
                 slot
             }
-            Some(slot) => {
-                self.remove_client(st, slot);
-                self.insert_client(st, Session::new(connect.protocol, negotiated, limits))
+            existing => {
+                if let Some(slot) = existing {
+                    self.remove_client(st, slot);
+                }
+                let mut session = Session::new(connect.protocol, negotiated, limits);
+                session.set_namespace(namespace.clone());
+                self.insert_client(st, session, owner)
             }
-            None => self.insert_client(st, Session::new(connect.protocol, negotiated, limits)),
         };
         let client = &mut st.clients[slot as usize];
+        client.session.set_authorizer(authorizer, cache);
         client.conn = Some(conn.clone());
-        client.will = connect.will.clone();
+        client.will = connect.will.clone().map(|mut will| {
+            if !namespace.is_empty() {
+                will.topic = ByteString::from(format!("{namespace}{}", will.topic));
+            }
+            will
+        });
         let mut connack = negotiated.connack.clone();
         connack.session_present = session_present;
         conn.send(&Packet::ConnAck(connack));
@@ -326,13 +396,14 @@ impl Shard {
             st.outputs = outputs;
         }
         self.global.connected.fetch_add(1, Ordering::Relaxed);
-        slot
+        Ok(slot)
     }
 
-    fn insert_client(&self, st: &mut State, session: Session) -> Slot {
+    fn insert_client(&self, st: &mut State, session: Session, owner: (Option<String>, String)) -> Slot {
         let id = session.client_id().clone();
         let key = client_key(&id);
-        let slot = st.clients.insert(Client { session, key, conn: None, will: None, pending_will: None, offline_since: None });
+        let slot =
+            st.clients.insert(Client { session, owner, key, conn: None, will: None, pending_will: None, offline_since: None });
         st.by_id.insert(id, slot as Slot);
         slot as Slot
     }
@@ -654,7 +725,8 @@ impl Shard {
                 Output::Deliver { delivery, packet_id, dup } => {
                     let protocol = client.session.protocol();
                     let alias = client.session.outbound_topic_alias(&delivery.message.topic);
-                    let frame = frame_for(&delivery, protocol, now, alias, cached.then_some(&mut st.frames));
+                    let strip = client.session.namespace().len();
+                    let frame = frame_for(&delivery, protocol, now, alias, strip, cached.then_some(&mut st.frames));
                     if frame.len() > client.session.client_max_packet_size() {
                         // `[MQTT-3.1.2-25]`: drop it for this client, counted.
                         if let Some((_, true)) = alias {

@@ -1,0 +1,178 @@
+//! Connection limits enforced before and after authentication (DESIGN.md
+//! §9): pending connections, concurrent credential checks, connections per
+//! source address and per credential. Each admitted connection holds
+//! guards that give the slot back when dropped, on whichever shard the
+//! connection ends.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tracing::warn;
+
+/// How often a refusal reason is logged at most (the count in between is
+/// reported with it).
+const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Process-wide counters behind the limits.
+pub(crate) struct Gate {
+    max_pending: usize,
+    max_authenticating: usize,
+    max_per_source: Option<usize>,
+    max_per_credential: usize,
+    pending: AtomicUsize,
+    authenticating: AtomicUsize,
+    per_source: Mutex<HashMap<IpAddr, usize>>,
+    per_credential: Mutex<HashMap<String, usize>>,
+    refusals: Mutex<HashMap<&'static str, (Instant, u64)>>,
+}
+
+/// A counted slot; dropping it gives the slot back.
+pub(crate) struct Slot {
+    gate: Arc<Gate>,
+    kind: SlotKind,
+}
+
+enum SlotKind {
+    Pending,
+    Authenticating,
+    Source(IpAddr),
+    Credential(String),
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let gate = &self.gate;
+        match &self.kind {
+            SlotKind::Pending => {
+                gate.pending.fetch_sub(1, Ordering::Relaxed);
+            }
+            SlotKind::Authenticating => {
+                gate.authenticating.fetch_sub(1, Ordering::Relaxed);
+            }
+            SlotKind::Source(ip) => release(&gate.per_source, ip),
+            SlotKind::Credential(user) => release(&gate.per_credential, user),
+        }
+    }
+}
+
+fn release<K: std::hash::Hash + Eq>(map: &Mutex<HashMap<K, usize>>, key: &K) {
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = map.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(key);
+        }
+    }
+}
+
+fn take<K: std::hash::Hash + Eq>(map: &Mutex<HashMap<K, usize>>, key: K, max: usize) -> bool {
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    let n = map.entry(key).or_insert(0);
+    if *n >= max {
+        return false;
+    }
+    *n += 1;
+    true
+}
+
+impl Gate {
+    /// Limits from the settings; `max_per_source` is `None` unless client
+    /// addresses are trusted (`limits.trust_client_addresses`).
+    pub(crate) fn new(max_pending: usize, max_authenticating: usize, max_per_source: Option<usize>, max_per_credential: usize) -> Arc<Gate> {
+        Arc::new(Gate {
+            max_pending,
+            max_authenticating,
+            max_per_source,
+            max_per_credential,
+            pending: AtomicUsize::new(0),
+            authenticating: AtomicUsize::new(0),
+            per_source: Mutex::new(HashMap::new()),
+            per_credential: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn counter(self: &Arc<Gate>, counter: &AtomicUsize, max: usize, kind: SlotKind) -> Option<Slot> {
+        if counter.fetch_add(1, Ordering::Relaxed) >= max {
+            counter.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Slot { gate: self.clone(), kind })
+    }
+
+    /// A connection between accept and CONNACK (`max_pending_connections`).
+    pub(crate) fn pending(self: &Arc<Gate>) -> Option<Slot> {
+        self.counter(&self.pending, self.max_pending, SlotKind::Pending)
+    }
+
+    /// A credential check under way (`max_connects_authenticating`).
+    pub(crate) fn authenticating(self: &Arc<Gate>) -> Option<Slot> {
+        self.counter(&self.authenticating, self.max_authenticating, SlotKind::Authenticating)
+    }
+
+    /// A connection from `ip` (`max_connections_per_source`); always
+    /// granted, uncounted, when client addresses are not trusted.
+    pub(crate) fn source(self: &Arc<Gate>, ip: IpAddr) -> Result<Option<Slot>, ()> {
+        let Some(max) = self.max_per_source else { return Ok(None) };
+        if take(&self.per_source, ip, max) {
+            Ok(Some(Slot { gate: self.clone(), kind: SlotKind::Source(ip) }))
+        } else {
+            Err(())
+        }
+    }
+
+    /// A connection signed in as `user` (`max_connections_per_credential`).
+    pub(crate) fn credential(self: &Arc<Gate>, user: &str) -> Option<Slot> {
+        take(&self.per_credential, user.to_owned(), self.max_per_credential)
+            .then(|| Slot { gate: self.clone(), kind: SlotKind::Credential(user.to_owned()) })
+    }
+
+    /// Log a refusal for `reason`, at most once per 10 s per reason, with
+    /// how many there were since the last line.
+    pub(crate) fn log_refusal(&self, reason: &'static str) {
+        let now = Instant::now();
+        let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = refusals.entry(reason).or_insert((now - LOG_INTERVAL, 0));
+        entry.1 += 1;
+        if now.duration_since(entry.0) >= LOG_INTERVAL {
+            warn!(target: "broker", reason, count = entry.1, "connections refused");
+            *entry = (now, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_given_back_when_dropped() {
+        let gate = Gate::new(1, 1, Some(1), 1);
+        let pending = gate.pending().expect("first");
+        assert!(gate.pending().is_none(), "second is over the limit");
+        drop(pending);
+        assert!(gate.pending().is_some());
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let source = gate.source(ip).unwrap();
+        assert!(gate.source(ip).is_err());
+        assert!(gate.source("10.0.0.2".parse().unwrap()).is_ok(), "per address");
+        drop(source);
+        assert!(gate.source(ip).is_ok());
+        let alice = gate.credential("alice").unwrap();
+        assert!(gate.credential("alice").is_none());
+        drop(alice);
+        assert!(gate.credential("alice").is_some());
+    }
+
+    #[test]
+    fn sources_are_not_counted_unless_trusted() {
+        let gate = Gate::new(1, 1, None, 1);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        for _ in 0..10 {
+            assert!(matches!(gate.source(ip), Ok(None)));
+        }
+    }
+}
