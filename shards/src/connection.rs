@@ -139,7 +139,9 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     let Ok(source_slot) = settings.gate.source(peer) else {
         return refused(&shard, &settings, "max_connections_per_source");
     };
-    let opened = or(async { Some(open_and_read_connect(&shard, &settings, kind, stream).await) }, async {
+    // Boxed: the TLS and WebSocket handshake states are large, and only
+    // live until the CONNECT is read.
+    let opened = or(async { Some(Box::pin(open_and_read_connect(&shard, &settings, kind, stream)).await) }, async {
         sleep(settings.connect_timeout).await;
         None
     })
@@ -202,7 +204,10 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     let admission = Admission { identity, slots };
     let owner = owner_of(&negotiated.client_id, shard.shards);
     if owner == shard.id {
-        return serve(shard, settings, transport, connect, negotiated, admission, buf.freeze()).await;
+        // A task of its own, so this task's state (sized for the
+        // handshakes) is freed now rather than held for the connection's life.
+        glommio::spawn_local(serve(shard, settings, transport, connect, negotiated, admission, buf.freeze())).detach();
+        return;
     }
     // Hand the connection to the shard that owns the client identifier: a
     // TCP socket itself; a TLS or WebSocket connection through a local
@@ -291,15 +296,33 @@ async fn refuse(shard: &Shard, transport: &mut Transport, connect: &Connect, ref
     write_packet(shard, transport, &Packet::ConnAck(refusal.connack(connect.protocol)), connect.protocol).await;
 }
 
+/// Attach the connection to its session and serve it until it closes.
 async fn serve(
     shard: Rc<Shard>,
     settings: Rc<ConnSettings>,
-    mut transport: Transport,
+    transport: Transport,
     connect: Box<Connect>,
     negotiated: Negotiated,
     admission: Admission,
     unread: Bytes,
 ) {
+    // The connection's long life runs in a task of its own, so nothing this
+    // one holds (the CONNECT, the negotiated CONNACK) is kept while idle.
+    let started = start(&shard, &settings, transport, connect, negotiated, &admission).await;
+    if let Some((transport, conn, slot)) = started {
+        glommio::spawn_local(drive(shard, settings, transport, conn, slot, admission, unread)).detach();
+    }
+}
+
+/// Attach to the session (the CONNACK goes out), or refuse.
+async fn start(
+    shard: &Rc<Shard>,
+    settings: &ConnSettings,
+    mut transport: Transport,
+    connect: Box<Connect>,
+    negotiated: Negotiated,
+    admission: &Admission,
+) -> Option<(Transport, Rc<ConnShared>, crate::shard::Slot)> {
     let protocol = connect.protocol;
     let key = shard.global.next_conn_key.fetch_add(1, Ordering::Relaxed);
     let now = Instant::now();
@@ -309,14 +332,27 @@ async fn serve(
         .map(|at| now + at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO));
     let conn = Rc::new(ConnShared::new(key, protocol, negotiated.keep_alive, expires_at, now));
     let authorizer = AclAuthorizer::for_client(&settings.auth, &admission.identity, &negotiated.client_id);
-    let slot = match shard.attach(&connect, &negotiated, &admission.identity, authorizer, settings.acl_cache, &conn, now) {
-        Ok(slot) => slot,
+    match shard.attach(&connect, &negotiated, &admission.identity, authorizer, settings.acl_cache, &conn, now) {
+        Ok(slot) => Some((transport, conn, slot)),
         Err(refusal) => {
-            refuse(&shard, &mut transport, &connect, refusal).await;
-            return refused(&shard, &settings, "client_id_in_use");
+            refuse(shard, &mut transport, &connect, refusal).await;
+            refused(shard, settings, "client_id_in_use");
+            None
         }
-    };
-    drop(connect);
+    }
+}
+
+/// The connection's life: read, decode and handle packets until it closes.
+async fn drive(
+    shard: Rc<Shard>,
+    settings: Rc<ConnSettings>,
+    transport: Transport,
+    conn: Rc<ConnShared>,
+    slot: crate::shard::Slot,
+    admission: Admission,
+    unread: Bytes,
+) {
+    let protocol = conn.protocol;
     shard.live_connections.set(shard.live_connections.get() + 1);
     shard.metrics.clients_connected.inc();
     shard.flush().await;
@@ -327,13 +363,15 @@ async fn serve(
     drop(unread);
     let max_packet = settings.connect.max_packet_size;
     let publish_will = 'conn: loop {
+        // One clock read per batch of packets read together.
+        let now = conn.last_read.get();
         loop {
             if let Some(close) = conn.close.get() {
                 break 'conn close.publish_will;
             }
             match decode(&mut buf, Some(protocol), max_packet) {
                 Ok(Some(packet)) => {
-                    if let Some(close) = shard.handle_packet(slot, &conn, packet, Instant::now()) {
+                    if let Some(close) = shard.handle_packet(slot, &conn, packet, now) {
                         break 'conn close.publish_will;
                     }
                 }

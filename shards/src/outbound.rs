@@ -81,6 +81,11 @@ pub(crate) fn frame_for(
 
 fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant, alias: Option<(u16, bool)>, strip: usize) -> Frame {
     let message = &delivery.message;
+    let plain = alias.is_none()
+        && (!protocol.is_v5() || (delivery.subscription_ids.is_empty() && message.properties.is_empty()));
+    if plain {
+        return encode_plain(&message.topic[strip..], delivery.qos, delivery.retain, protocol.is_v5(), &message.payload);
+    }
     let properties = if protocol.is_v5() {
         let mut p: Properties = message.properties.clone();
         // The forwarded Message Expiry Interval is what is left of it
@@ -116,4 +121,99 @@ fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant, al
         1 + varint_len + 2 + topic_len
     });
     Frame { bytes: buf.freeze(), packet_id_at }
+}
+
+/// A PUBLISH with no properties (every 3.1.x one, and MQTT 5 ones whose
+/// message carries none), written directly: the common case, without the
+/// general encoder's property handling. Packet identifier 1 is a
+/// placeholder patched per subscriber.
+fn encode_plain(topic: &str, qos: QoS, retain: bool, v5: bool, payload: &[u8]) -> Frame {
+    let has_id = qos != QoS::AtMostOnce;
+    let remaining = 2 + topic.len() + if has_id { 2 } else { 0 } + usize::from(v5) + payload.len();
+    let mut buf = BytesMut::with_capacity(5 + remaining);
+    buf.put_u8(0x30 | (qos as u8) << 1 | u8::from(retain));
+    let mut n = remaining;
+    loop {
+        let byte = (n % 128) as u8;
+        n /= 128;
+        if n == 0 {
+            buf.put_u8(byte);
+            break;
+        }
+        buf.put_u8(byte | 0x80);
+    }
+    let header_len = buf.len();
+    buf.put_u16(topic.len() as u16);
+    buf.put_slice(topic.as_bytes());
+    if has_id {
+        buf.put_u16(1);
+    }
+    if v5 {
+        buf.put_u8(0);
+    }
+    buf.put_slice(payload);
+    Frame { bytes: buf.freeze(), packet_id_at: has_id.then_some(header_len + 2 + topic.len()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use fleetmq_core::packet::codec::decode;
+    use fleetmq_core::session::Message;
+
+    use super::*;
+
+    fn delivery(qos: QoS, retain: bool, properties: Properties, payload: usize) -> Delivery {
+        Delivery {
+            message: Arc::new(Message {
+                topic: "ws/a/b".into(),
+                payload: Bytes::from(vec![7u8; payload]),
+                qos,
+                retain,
+                properties,
+                received_at: Instant::now(),
+                origin: 1,
+            }),
+            qos,
+            retain,
+            subscription_ids: vec![],
+            group: None,
+        }
+    }
+
+    #[test]
+    fn plain_and_general_encodings_decode_to_the_same_publish() {
+        let now = Instant::now();
+        for protocol in [ProtocolVersion::V3_1_1, ProtocolVersion::V5] {
+            for qos in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce] {
+                for payload in [0, 10, 200, 20_000] {
+                    let d = delivery(qos, true, Properties::default(), payload);
+                    let frame = frame_for(&d, protocol, now, None, 3, None);
+                    let mut out = BytesMut::new();
+                    frame.append_to(NonZeroU16::new(0x1234), qos != QoS::AtMostOnce, &mut out);
+                    let Some(Packet::Publish(p)) = decode(&mut out, Some(protocol), 1 << 20).unwrap() else { panic!() };
+                    assert_eq!(&*p.topic, "a/b", "workspace prefix stripped");
+                    assert_eq!((p.qos, p.retain, p.payload.len()), (qos, true, payload));
+                    assert_eq!(p.packet_id, (qos != QoS::AtMostOnce).then(|| NonZeroU16::new(0x1234).unwrap()));
+                    assert_eq!(p.dup, qos != QoS::AtMostOnce);
+                    assert!(out.is_empty());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn properties_force_the_general_encoder_and_survive() {
+        let mut props = Properties::default();
+        props.content_type = Some("text/plain".into());
+        let d = delivery(QoS::AtLeastOnce, false, props, 5);
+        let frame = frame_for(&d, ProtocolVersion::V5, Instant::now(), None, 0, None);
+        let mut out = BytesMut::new();
+        frame.append_to(NonZeroU16::new(9), false, &mut out);
+        let Some(Packet::Publish(p)) = decode(&mut out, Some(ProtocolVersion::V5), 1 << 20).unwrap() else { panic!() };
+        assert_eq!(p.properties.content_type.as_deref(), Some("text/plain"));
+        assert_eq!(p.packet_id, NonZeroU16::new(9));
+    }
 }

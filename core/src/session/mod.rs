@@ -423,17 +423,18 @@ impl Session {
         self.online = false;
     }
 
-    /// Take back every delivery that came through a shared subscription and
-    /// is not yet acknowledged (in flight or queued), in order, so its group
-    /// can give it to another member (MQTT 5 §4.8.2). Called when the
-    /// session goes offline. PUBRELs already sent stay: those messages were
-    /// received.
+    /// Take back the deliveries that came through a shared subscription and
+    /// are not yet acknowledged, in order, so the group can give them to
+    /// another member (MQTT 5 §4.8.2): QoS 1 ones in flight, and every one
+    /// still queued. QoS 2 ones already sent stay, to be completed with
+    /// this client when it returns `[MQTT-4.8.2-4]`, `[MQTT-4.8.2-5]`.
+    /// Called when the session goes offline.
     pub fn take_shared_deliveries(&mut self) -> Vec<Delivery> {
         let mut taken = Vec::new();
         let order = std::mem::take(&mut self.inflight_order);
         for (seq, pid) in order {
             let entry = &self.inflight[&pid];
-            if entry.delivery.group.is_some() && entry.state != InflightState::AwaitPubComp {
+            if entry.delivery.group.is_some() && entry.state == InflightState::AwaitPubAck {
                 let entry = self.inflight.remove(&pid).expect("present");
                 taken.push(entry.delivery);
             } else {

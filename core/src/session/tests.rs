@@ -483,6 +483,21 @@ fn shared_deliveries_not_yet_acknowledged_are_taken_back_in_order_when_going_off
     assert_eq!((s.inflight(), s.queued()), (0, 1), "the session's own delivery stays");
 }
 
+#[test]
+fn shared_qos2_deliveries_in_flight_stay_with_the_member() {
+    // [MQTT-4.8.2-4], [MQTT-4.8.2-5]: a QoS 2 delivery already sent is
+    // completed with the same client, never given to another member.
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let mut out = vec![];
+    let m = message("s", QoS::ExactlyOnce, t0);
+    let d = Delivery { group: Some("$share/g/#".into()), ..delivery(&m, QoS::ExactlyOnce) };
+    s.deliver(d, t0, &mut out);
+    s.go_offline();
+    assert!(s.take_shared_deliveries().is_empty());
+    assert_eq!(s.inflight(), 1);
+}
+
 mod properties {
     //! Property tests: whatever the interleaving of deliveries and
     //! acknowledgements, the session never exceeds the client's Receive

@@ -32,8 +32,9 @@ pub(crate) enum GroupOp {
     /// A member's session gained or lost its connection.
     Online { key: ByteString, client_id: ByteString, online: bool },
     /// Messages a member took but did not acknowledge before going away, or
-    /// could not take: to be given to another member.
-    Return { key: ByteString, messages: Vec<Arc<Message>> },
+    /// could not take (`refused_by`: that member, now known to be away): to
+    /// be given to another member.
+    Return { key: ByteString, messages: Vec<Arc<Message>>, refused_by: Option<ByteString> },
 }
 
 impl GroupOp {
@@ -116,8 +117,13 @@ impl Shard {
                     self.drain_group(st, gid, now);
                 }
             }
-            GroupOp::Return { key, messages } => {
+            GroupOp::Return { key, messages, refused_by } => {
                 let Some(&gid) = st.group_ids.get(&key) else { return };
+                if let Some(client_id) = refused_by {
+                    // Never hand these back to the member that just refused
+                    // them: it is away, whatever the group last heard.
+                    st.groups[gid as usize].group.set_online(&client_id, false);
+                }
                 for message in messages {
                     self.dispatch_to_group(st, gid, message, from, now);
                 }
@@ -184,7 +190,10 @@ impl Shard {
                 };
                 self.deliver_to(st, slot, delivery, now, false);
             }
-            None => self.group_op(st, GroupOp::Return { key, messages: vec![message] }, now),
+            None => {
+                let refused_by = Some(ByteString::from(client_id));
+                self.group_op(st, GroupOp::Return { key, messages: vec![message], refused_by }, now);
+            }
         }
     }
 
@@ -208,7 +217,7 @@ impl Shard {
             self.group_op(st, GroupOp::Online { key, client_id: client_id.clone(), online }, now);
         }
         for (key, messages) in returned {
-            self.group_op(st, GroupOp::Return { key, messages }, now);
+            self.group_op(st, GroupOp::Return { key, messages, refused_by: None }, now);
         }
     }
 }

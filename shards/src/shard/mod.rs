@@ -213,10 +213,11 @@ struct Client {
     /// [`client_key`] of the client identifier (No Local).
     key: u64,
     conn: Option<Rc<ConnShared>>,
-    /// The Will of the current connection.
-    will: Option<Will>,
+    /// The Will of the current connection (boxed: most clients have none,
+    /// and a `Will` is large).
+    will: Option<Box<Will>>,
     /// A will waiting for its delay after the connection ended.
-    pending_will: Option<(Instant, Will)>,
+    pending_will: Option<Box<(Instant, Will)>>,
     /// When the session went offline.
     offline_since: Option<Instant>,
 }
@@ -365,7 +366,6 @@ impl Shard {
                 // A reconnect within the Will Delay cancels the will
                 // `[MQTT-3.1.3-9]`.
                 client.pending_will = None;
-                self.shared_presence(st, slot, true);
                 slot
             }
             existing => {
@@ -384,7 +384,7 @@ impl Shard {
             if !namespace.is_empty() {
                 will.topic = ByteString::from(format!("{namespace}{}", will.topic));
             }
-            will
+            Box::new(will)
         });
         let mut connack = negotiated.connack.clone();
         connack.session_present = session_present;
@@ -394,6 +394,8 @@ impl Shard {
             st.clients[slot as usize].session.resume(connect.protocol, negotiated, now, &mut outputs);
             self.write_deliveries(st, slot, &mut outputs, now, false);
             st.outputs = outputs;
+            // Only now, online again, may its groups send to it.
+            self.shared_presence(st, slot, true);
         }
         self.global.connected.fetch_add(1, Ordering::Relaxed);
         Ok(slot)
@@ -511,15 +513,15 @@ impl Shard {
             let delay = will.properties.will_delay_interval.unwrap_or(0);
             let due = will_due_at(now, delay, expiry);
             if due <= now {
-                will_now = Some(will);
+                will_now = Some(*will);
             } else {
-                client.pending_will = Some((due, will));
+                client.pending_will = Some(Box::new((due, *will)));
             }
         }
         let over_limit = self.global.offline_sessions.load(Ordering::Relaxed) >= self.limits.max_offline_sessions;
         if expiry == 0 || over_limit {
-            if let Some((_, will)) = st.clients[slot as usize].pending_will.take() {
-                will_now = Some(will);
+            if let Some(pending) = st.clients[slot as usize].pending_will.take() {
+                will_now = Some(pending.1);
             }
             self.remove_client(st, slot);
         } else {
@@ -637,6 +639,11 @@ impl Shard {
             let seq = self.global.retain_seq.fetch_add(1, Ordering::Relaxed);
             st.retained.apply(seq, message.clone(), now);
             self.broadcast(Control::Retain { seq, message: message.clone() });
+        }
+        if self.shards == 1 {
+            // Alone: no route table to consult.
+            self.dispatch_local(st, &message, self.id, now);
+            return;
         }
         self.catch_up(st);
         let shards = st.routes.shards_for(&message.topic);
@@ -837,8 +844,8 @@ impl Shard {
         let mut due_wills = Vec::new();
         let mut expired = Vec::new();
         for (slot, client) in st.clients.iter_mut() {
-            if client.pending_will.as_ref().is_some_and(|(due, _)| *due <= now) {
-                due_wills.push(client.pending_will.take().map(|(_, w)| w).expect("checked"));
+            if client.pending_will.as_ref().is_some_and(|p| p.0 <= now) {
+                due_wills.push(client.pending_will.take().map(|p| p.1).expect("checked"));
             }
             if let Some(since) = client.offline_since {
                 if session_expires_at(since, client.session.session_expiry()).is_some_and(|at| at <= now) {
@@ -847,8 +854,8 @@ impl Shard {
             }
         }
         for slot in expired {
-            if let Some((_, will)) = st.clients[slot as usize].pending_will.take() {
-                due_wills.push(will);
+            if let Some(pending) = st.clients[slot as usize].pending_will.take() {
+                due_wills.push(pending.1);
             }
             self.remove_client(st, slot);
         }
