@@ -21,6 +21,45 @@ if ! command -v mosquitto_pub >/dev/null || ! command -v mosquitto_sub >/dev/nul
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto-clients
 fi
 
+# The interop tests (shards/tests/e2e/interop.rs) run paho-mqtt 2.x
+# (Python) and MQTT.js (Node, `mqtt` 5.x) against the broker; they fail,
+# saying so, when either is missing.
+paho_ok() {
+    "$1" -c "import paho.mqtt, sys; sys.exit(not paho.mqtt.__version__.startswith('2.'))" 2>/dev/null
+}
+if ! command -v python3 >/dev/null; then
+    echo "test.sh: installing python3"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-pip python3-venv
+fi
+if ! paho_ok python3 && ! paho_ok target/interop-venv/bin/python; then
+    echo "test.sh: installing paho-mqtt 2.x (tests/interop/requirements.txt)"
+    if ! { python3 -m pip install -q -r tests/interop/requirements.txt && paho_ok python3; }; then
+        # pip refuses system installs (PEP 668) or is missing: a venv under
+        # target/, where interop.rs looks for it.
+        echo "test.sh: pip refused a system install; using a venv in target/interop-venv"
+        if ! python3 -m venv target/interop-venv; then
+            as_root apt-get update -q
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+            python3 -m venv target/interop-venv
+        fi
+        target/interop-venv/bin/python -m pip install -q -r tests/interop/requirements.txt
+    fi
+fi
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "test.sh: installing nodejs and npm"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm
+fi
+if [ ! -f tests/interop/node_modules/mqtt/package.json ]; then
+    echo "test.sh: installing MQTT.js (npm, tests/interop)"
+    if [ -f tests/interop/package-lock.json ]; then
+        (cd tests/interop && npm ci --no-audit --no-fund --silent)
+    else
+        (cd tests/interop && npm install --no-audit --no-fund --silent)
+    fi
+fi
+
 if ! command -v cargo >/dev/null; then
     echo "test.sh: cargo not found; install Rust (https://rustup.rs) first" >&2
     exit 1

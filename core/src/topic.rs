@@ -156,6 +156,13 @@ pub fn parse_shared(filter: &str) -> Option<(&str, &str)> {
     Some(rest.split_once('/').unwrap_or((rest, "")))
 }
 
+/// True for topics a first-level wildcard must not match: those starting
+/// with `$` `[MQTT-4.7.2-1]` and the broker's internal ones starting with
+/// U+0000 (workspace prefixes, which no client can send).
+pub fn is_reserved_topic(topic: &str) -> bool {
+    topic.starts_with(['$', '\0'])
+}
+
 /// Does the topic filter `filter` match the topic name `topic`?
 ///
 /// Both are assumed valid (see [`validate_topic_filter`],
@@ -171,10 +178,14 @@ pub fn parse_shared(filter: &str) -> Option<(&str, &str)> {
 /// - `+` matches exactly one level, which may be empty: `+/+` matches
 ///   `/finance`.
 ///
+/// Topics starting with U+0000 (the broker's internal workspace prefixes,
+/// which no client can send) are treated like `$` topics: a first-level
+/// wildcard of the default workspace never reaches into a named one.
+///
 /// This is the reference implementation; the tries answer the same
 /// question for many filters at once.
 pub fn matches(filter: &str, topic: &str) -> bool {
-    if topic.starts_with('$') && filter.starts_with(['+', '#']) {
+    if is_reserved_topic(topic) && filter.starts_with(['+', '#']) {
         return false;
     }
     let mut filter_levels = filter.split('/');
@@ -279,6 +290,21 @@ mod tests {
         ("a/$x", "a/$x", true),
         ("a/+", "a/$x", true),
     ];
+
+    #[test]
+    fn first_level_wildcards_never_match_internal_workspace_topics() {
+        // Named workspaces live under a U+0000 prefix; the default
+        // workspace's `#` and `+` must not reach them (DESIGN.md §9).
+        assert!(!matches("#", "\0alpha/fleet/t"));
+        assert!(!matches("+/fleet/t", "\0alpha/fleet/t"));
+        assert!(matches("\0alpha/#", "\0alpha/fleet/t"));
+        let mut trie = crate::trie::SubscriptionTrie::new();
+        trie.insert("#", 1u32, ());
+        trie.insert("\0alpha/#", 2u32, ());
+        let mut seen = vec![];
+        trie.for_each_match("\0alpha/fleet/t", |k, _| seen.push(*k));
+        assert_eq!(seen, vec![2]);
+    }
 
     #[test]
     fn the_spec_matching_examples_hold() {

@@ -120,7 +120,7 @@ impl<K: Copy + Eq + Hash, V> SubscriptionTrie<K, V> {
         let mut levels = topic.split('/');
         // `split` yields at least one level, even for "".
         let first = levels.next().unwrap_or_default();
-        if !topic.starts_with('$') {
+        if !crate::topic::is_reserved_topic(topic) {
             self.root.hash.for_each(&mut f);
             if let Some(plus) = &self.root.plus {
                 plus.walk(levels.clone(), &mut f);

@@ -163,6 +163,7 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
                     debug!(target: "broker", error = %e, "handshake failed");
                     "handshake_failed"
                 }
+                Early::Decode(DecodeError::TooLarge { .. }) => "max_connect_packet_bytes",
                 Early::Decode(_) | Early::NotConnect => "malformed_connect",
                 Early::Closed => "closed_before_connect",
             };

@@ -50,3 +50,30 @@ mod operations;
 /// Flow control towards subscribers: queued QoS 1 messages and PUBACKs.
 #[path = "e2e/flow.rs"]
 mod flow;
+
+/// MQTT 5 features byte by byte (topic aliases, properties, limits, $SYS),
+/// the 3.1.1 rules, and the raw client the next modules share.
+#[path = "e2e/mqtt5.rs"]
+mod mqtt5;
+
+/// Shared subscriptions: exactly once, strategies, members away.
+#[path = "e2e/shared.rs"]
+mod shared;
+
+/// A subscriber that never reads: publisher and others unaffected, memory
+/// bounded, drops counted.
+#[path = "e2e/robustness.rs"]
+mod robustness;
+
+/// paho-mqtt (Python) and MQTT.js (Node) against the broker.
+#[path = "e2e/interop.rs"]
+mod interop;
+
+/// TLS (server, mutual, reload, certificate names), WebSocket and WSS; the
+/// password file and `fleetmq passwd`; JWTs; the ACL file; workspaces.
+#[path = "e2e/security.rs"]
+mod security;
+
+/// Every connection and abuse limit reached, with its refusal and count.
+#[path = "e2e/limits.rs"]
+mod limits;

@@ -563,6 +563,8 @@ impl Shard {
         st.clients[slot as usize].session.handle(packet, now, &mut outputs);
         if is_publish {
             self.metrics.messages_in.inc();
+            let drops = st.clients[slot as usize].session.take_drops();
+            self.count_drops(drops);
         }
         let mut close = None;
         let mut deliveries = Vec::new();
@@ -754,11 +756,18 @@ impl Shard {
         }
         outputs.clear();
         let drops = client.session.take_drops();
-        for _ in 0..drops.queue_full {
-            self.metrics.dropped(DropReason::QueueFull);
-        }
-        for _ in 0..drops.expired {
-            self.metrics.dropped(DropReason::Expired);
+        self.count_drops(drops);
+    }
+
+    /// Count what a session dropped (its counters were just taken). The
+    /// too-large drops are counted where they happen.
+    fn count_drops(&self, drops: fleetmq_core::session::DropCounts) {
+        for (reason, n) in
+            [(DropReason::QueueFull, drops.queue_full), (DropReason::Expired, drops.expired), (DropReason::NotAuthorized, drops.not_authorized)]
+        {
+            for _ in 0..n {
+                self.metrics.dropped(reason);
+            }
         }
     }
 

@@ -19,6 +19,9 @@ pub(crate) struct Broker {
     pub(crate) mqtt: SocketAddr,
     /// The admin HTTP listener.
     pub(crate) admin: SocketAddr,
+    /// Every `fleetmq: listening <kind> <addr>` line: (kind, address), e.g.
+    /// `("mqtt-tls", 127.0.0.1:40123)`.
+    pub(crate) listeners: Vec<(String, SocketAddr)>,
     stderr: Arc<Mutex<String>>,
 }
 
@@ -59,6 +62,7 @@ impl Broker {
         });
         let lines = line_channel(child.stdout.take().expect("stdout is piped"));
         let (mut mqtt, mut admin) = (None, None);
+        let mut listeners = Vec::new();
         let deadline = Instant::now() + READY_TIMEOUT;
         let broker_failed = |why: &str, child: &mut Child| -> ! {
             let _ = child.kill();
@@ -73,6 +77,14 @@ impl Broker {
             let left = deadline.saturating_duration_since(Instant::now());
             match lines.recv_timeout(left) {
                 Ok(line) => {
+                    if let Some((kind, addr)) = line
+                        .strip_prefix("fleetmq: listening ")
+                        .and_then(|rest| rest.trim().split_once(' '))
+                    {
+                        if let Ok(addr) = addr.parse::<SocketAddr>() {
+                            listeners.push((kind.to_owned(), addr));
+                        }
+                    }
                     if let Some(addr) = line.strip_prefix("fleetmq: listening mqtt-tcp ") {
                         mqtt.get_or_insert(addr.trim().parse().expect("an MQTT address"));
                     } else if let Some(addr) = line.strip_prefix("fleetmq: listening admin ") {
@@ -96,6 +108,7 @@ impl Broker {
             child,
             mqtt,
             admin,
+            listeners,
             stderr,
         }
     }
@@ -106,6 +119,27 @@ impl Broker {
         let mut all = vec!["--shards", "2"];
         all.extend_from_slice(args);
         Broker::start(&all)
+    }
+
+    /// The address of the first `kind` listener (`mqtt-tls`, `mqtt-ws`,
+    /// `mqtt-wss`, ...).
+    ///
+    /// # Panics
+    ///
+    /// The broker printed no such listener.
+    pub(crate) fn listener(&self, kind: &str) -> SocketAddr {
+        self.listeners
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map(|(_, addr)| *addr)
+            .unwrap_or_else(|| panic!("no {kind} listener in {:?}", self.listeners))
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGHUP`) to the broker process.
+    pub(crate) fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({signal})");
     }
 
     /// The MQTT port.

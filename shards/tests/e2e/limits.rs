@@ -1,0 +1,517 @@
+//! Connection and abuse limits (DESIGN.md §9; issue 5), each reached from
+//! outside: the specified refusal, the refusal counted in
+//! `fleetmq_connect_refused_total{reason}`, and the broker still serving
+//! everyone else. Out-of-range values stop the start, naming key and range.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::clients::{unique, WAIT};
+use crate::harness::run_with_timeout;
+use crate::mqtt5::packet::{self, Props};
+use crate::mqtt5::Client;
+use crate::raw::{Incoming, RawClient};
+use crate::security::{assert_refused, passwd, set, set_str, start, Login, TempDir};
+
+/// Opens `n` TCP connections that send nothing.
+fn silent_connections(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .map(|i| TcpStream::connect(addr).unwrap_or_else(|e| panic!("connection {i}: {e}")))
+        .collect()
+}
+
+/// Whether the broker has closed `stream` (EOF or reset), without waiting.
+fn is_closed(stream: &TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let closed = match stream.peek(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) if e.kind() == ErrorKind::WouldBlock => false,
+        Err(_) => true,
+    };
+    stream.set_nonblocking(false).unwrap();
+    closed
+}
+
+/// Waits (at most 5 s) until `expected` of `streams` are closed, then a
+/// little longer to catch any more; returns how many are closed.
+fn closed_count(streams: &[TcpStream], expected: usize) -> usize {
+    let count = || streams.iter().filter(|s| is_closed(s)).count();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while count() < expected && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    thread::sleep(Duration::from_millis(300));
+    count()
+}
+
+/// Sends a CONNECT on a fresh connection: the CONNACK reason code, or
+/// `None` when the broker closes without one.
+fn try_connect(addr: SocketAddr, login: &Login) -> Option<u8> {
+    let mut raw = RawClient::connect(addr);
+    raw.send(&login.encode());
+    match raw.read(WAIT) {
+        Incoming::Packet { header: 0x20, body } => Some(body[1]),
+        Incoming::Closed => None,
+        other => panic!("expected CONNACK or a close, got {other:02x?}"),
+    }
+}
+
+/// Retries a CONNECT for at most 5 s until it is accepted.
+fn connects_within_5_s(addr: SocketAddr, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match try_connect(addr, &Login::v5(&unique("late"))) {
+            Some(0) => return,
+            other => assert!(
+                Instant::now() < deadline,
+                "{what}: still refused ({other:?}) after 5 s"
+            ),
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A publisher and a subscriber exchange a message: the broker serves.
+fn still_serves(addr: SocketAddr) {
+    let topic = unique("still");
+    let mut sub = Client::v5(addr, &unique("still-sub"), true, Props::new());
+    sub.subscribe(&topic, 1);
+    let mut publisher = Client::v5(addr, &unique("still-pub"), true, Props::new());
+    assert_eq!(publisher.publish(&topic, 1, false, Props::new(), b"ok"), 0);
+    assert_eq!(sub.expect_publish().text(), "ok");
+}
+
+/// 300 silent connections from 127.0.0.1 with
+/// `max_connections_per_source = 200` (enforced with
+/// `trust_client_addresses`): the 100 beyond are closed at once, a
+/// well-behaved client from the same address is refused while the 200 stay,
+/// and gets in once they are gone.
+#[test]
+fn connections_beyond_max_connections_per_source_are_closed_until_the_others_go() {
+    let mut args = Vec::new();
+    set(&mut args, "limits.max_connections_per_source", "200");
+    set(&mut args, "limits.trust_client_addresses", "true");
+    set(&mut args, "limits.connect_timeout", "60s");
+    let broker = start(&args);
+    let conns = silent_connections(broker.mqtt, 300);
+    assert_eq!(
+        closed_count(&conns, 100),
+        100,
+        "exactly the 100 beyond the limit"
+    );
+    assert_eq!(
+        try_connect(broker.mqtt, &Login::v5(&unique("polite"))),
+        None,
+        "the address is at its limit"
+    );
+    assert_refused(&broker, "max_connections_per_source", 101.0);
+    drop(conns);
+    connects_within_5_s(broker.mqtt, "after the silent connections closed");
+    still_serves(broker.mqtt);
+}
+
+/// `max_clients = 3`: the fourth client gets CONNACK 0x89 Server busy
+/// (3.1.1: 3, Server unavailable); when one leaves, the next gets in.
+#[test]
+fn a_client_beyond_max_clients_is_refused_with_0x89_server_busy() {
+    let mut args = Vec::new();
+    set(&mut args, "limits.max_clients", "3");
+    let broker = start(&args);
+    let addr = broker.mqtt;
+    let first = Client::v5(addr, &unique("c1"), true, Props::new());
+    let _second = Client::v5(addr, &unique("c2"), true, Props::new());
+    let mut third = Client::v5(addr, &unique("c3"), true, Props::new());
+    assert_eq!(Login::v5(&unique("c4")).reason(addr), 0x89);
+    assert_eq!(Login::v311(&unique("c4")).reason(addr), 3);
+    assert_refused(&broker, "max_clients", 2.0);
+    let topic = unique("full");
+    third.subscribe(&topic, 1);
+    third.publish(&topic, 1, false, Props::new(), b"still served");
+    assert_eq!(third.expect_publish().text(), "still served");
+    first.disconnect();
+    connects_within_5_s(addr, "after a client left");
+}
+
+/// `max_pending_connections = 5`: of 10 connections that send no CONNECT,
+/// 5 are closed; once they go, clients connect again.
+#[test]
+fn connections_beyond_max_pending_connections_are_closed() {
+    let mut args = Vec::new();
+    set(&mut args, "limits.max_pending_connections", "5");
+    set(&mut args, "limits.connect_timeout", "60s");
+    let broker = start(&args);
+    let mut bystander = Client::v5(broker.mqtt, &unique("bystander"), true, Props::new());
+    let conns = silent_connections(broker.mqtt, 10);
+    assert_eq!(closed_count(&conns, 5), 5);
+    assert_refused(&broker, "max_pending_connections", 5.0);
+    let topic = unique("pending");
+    bystander.subscribe(&topic, 1);
+    bystander.publish(
+        &topic,
+        1,
+        false,
+        Props::new(),
+        b"connected clients are not pending",
+    );
+    assert_eq!(
+        bystander.expect_publish().text(),
+        "connected clients are not pending"
+    );
+    drop(conns);
+    connects_within_5_s(broker.mqtt, "after the pending connections closed");
+}
+
+/// Writes `bytes` on a fresh connection and asserts the broker closes it
+/// without answering (no CONNACK) within 5 s.
+fn closed_without_answer(addr: SocketAddr, bytes: &[u8], what: &str) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_write_timeout(Some(WAIT)).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let _ = stream.write_all(bytes);
+    let mut buf = [0u8; 64];
+    match stream.read(&mut buf) {
+        Ok(0) => {}
+        Ok(n) => panic!("{what}: the broker answered {:02x?}", &buf[..n]),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            panic!("{what}: still open after 5 s")
+        }
+        Err(_) => {} // reset: closed with unread bytes
+    }
+}
+
+/// `max_connect_packet_bytes` (64 KiB by default; it also bounds the
+/// will): a CONNECT of 1 MiB, and one whose will makes it 71 KB, are
+/// closed without CONNACK; a 60 KB will is fine, and connected clients
+/// never notice.
+#[test]
+fn a_connect_larger_than_max_connect_packet_bytes_is_closed_without_connack() {
+    let broker = start(&[]);
+    let addr = broker.mqtt;
+    let topic = unique("big");
+    let mut bystander = Client::v5(addr, &unique("bystander"), true, Props::new());
+    bystander.subscribe(&topic, 1);
+
+    let mut props = Props::new();
+    let value = "x".repeat(62_000);
+    for i in 0..17 {
+        props = props.user(&format!("k{i}"), &value);
+    }
+    let huge = packet::connect(&unique("huge"), true, 60, &props);
+    assert!(huge.len() >= 1 << 20, "{} bytes", huge.len());
+    closed_without_answer(addr, &huge, "a 1 MiB CONNECT");
+
+    let big_will = vec![b'w'; 65_000];
+    let will_topic = "t".repeat(6_000);
+    let id = unique("big-will");
+    let login = Login {
+        will: Some((&will_topic, &big_will, false)),
+        ..Login::v5(&id)
+    };
+    closed_without_answer(addr, &login.encode(), "a 71 KB will");
+    let fine_will = vec![b'w'; 60_000];
+    let id = unique("fine-will");
+    Login {
+        will: Some(("wills/fine", &fine_will, false)),
+        ..Login::v5(&id)
+    }
+    .accepted(addr);
+
+    let mut publisher = Client::v5(addr, &unique("pub"), true, Props::new());
+    assert_eq!(
+        publisher.publish(&topic, 1, false, Props::new(), b"unaffected"),
+        0
+    );
+    assert_eq!(bystander.expect_publish().text(), "unaffected");
+    assert_refused(&broker, "max_connect_packet_bytes", 2.0);
+}
+
+/// `connect_timeout = 1s`: a connection that sends nothing, or half a
+/// CONNECT, is closed about 1 s after it was accepted; a connected client
+/// is not affected.
+#[test]
+fn a_connection_without_a_complete_connect_is_closed_after_connect_timeout() {
+    let mut args = Vec::new();
+    set(&mut args, "limits.connect_timeout", "1s");
+    let broker = start(&args);
+    let mut good = Client::v5(broker.mqtt, &unique("good"), true, Props::new());
+    let connect = Login::v5(&unique("half")).encode();
+    let opened = Instant::now();
+    let silent = TcpStream::connect(broker.mqtt).unwrap();
+    let mut half = TcpStream::connect(broker.mqtt).unwrap();
+    half.write_all(&connect[..connect.len() / 2]).unwrap();
+    for (what, mut stream) in [("silent", silent), ("half a CONNECT", half)] {
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        let mut buf = [0u8; 16];
+        let read = stream.read(&mut buf);
+        let after = opened.elapsed();
+        assert!(matches!(read, Ok(0) | Err(_)), "{what}: {read:?}");
+        assert!(
+            read.as_ref()
+                .err()
+                .is_none_or(|e| !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)),
+            "{what}: still open after 5 s"
+        );
+        assert!(
+            after >= Duration::from_millis(900) && after < Duration::from_millis(2500),
+            "{what}: closed after {after:?}, connect_timeout is 1 s"
+        );
+    }
+    assert_refused(&broker, "connect_timeout", 2.0);
+    let topic = unique("good");
+    good.subscribe(&topic, 1);
+    good.publish(&topic, 1, false, Props::new(), b"still connected");
+    assert_eq!(good.expect_publish().text(), "still connected");
+}
+
+/// Subscribes `client` to `n` filters `prefix/0..n` in SUBSCRIBEs of 100;
+/// asserts every one granted at QoS 0.
+fn subscribe_many(client: &mut Client, prefix: &str, n: usize) {
+    let filters: Vec<String> = (0..n).map(|i| format!("{prefix}/{i}")).collect();
+    for chunk in filters.chunks(100) {
+        let batch: Vec<(&str, u8)> = chunk.iter().map(|f| (f.as_str(), 0)).collect();
+        let codes = client.subscribe_with(&batch, Props::new());
+        assert_eq!(codes, vec![0; batch.len()]);
+    }
+}
+
+/// `max_subscriptions_per_client = 1000`: the 1,001st subscription gets
+/// SUBACK 0x97 Quota exceeded (3.1.1: 0x80); replacing an existing one is
+/// still allowed.
+#[test]
+fn the_1001st_subscription_is_refused_with_0x97_quota_exceeded() {
+    let mut args = Vec::new();
+    set(&mut args, "limits.max_subscriptions_per_client", "1000");
+    let broker = start(&args);
+    let prefix = unique("many");
+    let mut client = Client::v5(broker.mqtt, &unique("subs"), true, Props::new());
+    subscribe_many(&mut client, &prefix, 1000);
+    let extra = format!("{prefix}/1000");
+    assert_eq!(client.subscribe_with(&[(&extra, 0)], Props::new()), [0x97]);
+    let first = format!("{prefix}/0");
+    assert_eq!(
+        client.subscribe_with(&[(&first, 1)], Props::new()),
+        [1],
+        "the same filter again replaces, it does not add"
+    );
+    let mut old = Client::v311(broker.mqtt, &unique("subs-311"), true);
+    subscribe_many(&mut old, &prefix, 1000);
+    assert_eq!(old.subscribe_with(&[(&extra, 0)], Props::new()), [0x80]);
+    client.publish(&first, 1, false, Props::new(), b"subscribed");
+    assert_eq!(client.expect_publish().text(), "subscribed");
+}
+
+/// `max_topic_levels = 4`, `max_topic_bytes = 32`: longer filters get
+/// SUBACK 0x8F Topic Filter invalid (3.1.1: 0x80); a PUBLISH to a longer
+/// topic name ends the connection with DISCONNECT 0x90 Topic Name invalid
+/// (3.1.1: closed).
+#[test]
+fn topics_beyond_max_topic_levels_or_max_topic_bytes_are_refused() {
+    let mut args = Vec::new();
+    set(&mut args, "limits.max_topic_levels", "4");
+    set(&mut args, "limits.max_topic_bytes", "32");
+    let broker = start(&args);
+    let addr = broker.mqtt;
+    let (x32, x33) = ("x".repeat(32), "x".repeat(33));
+    let mut c = Client::v5(addr, &unique("levels"), true, Props::new());
+    let codes = c.subscribe_with(
+        &[
+            ("a/b/c/d", 0),
+            ("a/b/c/d/e", 0),
+            ("+/+/+/+/#", 0),
+            (&x32, 0),
+            (&x33, 0),
+        ],
+        Props::new(),
+    );
+    assert_eq!(codes, [0, 0x8F, 0x8F, 0, 0x8F]);
+    let mut old = Client::v311(addr, &unique("levels-311"), true);
+    assert_eq!(
+        old.subscribe_with(&[("a/b/c/d/e", 0), ("a/b", 0)], Props::new()),
+        [0x80, 0]
+    );
+
+    assert_eq!(c.publish("a/b/c/d", 1, false, Props::new(), b"4 levels"), 0);
+    c.publish_nowait("a/b/c/d/e", 1, false, Props::new(), b"5 levels");
+    assert_eq!(c.closed_with(WAIT), Some(0x90), "too many levels");
+    let mut c = Client::v5(addr, &unique("bytes"), true, Props::new());
+    c.publish_nowait(&x33, 0, false, Props::new(), b"33 bytes");
+    assert_eq!(c.closed_with(WAIT), Some(0x90), "too many bytes");
+    old.publish_nowait("a/b/c/d/e", 0, false, Props::new(), b"5 levels");
+    assert_eq!(
+        old.closed_with(WAIT),
+        None,
+        "3.1.1: closed without DISCONNECT"
+    );
+    still_serves(addr);
+}
+
+/// The failed sign-in throttle (`auth_failure_threshold = 3`, backoff
+/// 2 s): after 3 wrong passwords from one address, even the right password
+/// is refused with 0x87 (3.1.1: 5), for that user and for others from the
+/// address, without being checked; after the backoff it works again.
+#[test]
+fn after_the_failure_threshold_even_the_right_password_is_refused_until_the_backoff_ends() {
+    let dir = TempDir::new("throttle");
+    let file = dir.path("passwd");
+    passwd(&file, "alice", "right", None);
+    passwd(&file, "bob", "bobs", None);
+    let mut args = Vec::new();
+    set_str(&mut args, "auth.password_file", &file.display().to_string());
+    set(&mut args, "auth.allow_anonymous", "false");
+    set(&mut args, "limits.auth_failure_threshold", "3");
+    set(&mut args, "limits.auth_failure_backoff", "2s");
+    let broker = start(&args);
+    let addr = broker.mqtt;
+    for attempt in 1..=3 {
+        let reason = Login::v5(&unique("guess"))
+            .user("alice", "guess")
+            .reason(addr);
+        assert_eq!(reason, 0x86, "wrong password, attempt {attempt}");
+    }
+    let blocked = Instant::now();
+    assert_eq!(
+        Login::v5(&unique("a")).user("alice", "right").reason(addr),
+        0x87,
+        "the 4th attempt, with the right password, within the backoff"
+    );
+    assert_eq!(
+        Login::v311(&unique("a"))
+            .user("alice", "right")
+            .reason(addr),
+        5
+    );
+    assert_eq!(
+        Login::v5(&unique("b")).user("bob", "bobs").reason(addr),
+        0x87,
+        "the address backs off for every user"
+    );
+    assert!(
+        blocked.elapsed() < Duration::from_millis(1500),
+        "checked within the backoff"
+    );
+    assert_refused(&broker, "bad_credentials", 3.0);
+    assert_refused(&broker, "auth_throttled", 3.0);
+    thread::sleep(Duration::from_millis(2300).saturating_sub(blocked.elapsed()));
+    Login::v5(&unique("a"))
+        .user("alice", "right")
+        .accepted(addr);
+}
+
+/// `max_connections_per_credential = 2`: the third connection signed in as
+/// the same user gets CONNACK 0x97 Quota exceeded (3.1.1: 3); other users
+/// are not affected, and a slot given back is usable again.
+#[test]
+fn the_third_connection_of_a_user_is_refused_with_max_connections_per_credential_2() {
+    let dir = TempDir::new("per-credential");
+    let file = dir.path("passwd");
+    passwd(&file, "alice", "pw", None);
+    passwd(&file, "bob", "pw", None);
+    let mut args = Vec::new();
+    set_str(&mut args, "auth.password_file", &file.display().to_string());
+    set(&mut args, "auth.allow_anonymous", "false");
+    set(&mut args, "limits.max_connections_per_credential", "2");
+    let broker = start(&args);
+    let addr = broker.mqtt;
+    let first = Login::v5(&unique("a1")).user("alice", "pw").accepted(addr);
+    let _second = Login::v311(&unique("a2"))
+        .user("alice", "pw")
+        .accepted(addr);
+    assert_eq!(
+        Login::v5(&unique("a3")).user("alice", "pw").reason(addr),
+        0x97
+    );
+    assert_eq!(
+        Login::v311(&unique("a3")).user("alice", "pw").reason(addr),
+        3
+    );
+    Login::v5(&unique("b1")).user("bob", "pw").accepted(addr);
+    assert_refused(&broker, "max_connections_per_credential", 2.0);
+    first.disconnect();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Login::v5(&unique("a3")).user("alice", "pw").reason(addr) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slot is not given back within 2 s"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// DESIGN.md §9: "out-of-range values stop the start with an error naming
+/// the key and its range" (exit status 2, nothing bound).
+#[test]
+fn out_of_range_limits_refuse_to_start_naming_the_key_and_its_range() {
+    let cases = [
+        (
+            "limits.auth_failure_threshold=0",
+            "limits.auth_failure_threshold = 0 is out of range 1..=1000000",
+        ),
+        (
+            "limits.auth_failure_backoff_max=10s",
+            "limits.auth_failure_backoff_max = 10s is out of range 30s..=1day",
+        ),
+        (
+            "limits.max_connections_per_source=0",
+            "limits.max_connections_per_source = 0 is out of range 1..=10000000",
+        ),
+        (
+            "limits.max_connections_per_credential=0",
+            "limits.max_connections_per_credential = 0 is out of range 1..=10000000",
+        ),
+        (
+            "limits.max_pending_connections=0",
+            "limits.max_pending_connections = 0 is out of range 1..=1000000",
+        ),
+        (
+            "limits.max_connects_authenticating=0",
+            "limits.max_connects_authenticating = 0 is out of range 1..=1000000",
+        ),
+        (
+            "limits.max_connect_packet_bytes=512B",
+            "limits.max_connect_packet_bytes = 512B is out of range 1KiB..=16MiB",
+        ),
+        (
+            "limits.connect_timeout=0s",
+            "limits.connect_timeout = 0s is out of range 1s..=5m",
+        ),
+        (
+            "limits.max_subscriptions_per_client=0",
+            "limits.max_subscriptions_per_client = 0 is out of range 1..=1000000",
+        ),
+        (
+            "limits.max_topic_levels=1025",
+            "limits.max_topic_levels = 1025 is out of range 1..=1024",
+        ),
+        (
+            "limits.max_topic_bytes=70000",
+            "limits.max_topic_bytes = 70000 is out of range 1..=65535",
+        ),
+        (
+            "auth.acl_cache_ttl=0s",
+            "auth.acl_cache_ttl = 0s is out of range 1s..=1h",
+        ),
+    ];
+    for (setting, message) in cases {
+        let out = run_with_timeout(
+            Command::new(env!("CARGO_BIN_EXE_fleetmq"))
+                .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+                .args(["--set", setting]),
+            Duration::from_secs(10),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{setting}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{setting}: expected {message:?} in {stderr}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("fleetmq: ready"),
+            "{setting}: never ready"
+        );
+    }
+}
