@@ -294,6 +294,12 @@ async fn write_packet(shard: &Shard, transport: &mut Transport, packet: &Packet,
 
 async fn refuse(shard: &Shard, transport: &mut Transport, connect: &Connect, refusal: Refusal) {
     debug!(target: "broker", reason = ?refusal.reason, detail = refusal.detail, "CONNECT refused");
+    if !connect.protocol.is_v5() && refusal.reason == ReasonCode::TOPIC_NAME_INVALID {
+        // 3.1.1 has no return code for a bad Will Topic: it is a protocol
+        // violation, and the connection is closed without CONNACK
+        // `[MQTT-3.1.3-11]`, 3.1.1 §4.8.
+        return;
+    }
     write_packet(shard, transport, &Packet::ConnAck(refusal.connack(connect.protocol)), connect.protocol).await;
 }
 

@@ -27,7 +27,7 @@ use crate::packet::{
     Disconnect, Packet, PacketId, Properties, ProtocolVersion, PubResponse, Publish, QoS,
     ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
-use crate::topic::{parse_shared, validate_topic_filter, validate_topic_name, TopicLimits};
+use crate::topic::{parse_shared, validate_topic_filter, validate_topic_name, TopicError, TopicLimits};
 
 pub use connect::{negotiate, ConnectLimits, Negotiated, Refusal};
 
@@ -731,6 +731,13 @@ impl Session {
             self.close_with(ReasonCode::TOPIC_NAME_INVALID, out);
             return;
         }
+        if let Some(response_topic) = &publish.properties.response_topic {
+            // A Response Topic is a topic name: no wildcards `[MQTT-3.3.2-14]`.
+            if validate_topic_name(response_topic, &self.limits.topic).is_err() {
+                self.protocol_error(out);
+                return;
+            }
+        }
         if v5 && !publish.properties.subscription_identifiers.is_empty() {
             // A PUBLISH from a client must not carry one `[MQTT-3.3.4-6]`.
             self.protocol_error(out);
@@ -738,7 +745,10 @@ impl Session {
         }
         let format_invalid = publish.properties.payload_format_indicator == Some(1)
             && std::str::from_utf8(&publish.payload).is_err();
-        let denied = self.authorizer.as_ref().is_some_and(|a| !a.may_publish(&publish.topic));
+        // `$SYS/` belongs to the broker (MQTT 5 §4.7.2): clients may read it,
+        // never write it.
+        let denied = publish.topic.starts_with("$SYS")
+            || self.authorizer.as_ref().is_some_and(|a| !a.may_publish(&publish.topic));
         // Refused publishes get a reason code on MQTT 5; 3.1.1 has none, so
         // the message is acknowledged and dropped, as Mosquitto does.
         let ack_reason = match (v5, denied, format_invalid) {
@@ -805,7 +815,16 @@ impl Session {
         let mut reasons = Vec::with_capacity(subscribe.filters.len());
         let mut changes = Vec::with_capacity(subscribe.filters.len());
         for (filter, options) in subscribe.filters {
-            let reason = if validate_topic_filter(&filter, &self.limits.topic).is_err() {
+            let valid = validate_topic_filter(&filter, &self.limits.topic);
+            let reason = if let Err(error) = valid {
+                let over_limit = matches!(error, TopicError::TooLong { .. } | TopicError::TooManyLevels { .. });
+                if !v5 && !over_limit {
+                    // A filter the spec forbids is a protocol violation,
+                    // which closes a 3.1.1 connection (3.1.1 §4.8); one
+                    // over the broker's limits gets SUBACK 0x80.
+                    self.close_with(ReasonCode::TOPIC_FILTER_INVALID, out);
+                    return;
+                }
                 if v5 { ReasonCode::TOPIC_FILTER_INVALID } else { ReasonCode::UNSPECIFIED_ERROR }
             } else if parse_shared(&filter).is_some() && options.no_local {
                 // No Local on a shared subscription `[MQTT-3.8.3-4]`.

@@ -498,6 +498,45 @@ fn shared_qos2_deliveries_in_flight_stay_with_the_member() {
     assert_eq!(s.inflight(), 1);
 }
 
+#[test]
+fn clients_may_not_publish_into_sys() {
+    // `$SYS/` belongs to the broker (MQTT 5 §4.7.2): MQTT 5 gets PUBACK
+    // 0x87, 3.1.1 an acknowledgement without forwarding.
+    let t0 = Instant::now();
+    for (protocol, reason) in [(ProtocolVersion::V5, ReasonCode::NOT_AUTHORIZED), (ProtocolVersion::V3_1_1, ReasonCode::SUCCESS)] {
+        let mut s = session_with(protocol, 10, SessionLimits::default());
+        let mut out = vec![];
+        s.handle(publish("$SYS/broker/version", QoS::AtLeastOnce, Some(1)), t0, &mut out);
+        let Output::Send(Packet::PubAck(ack)) = &out[0] else { panic!("{out:?}") };
+        assert_eq!(ack.reason, reason);
+        assert_eq!(out.len(), 1, "nothing forwarded");
+        assert_eq!(s.take_drops().not_authorized, 1);
+    }
+}
+
+#[test]
+fn a_response_topic_with_wildcards_is_a_protocol_error() {
+    // [MQTT-3.3.2-14]
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let Packet::Publish(mut p) = publish("req", QoS::AtMostOnce, None) else { unreachable!() };
+    p.properties.response_topic = Some("reply/#".into());
+    let mut out = vec![];
+    s.handle(Packet::Publish(p), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::PROTOCOL_ERROR), publish_will: true }]);
+}
+
+#[test]
+fn an_invalid_filter_closes_a_3_1_1_connection() {
+    // 3.1.1 §4.8: a protocol violation closes the connection (no SUBACK).
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V3_1_1, 10, SessionLimits::default());
+    let filters = vec![(ByteString::from("a/#/b"), SubscriptionOptions::default())];
+    let mut out = vec![];
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default(), filters }), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: None, publish_will: true }]);
+}
+
 mod properties {
     //! Property tests: whatever the interleaving of deliveries and
     //! acknowledgements, the session never exceeds the client's Receive

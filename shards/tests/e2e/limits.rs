@@ -442,6 +442,41 @@ fn the_third_connection_of_a_user_is_refused_with_max_connections_per_credential
     }
 }
 
+/// `max_connects_authenticating = 1`: while one argon2 check runs (tens of
+/// milliseconds), CONNECTs that need another get CONNACK 0x89 Server busy;
+/// the broker keeps serving, and once the burst is over sign-in works.
+#[test]
+fn connects_beyond_max_connects_authenticating_get_0x89_server_busy() {
+    let dir = TempDir::new("authenticating");
+    let file = dir.path("passwd");
+    passwd(&file, "alice", "pw", None);
+    let mut args = Vec::new();
+    set_str(&mut args, "auth.password_file", &file.display().to_string());
+    set(&mut args, "auth.allow_anonymous", "false");
+    set(&mut args, "limits.max_connects_authenticating", "1");
+    let broker = start(&args);
+    let addr = broker.mqtt;
+    // Twenty CONNECTs written at once, each needing a password check.
+    let mut clients: Vec<RawClient> = (0..20).map(|_| RawClient::connect(addr)).collect();
+    for client in &mut clients {
+        client.send(&Login::v5(&unique("burst")).user("alice", "pw").encode());
+    }
+    let reasons: Vec<Option<u8>> = clients
+        .iter_mut()
+        .map(|c| match c.read(WAIT) {
+            Incoming::Packet { header: 0x20, body } => Some(body[1]),
+            _ => None,
+        })
+        .collect();
+    assert!(reasons.contains(&Some(0)), "some got in: {reasons:?}");
+    assert!(reasons.contains(&Some(0x89)), "some were refused as busy: {reasons:?}");
+    assert!(reasons.iter().all(|r| matches!(r, Some(0) | Some(0x89))), "{reasons:?}");
+    let busy = reasons.iter().filter(|r| **r == Some(0x89)).count();
+    assert_refused(&broker, "max_connects_authenticating", busy as f64);
+    drop(clients);
+    Login::v5(&unique("after")).user("alice", "pw").accepted(addr);
+}
+
 /// DESIGN.md §9: "out-of-range values stop the start with an error naming
 /// the key and its range" (exit status 2, nothing bound).
 #[test]

@@ -74,14 +74,19 @@ impl Reader {
         Ok(self.buf.get_u32())
     }
 
-    /// A Variable Byte Integer (§1.5.5): at most four bytes; non-minimal
-    /// encodings are accepted.
+    /// A Variable Byte Integer (§1.5.5): at most four bytes, in the minimal
+    /// encoding `[MQTT-1.5.5-1]`.
     pub(super) fn varint(&mut self) -> Result<u32, DecodeError> {
         let mut value = 0u32;
         for i in 0..4 {
             let byte = self.u8()?;
             value |= u32::from(byte & 0x7F) << (7 * i);
             if byte & 0x80 == 0 {
+                if i > 0 && byte == 0 {
+                    return Err(DecodeError::Malformed(
+                        "Variable Byte Integer not in its minimal encoding [MQTT-1.5.5-1]",
+                    ));
+                }
                 return Ok(value);
             }
         }

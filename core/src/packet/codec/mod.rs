@@ -208,7 +208,7 @@ fn check_flags(flags: u8, expected: u8) -> Result<(), DecodeError> {
 /// Parses the Remaining Length (MQTT 5 §2.1.4) after the first byte:
 /// `Some((remaining length, fixed header length))`, or `None` when more
 /// bytes are needed. A fourth byte with the continuation bit is Malformed at
-/// once, without waiting for a fifth.
+/// once, without waiting for a fifth; so is a non-minimal encoding.
 fn remaining_length(buf: &[u8]) -> Result<Option<(usize, usize)>, DecodeError> {
     let mut value = 0usize;
     for i in 0..4 {
@@ -217,6 +217,10 @@ fn remaining_length(buf: &[u8]) -> Result<Option<(usize, usize)>, DecodeError> {
         };
         value |= usize::from(byte & 0x7F) << (7 * i);
         if byte & 0x80 == 0 {
+            if i > 0 && byte == 0 {
+                // `[MQTT-1.5.5-1]`: the minimum number of bytes.
+                return Err(DecodeError::Malformed("Remaining Length not in its minimal encoding [MQTT-1.5.5-1]"));
+            }
             return Ok(Some((value, 2 + i)));
         }
     }

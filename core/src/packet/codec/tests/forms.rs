@@ -4,7 +4,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::{decode_one, encoded, hex, packet, V3_1_1, V5};
-use crate::packet::codec::{encode, encoded_len, EncodeError};
+use crate::packet::codec::{encode, encoded_len, DecodeError, EncodeError};
 use crate::packet::{
     Auth, ConnAck, Disconnect, Packet, PacketId, Properties, ProtocolVersion, PubResponse, Publish,
     QoS, ReasonCode, SubAck, UnsubAck,
@@ -83,15 +83,13 @@ fn mqtt5_auth_success_without_properties_has_no_body() {
 }
 
 #[test]
-fn a_non_minimal_remaining_length_is_accepted() {
-    assert_eq!(
-        decode_one(BytesMut::from(&hex("c0 80 00")[..]), V5).unwrap(),
-        Packet::PingReq
-    );
-    assert_eq!(
-        decode_one(BytesMut::from(&hex("c0 80 80 80 00")[..]), V5).unwrap(),
-        Packet::PingReq
-    );
+fn a_non_minimal_remaining_length_is_malformed_mqtt_1_5_5_1() {
+    for wire in ["c0 80 00", "c0 80 80 80 00"] {
+        assert!(matches!(
+            decode_one(BytesMut::from(&hex(wire)[..]), V5),
+            Err(DecodeError::Malformed(_))
+        ));
+    }
 }
 
 #[test]
