@@ -242,6 +242,22 @@ struct Inflight {
     state: InflightState,
 }
 
+/// Topic aliases of one connection (MQTT 5 §3.3.2.3.4).
+#[derive(Default)]
+struct Aliases {
+    /// Set by the client towards us.
+    inbound: HashMap<u16, ByteString>,
+    /// Set by us towards the client.
+    outbound: HashMap<ByteString, u16>,
+}
+
+/// The authorizer and its cache of delivery decisions.
+struct Access {
+    authorizer: Arc<dyn Authorize>,
+    cache: AuthorizeCache,
+    receive_decisions: HashMap<ByteString, (bool, Instant)>,
+}
+
 /// The server-side state of one MQTT session.
 pub struct Session {
     client_id: ByteString,
@@ -260,14 +276,12 @@ pub struct Session {
     queue: VecDeque<Delivery>,
     inbound_qos2: HashSet<u16>,
     drops: DropCounts,
-    /// Topic aliases the client set on this connection (MQTT 5 §3.3.2.3.4).
-    inbound_aliases: HashMap<u16, ByteString>,
-    /// Topic aliases we set towards the client on this connection.
-    outbound_aliases: HashMap<ByteString, u16>,
+    /// Topic aliases of this connection, allocated on first use: most
+    /// clients use none, and an idle session should cost little.
+    aliases: Option<Box<Aliases>>,
     client_topic_alias_maximum: u16,
-    authorizer: Option<Arc<dyn Authorize>>,
-    authorize_cache: AuthorizeCache,
-    receive_decisions: HashMap<ByteString, (bool, Instant)>,
+    /// Access control, present only when an ACL is configured.
+    access: Option<Box<Access>>,
     /// Prefix of every topic inside the broker for this client's workspace
     /// (empty for the default workspace). It starts with U+0000, which no
     /// client can send, so no topic or filter of one workspace can name
@@ -330,12 +344,9 @@ impl Session {
             queue: VecDeque::new(),
             inbound_qos2: HashSet::new(),
             drops: DropCounts::default(),
-            inbound_aliases: HashMap::new(),
-            outbound_aliases: HashMap::new(),
+            aliases: None,
             client_topic_alias_maximum: negotiated.client_topic_alias_maximum,
-            authorizer: None,
-            authorize_cache: AuthorizeCache::default(),
-            receive_decisions: HashMap::new(),
+            access: None,
             namespace: ByteString::new(),
         }
     }
@@ -343,9 +354,7 @@ impl Session {
     /// Check PUBLISH, SUBSCRIBE and deliveries with `authorizer` from now
     /// on (none: everything allowed).
     pub fn set_authorizer(&mut self, authorizer: Option<Arc<dyn Authorize>>, cache: AuthorizeCache) {
-        self.authorizer = authorizer;
-        self.authorize_cache = cache;
-        self.receive_decisions.clear();
+        self.access = authorizer.map(|authorizer| Box::new(Access { authorizer, cache, receive_decisions: HashMap::new() }));
     }
 
     /// Keep this session's topics inside workspace prefix `namespace`
@@ -362,18 +371,18 @@ impl Session {
     /// May this client receive a message on the internal `topic`? Asks the
     /// authorizer at most once per `ttl` per topic.
     fn may_receive(&mut self, topic: &ByteString, now: Instant) -> bool {
-        let Some(authorizer) = &self.authorizer else { return true };
-        if let Some((allowed, at)) = self.receive_decisions.get(topic) {
-            if now.saturating_duration_since(*at) < self.authorize_cache.ttl {
+        let Some(access) = &mut self.access else { return true };
+        if let Some((allowed, at)) = access.receive_decisions.get(topic) {
+            if now.saturating_duration_since(*at) < access.cache.ttl {
                 return *allowed;
             }
         }
         let visible = topic.strip_prefix(&*self.namespace).unwrap_or(topic);
-        let allowed = authorizer.may_receive(visible);
-        if self.receive_decisions.len() >= self.authorize_cache.max_topics {
-            self.receive_decisions.clear();
+        let allowed = access.authorizer.may_receive(visible);
+        if access.receive_decisions.len() >= access.cache.max_topics {
+            access.receive_decisions.clear();
         }
-        self.receive_decisions.insert(topic.clone(), (allowed, now));
+        access.receive_decisions.insert(topic.clone(), (allowed, now));
         allowed
     }
 
@@ -464,8 +473,7 @@ impl Session {
         self.client_receive_maximum = negotiated.client_receive_maximum;
         self.client_max_packet_size = negotiated.client_max_packet_size;
         // Topic aliases last as long as one connection `[MQTT-3.3.2-10]`.
-        self.inbound_aliases.clear();
-        self.outbound_aliases.clear();
+        self.aliases = None;
         self.client_topic_alias_maximum = negotiated.client_topic_alias_maximum;
         for pid in self.inflight_order.values() {
             let entry = &self.inflight[pid];
@@ -541,15 +549,16 @@ impl Session {
         if self.client_topic_alias_maximum == 0 {
             return None;
         }
-        if let Some(alias) = self.outbound_aliases.get(topic) {
+        let outbound = &mut self.aliases.get_or_insert_with(Default::default).outbound;
+        if let Some(alias) = outbound.get(topic) {
             return Some((*alias, false));
         }
-        let next = self.outbound_aliases.len() + 1;
+        let next = outbound.len() + 1;
         if next > usize::from(self.client_topic_alias_maximum) {
             return None;
         }
         let alias = next as u16;
-        self.outbound_aliases.insert(topic.clone(), alias);
+        outbound.insert(topic.clone(), alias);
         Some((alias, true))
     }
 
@@ -557,8 +566,10 @@ impl Session {
     /// when the PUBLISH carrying it was not sent after all.
     pub fn forget_outbound_topic_alias(&mut self, topic: &ByteString) {
         // Aliases are handed out in order, so only the newest can be undone.
-        if self.outbound_aliases.get(topic).is_some_and(|a| usize::from(*a) == self.outbound_aliases.len()) {
-            self.outbound_aliases.remove(topic);
+        if let Some(aliases) = &mut self.aliases {
+            if aliases.outbound.get(topic).is_some_and(|a| usize::from(*a) == aliases.outbound.len()) {
+                aliases.outbound.remove(topic);
+            }
         }
     }
 
@@ -709,7 +720,7 @@ impl Session {
                 return;
             }
             if publish.topic.is_empty() {
-                match self.inbound_aliases.get(&alias) {
+                match self.aliases.as_ref().and_then(|a| a.inbound.get(&alias)) {
                     Some(topic) => publish.topic = topic.clone(),
                     None => {
                         // An alias never set, with no topic: Protocol Error
@@ -719,7 +730,7 @@ impl Session {
                     }
                 }
             } else if validate_topic_name(&publish.topic, &self.limits.topic).is_ok() {
-                self.inbound_aliases.insert(alias, publish.topic.clone());
+                self.aliases.get_or_insert_with(Default::default).inbound.insert(alias, publish.topic.clone());
             }
         } else if v5 && publish.topic.is_empty() {
             // No topic and no alias `[MQTT-3.3.2-1]`: Protocol Error.
@@ -748,7 +759,7 @@ impl Session {
         // `$SYS/` belongs to the broker (MQTT 5 §4.7.2): clients may read it,
         // never write it.
         let denied = publish.topic.starts_with("$SYS")
-            || self.authorizer.as_ref().is_some_and(|a| !a.may_publish(&publish.topic));
+            || self.access.as_ref().is_some_and(|a| !a.authorizer.may_publish(&publish.topic));
         // Refused publishes get a reason code on MQTT 5; 3.1.1 has none, so
         // the message is acknowledged and dropped, as Mosquitto does.
         let ack_reason = match (v5, denied, format_invalid) {
@@ -830,7 +841,7 @@ impl Session {
                 // No Local on a shared subscription `[MQTT-3.8.3-4]`.
                 self.protocol_error(out);
                 return;
-            } else if self.authorizer.as_ref().is_some_and(|a| !a.may_subscribe(&filter)) {
+            } else if self.access.as_ref().is_some_and(|a| !a.authorizer.may_subscribe(&filter)) {
                 if v5 { ReasonCode::NOT_AUTHORIZED } else { ReasonCode::UNSPECIFIED_ERROR }
             } else if !self.subscriptions.contains_key(&internal_filter(&self.namespace, &filter))
                 && self.subscriptions.len() >= self.limits.max_subscriptions
