@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use fleetmq_loadgen::compare::{compare, parse_fraction, Figures, Thresholds};
-use fleetmq_loadgen::options::RunArgs;
+use fleetmq_loadgen::options::{RunArgs, SoakArgs};
 use fleetmq_loadgen::scenario::{run, RunError};
 
 #[global_allocator]
@@ -40,10 +40,12 @@ enum Command {
         #[arg(long, value_parser = parse_fraction, default_value = "0.95")]
         min_throughput_ratio: f64,
     },
-    /// Long run checking every message (not implemented yet).
-    Soak,
-    /// TCP fault-injection proxy (not implemented yet).
-    Proxy,
+    /// Long run checking every message (QoS 1/2: no loss, per-publisher
+    /// order, duplicates counted), one report line per --report-every.
+    Soak(Box<SoakArgs>),
+    /// TCP fault-injection proxy: --delay, --bandwidth, --hold-upstream
+    /// (SIGUSR2 toggles), --cut-after, SIGUSR1 cuts every connection.
+    Proxy(Box<fleetmq_loadgen::proxy::ProxyArgs>),
 }
 
 fn main() -> ExitCode {
@@ -61,14 +63,32 @@ fn main() -> ExitCode {
             };
             compare_command(&baseline, &candidate, &t)
         }
-        Command::Soak => not_implemented("`soak`"),
-        Command::Proxy => not_implemented("`proxy`"),
+        Command::Soak(args) => soak_command(&args),
+        Command::Proxy(args) => match fleetmq_loadgen::proxy::run(*args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fleetmq-loadgen: proxy: {e}");
+                ExitCode::from(1)
+            }
+        },
     }
 }
 
-fn not_implemented(what: &str) -> ExitCode {
-    eprintln!("fleetmq-loadgen: {what} is not implemented yet");
-    ExitCode::from(2)
+fn soak_command(args: &SoakArgs) -> ExitCode {
+    let cfg = match args.config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fleetmq-loadgen: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match fleetmq_loadgen::verify::run(cfg) {
+        Ok(report) => finish(report, args.json.as_deref()),
+        Err(e) => {
+            eprintln!("fleetmq-loadgen: error: setup failed: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn run_command(args: RunArgs) -> ExitCode {
@@ -84,9 +104,13 @@ fn run_command(args: RunArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    finish(report, json.as_deref())
+}
+
+fn finish(report: fleetmq_loadgen::report::Report, json: Option<&std::path::Path>) -> ExitCode {
     print!("{}", report.summary());
     if let Some(path) = json {
-        if let Err(e) = report.write_json(&path) {
+        if let Err(e) = report.write_json(path) {
             eprintln!("fleetmq-loadgen: error: {e:#}");
             return ExitCode::from(1);
         }

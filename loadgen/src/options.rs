@@ -28,9 +28,11 @@ pub enum Scenario {
     /// Hold `--connections` idle connections with keep-alive; the broker's
     /// RSS per connection when `--broker-pid` is given.
     Idle,
-    /// Publishers → a `$share` group (not implemented yet).
+    /// Publishers on `{prefix}/{i}` → `--subscribers` members of
+    /// `$share/{--share-group}/{prefix}/+`; each message to exactly one.
     Shared,
-    /// A persistent-session subscriber that reconnects (not implemented yet).
+    /// Persistent-session subscribers that disconnect every
+    /// `--reconnect-every` for `--offline-for` while publishers run.
     Persistent,
 }
 
@@ -182,14 +184,16 @@ impl Protocol {
     }
 }
 
-fn parse_qos(s: &str) -> Result<u8, String> {
+/// Parses a QoS: 0, 1 or 2.
+pub fn parse_qos(s: &str) -> Result<u8, String> {
     match s {
         "0" | "1" | "2" => Ok(s.as_bytes()[0] - b'0'),
         _ => Err(format!("`{s}`: QoS must be 0, 1 or 2")),
     }
 }
 
-fn parse_payload_size(s: &str) -> Result<usize, String> {
+/// Parses a payload size (16 B to 256 MiB).
+pub fn parse_payload_size(s: &str) -> Result<usize, String> {
     let n = parse_count(s)? as usize;
     if n < PAYLOAD_HEADER_BYTES {
         return Err(format!(
@@ -304,6 +308,136 @@ pub struct RunArgs {
     /// Write the result as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// persistent: time connected between disconnects.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub reconnect_every: Duration,
+    /// persistent: time offline before reconnecting.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub offline_for: Duration,
+    /// persistent, MQTT 5: Session Expiry Interval in seconds (> 0).
+    #[arg(long, default_value_t = 300)]
+    pub session_expiry: u32,
+    /// shared: the group name in `$share/{group}/...`.
+    #[arg(long, default_value = "loadgen")]
+    pub share_group: String,
+}
+
+/// Options of `fleetmq-loadgen soak`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct SoakArgs {
+    /// Broker URL, mqtt://HOST:PORT. Repeatable (clients round-robin).
+    #[arg(long = "url", value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
+    pub urls: Vec<BrokerUrl>,
+    /// MQTT protocol version.
+    #[arg(long, value_enum, default_value = "3.1.1")]
+    pub protocol: Protocol,
+    /// QoS of publishes and subscriptions (0, 1 or 2).
+    #[arg(long, value_parser = parse_qos, default_value = "1")]
+    pub qos: u8,
+    /// Payload size in bytes, at least 16.
+    #[arg(long, value_parser = parse_payload_size, default_value = "64")]
+    pub payload_size: usize,
+    /// Offered rate in msg/s in total, or `max` (closed loop, --window).
+    #[arg(long, value_parser = parse_rate, default_value = "1000")]
+    #[serde(serialize_with = "serialize_rate")]
+    pub rate: Rate,
+    /// Closed loop: at most this many messages per subscriber published
+    /// but not yet received.
+    #[arg(long, default_value_t = 1000)]
+    pub window: u64,
+    /// How long to publish, e.g. 8h.
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub duration: Duration,
+    /// One report line per interval.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub report_every: Duration,
+    /// Publishers, on `{prefix}/{i}`.
+    #[arg(long, default_value_t = 10)]
+    pub publishers: usize,
+    /// Subscribers, each on `{prefix}/+`.
+    #[arg(long, default_value_t = 1)]
+    pub subscribers: usize,
+    /// Topic prefix; default `loadgen/PID`.
+    #[arg(long)]
+    pub topic_prefix: Option<String>,
+    /// User name sent in CONNECT.
+    #[arg(long)]
+    pub username: Option<String>,
+    /// Password sent in CONNECT.
+    #[arg(long)]
+    #[serde(skip)]
+    pub password: Option<String>,
+    /// How long to wait for a TCP connect, CONNACK or SUBACK.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[serde(serialize_with = "serialize_duration")]
+    pub connect_timeout: Duration,
+    /// Write the result as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+impl SoakArgs {
+    /// The checked-flow configuration, after checking the options.
+    ///
+    /// # Errors
+    /// A message naming the bad option.
+    pub fn config(&self) -> Result<crate::verify::VerifyConfig, String> {
+        if self.publishers == 0 || self.subscribers == 0 {
+            return Err("--publishers and --subscribers must be at least 1".into());
+        }
+        if self.duration.is_zero() || self.report_every.is_zero() {
+            return Err("--duration and --report-every must be above 0".into());
+        }
+        if self.window == 0 {
+            return Err("--window must be at least 1".into());
+        }
+        check_prefix(&self.topic_prefix)?;
+        Ok(crate::verify::VerifyConfig {
+            mode: crate::verify::Mode::Soak,
+            scenario: "soak".into(),
+            options: serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
+            urls: self.urls.clone(),
+            connect: crate::client::ConnectOptions {
+                version: self.protocol.version(),
+                keep_alive: 0,
+                username: self.username.clone(),
+                password: self.password.clone(),
+                timeout: self.connect_timeout,
+            },
+            qos: self.qos,
+            payload_size: self.payload_size,
+            rate: self.rate,
+            window: self.window,
+            duration: self.duration,
+            publishers: self.publishers,
+            subscribers: self.subscribers,
+            prefix: self
+                .topic_prefix
+                .clone()
+                .unwrap_or_else(|| format!("loadgen/{}", std::process::id())),
+            share_group: String::new(),
+            reconnect_every: Duration::ZERO,
+            offline_for: Duration::ZERO,
+            session_expiry: 0,
+            report_every: Some(self.report_every),
+        })
+    }
+}
+
+fn check_prefix(prefix: &Option<String>) -> Result<(), String> {
+    if let Some(prefix) = prefix {
+        if prefix.contains(['+', '#']) || prefix.is_empty() || prefix.starts_with('$') {
+            return Err(
+                "--topic-prefix must be a non-empty topic name without wildcards or a leading $"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
 }
 
 fn serialize_rate<S: serde::Serializer>(r: &Rate, s: S) -> Result<S::Ok, S::Error> {
@@ -332,6 +466,7 @@ impl RunArgs {
     pub fn subscriber_count(&self) -> usize {
         self.subscribers.unwrap_or(match self.scenario {
             Scenario::FanOut => 100,
+            Scenario::Shared => 4,
             _ => 1,
         })
     }
@@ -354,7 +489,10 @@ impl RunArgs {
         if self.window == 0 {
             return Err("--window must be at least 1".into());
         }
-        if matches!(self.scenario, Scenario::FanIn | Scenario::FanOut) {
+        if matches!(
+            self.scenario,
+            Scenario::FanIn | Scenario::FanOut | Scenario::Shared | Scenario::Persistent
+        ) {
             if self.publisher_count() == 0 || self.subscriber_count() == 0 {
                 return Err("--publishers and --subscribers must be at least 1".into());
             }
@@ -367,14 +505,60 @@ impl RunArgs {
         {
             return Err("--connections and --connect-rate must be at least 1".into());
         }
-        if let Some(prefix) = &self.topic_prefix {
-            if prefix.contains(['+', '#']) || prefix.is_empty() {
+        if self.scenario == Scenario::Persistent {
+            if self.reconnect_every.is_zero() {
+                return Err("--reconnect-every must be above 0".into());
+            }
+            if self.session_expiry == 0 {
                 return Err(
-                    "--topic-prefix must be a non-empty topic name without wildcards".into(),
+                    "--session-expiry must be above 0 (the session must outlive the connection)"
+                        .into(),
                 );
             }
         }
-        Ok(())
+        if self.scenario == Scenario::Shared
+            && (self.share_group.is_empty() || self.share_group.contains(['/', '+', '#']))
+        {
+            return Err("--share-group must be non-empty, without `/`, `+` or `#`".into());
+        }
+        check_prefix(&self.topic_prefix)
+    }
+
+    /// The checked-flow configuration of `persistent` and `shared`.
+    pub fn verify_config(&self) -> crate::verify::VerifyConfig {
+        crate::verify::VerifyConfig {
+            mode: if self.scenario == Scenario::Shared {
+                crate::verify::Mode::Shared
+            } else {
+                crate::verify::Mode::Persistent
+            },
+            scenario: serde_json::to_value(self.scenario)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            options: serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
+            urls: self.urls.clone(),
+            connect: crate::client::ConnectOptions {
+                version: self.protocol.version(),
+                keep_alive: 0,
+                username: self.username.clone(),
+                password: self.password.clone(),
+                timeout: self.connect_timeout,
+            },
+            qos: self.qos,
+            payload_size: self.payload_size,
+            rate: self.rate,
+            window: self.window,
+            duration: self.duration,
+            publishers: self.publisher_count(),
+            subscribers: self.subscriber_count(),
+            prefix: self.prefix(),
+            share_group: self.share_group.clone(),
+            reconnect_every: self.reconnect_every,
+            offline_for: self.offline_for,
+            session_expiry: self.session_expiry,
+            report_every: None,
+        }
     }
 }
 

@@ -74,6 +74,9 @@ pub struct Report {
     pub errors: BTreeMap<String, u64>,
     /// Connection figures (connect-storm, idle).
     pub connections: Option<ConnectionFigures>,
+    /// Per-message accounting of `persistent`, `shared` and `soak`.
+    #[serde(default)]
+    pub verify: Option<crate::verify::VerifyFigures>,
     /// "ok", or what went wrong (loss, missing acks).
     pub check: String,
     /// False when the run must exit non-zero: loss or missing acks at
@@ -85,13 +88,25 @@ pub struct Report {
 impl Report {
     /// A report with the metadata filled and every figure zero.
     pub fn new(args: &RunArgs, latency: &Latency) -> Report {
+        let scenario = serde_json::to_value(args.scenario)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let options = serde_json::to_value(args).unwrap_or(serde_json::Value::Null);
+        Report::with_meta(&scenario, options, args.duration, latency)
+    }
+
+    /// A report for `scenario` with these options, every figure zero.
+    pub fn with_meta(
+        scenario: &str,
+        options: serde_json::Value,
+        measured: std::time::Duration,
+        latency: &Latency,
+    ) -> Report {
         Report {
             tool: "fleetmq-loadgen".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            scenario: serde_json::to_value(args.scenario)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            scenario: scenario.to_string(),
             timestamp_unix_s: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -99,8 +114,8 @@ impl Report {
             machine_cores: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
-            options: serde_json::to_value(args).unwrap_or(serde_json::Value::Null),
-            measured_s: args.duration.as_secs_f64(),
+            options,
+            measured_s: measured.as_secs_f64(),
             publishers: 0,
             subscribers: 0,
             sent: 0,
@@ -115,6 +130,7 @@ impl Report {
             histogram_v2_base64: latency.to_base64(),
             errors: BTreeMap::new(),
             connections: None,
+            verify: None,
             check: "ok".into(),
             passed: true,
         }
@@ -172,6 +188,22 @@ impl Report {
             "  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (mean {:.1}, {} samples)\n",
             l.p50, l.p90, l.p99, l.p999, l.max, l.mean, l.count
         );
+        if let Some(v) = &self.verify {
+            s += &format!(
+                "checked      {} distinct received, {} missing, {} duplicates, {} order violations ({} deliveries)\n",
+                v.received_distinct, v.missing, v.duplicates, v.order_violations, v.deliveries
+            );
+            if v.reconnects > 0 || v.sessions_lost > 0 {
+                s += &format!(
+                    "sessions     {} reconnects, {} sessions lost\n",
+                    v.reconnects, v.sessions_lost
+                );
+            }
+            if v.per_subscriber.len() > 1 {
+                let list: Vec<String> = v.per_subscriber.iter().map(u64::to_string).collect();
+                s += &format!("per member   {}\n", list.join(" "));
+            }
+        }
         if self.errors.is_empty() {
             s += "errors       none\n";
         } else {

@@ -52,8 +52,8 @@ pub fn run(args: RunArgs) -> Result<Report, RunError> {
     match args.scenario {
         Scenario::FanIn | Scenario::FanOut => run_flow(args),
         Scenario::ConnectStorm | Scenario::Idle => crate::connections::run(args),
-        Scenario::Shared => Err(RunError::NotImplemented("the `shared` scenario")),
-        Scenario::Persistent => Err(RunError::NotImplemented("the `persistent` scenario")),
+        Scenario::Shared | Scenario::Persistent => crate::verify::run(args.verify_config())
+            .map_err(|e| RunError::Failed(format!("setup failed: {e}"))),
     }
 }
 

@@ -51,6 +51,14 @@ fn broker_binary() -> PathBuf {
 }
 
 fn start_broker() -> Broker {
+    start_broker_with("1")
+}
+
+fn start_broker_with(shards: &str) -> Broker {
+    start_broker_set(shards, &[])
+}
+
+fn start_broker_set(shards: &str, set: &[&str]) -> Broker {
     let mut child = Command::new(broker_binary())
         .args([
             "serve",
@@ -59,10 +67,11 @@ fn start_broker() -> Broker {
             "--admin",
             "",
             "--shards",
-            "1",
+            shards,
             "--set",
             "store.kind=none",
         ])
+        .args(set.iter().flat_map(|s| ["--set", s]))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -190,4 +199,314 @@ fn invalid_options_exit_2() {
         loadgen(&["run", "fan-in", "--rate", "lots"]).status.code(),
         Some(2)
     );
+}
+
+fn read_json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn temp_json(name: &str) -> PathBuf {
+    // Not the fan-in test's folder: that test removes it when done.
+    std::env::temp_dir().join(format!("loadgen-e2e-{}-{name}", std::process::id()))
+}
+
+fn assert_ok(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "loadgen failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn persistent_subscriber_gets_everything_back_across_reconnects() {
+    let broker = start_broker();
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    for protocol in ["3.1.1", "5"] {
+        let json = temp_json(&format!("persistent-{protocol}.json"));
+        let out = loadgen(&[
+            "run",
+            "persistent",
+            "--url",
+            &url,
+            "--protocol",
+            protocol,
+            "--qos",
+            "1",
+            "--rate",
+            "2000",
+            "--duration",
+            "3s",
+            "--reconnect-every",
+            "1s",
+            "--offline-for",
+            "500ms",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert_ok(&out);
+        let r = read_json(&json);
+        let v = &r["verify"];
+        assert!(v["published"].as_u64().unwrap() > 1000, "{r}");
+        assert_eq!(v["missing"], 0, "{r}");
+        assert_eq!(v["order_violations"], 0, "{r}");
+        assert_eq!(v["sessions_lost"], 0, "{r}");
+        assert!(
+            v["reconnects"].as_u64().unwrap() >= 1,
+            "it went offline: {r}"
+        );
+        assert_eq!(v["received_distinct"], v["published"], "{r}");
+        assert_eq!(r["check"], "ok");
+    }
+}
+
+#[test]
+fn shared_group_members_split_the_messages_exactly_once() {
+    let broker = start_broker_with("2");
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let json = temp_json("shared.json");
+    let out = loadgen(&[
+        "run",
+        "shared",
+        "--url",
+        &url,
+        "--qos",
+        "1",
+        "--subscribers",
+        "3",
+        "--duration",
+        "2s",
+        "--window",
+        "500",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_ok(&out);
+    let r = read_json(&json);
+    let v = &r["verify"];
+    let members: Vec<u64> = v["per_subscriber"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_u64().unwrap())
+        .collect();
+    assert_eq!(members.len(), 3);
+    assert!(members.iter().all(|&m| m > 0), "every member got some: {r}");
+    assert_eq!(
+        members.iter().sum::<u64>(),
+        v["published"].as_u64().unwrap(),
+        "{r}"
+    );
+    assert_eq!(v["missing"], 0, "{r}");
+    assert_eq!(v["duplicates"], 0, "{r}");
+    assert_eq!(r["check"], "ok");
+}
+
+#[test]
+fn soak_reports_every_interval_and_checks_every_message() {
+    let broker = start_broker();
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let json = temp_json("soak.json");
+    let out = loadgen(&[
+        "soak",
+        "--url",
+        &url,
+        "--qos",
+        "2",
+        "--rate",
+        "1000",
+        "--duration",
+        "3s",
+        "--report-every",
+        "1s",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = assert_ok(&out);
+    let lines = stdout.lines().filter(|l| l.starts_with('[')).count();
+    assert!((3..=4).contains(&lines), "one line per interval: {stdout}");
+    assert!(stdout.contains("p99"), "{stdout}");
+    let r = read_json(&json);
+    let v = &r["verify"];
+    assert!(v["published"].as_u64().unwrap() >= 2900, "{r}");
+    assert_eq!(v["received_distinct"], v["published"], "{r}");
+    assert_eq!(v["duplicates"], 0, "{r}");
+    assert_eq!(v["acked"], v["published"], "{r}");
+}
+
+#[test]
+fn checked_flows_fail_fast_on_an_unreachable_broker_and_bad_options() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    for args in [
+        &["soak", "--url", &url, "--duration", "1s"][..],
+        &["run", "persistent", "--url", &url, "--duration", "1s"][..],
+        &["run", "shared", "--url", &url, "--duration", "1s"][..],
+    ] {
+        let out = loadgen(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("TCP connect failed"));
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    for args in [
+        &["soak", "--report-every", "0s"][..],
+        &["soak", "--publishers", "0"][..],
+        &["run", "persistent", "--reconnect-every", "0s"][..],
+        &["run", "persistent", "--session-expiry", "0"][..],
+        &["run", "shared", "--share-group", "a/b"][..],
+    ] {
+        assert_eq!(loadgen(args).status.code(), Some(2), "{args:?}");
+    }
+}
+
+/// A `fleetmq-loadgen proxy` process, killed on drop.
+struct ProxyProcess {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_proxy(upstream: u16, extra: &[&str]) -> ProxyProcess {
+    let upstream = format!("127.0.0.1:{upstream}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetmq-loadgen"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the proxy starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // "fleetmq-loadgen proxy: listening 127.0.0.1:PORT -> ..."
+    let port = line
+        .split_whitespace()
+        .nth(3)
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    ProxyProcess { child, port }
+}
+
+/// MQTT 3.1.1 CONNECT, client id "px", clean session, keep alive 0.
+const CONNECT: &[u8] = &[
+    0x10, 14, 0, 4, b'M', b'Q', b'T', b'T', 4, 2, 0, 0, 0, 2, b'p', b'x',
+];
+
+fn connack_round_trip(port: u16) -> std::io::Result<Duration> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let t = std::time::Instant::now();
+    s.write_all(CONNECT)?;
+    let mut ack = [0u8; 4];
+    s.read_exact(&mut ack)?;
+    assert_eq!(ack, [0x20, 2, 0, 0], "CONNACK accepted");
+    Ok(t.elapsed())
+}
+
+#[test]
+fn proxy_delays_a_broker_round_trip_and_cuts_on_sigusr1() {
+    let broker = start_broker();
+    let direct = connack_round_trip(broker.port).unwrap();
+    let proxy = start_proxy(broker.port, &["--delay", "200ms"]);
+    let rtt = connack_round_trip(proxy.port).unwrap();
+    assert!(
+        rtt >= Duration::from_millis(400),
+        "200 ms each way: {rtt:?} (direct {direct:?})"
+    );
+    assert!(rtt < Duration::from_secs(3), "{rtt:?}");
+
+    // SIGUSR1 cuts open connections; new ones still work.
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(proxy.child.id() as libc::pid_t, libc::SIGUSR1) };
+    let t = std::time::Instant::now();
+    let mut buf = [0u8; 1];
+    assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)), "cut by SIGUSR1");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(connack_round_trip(proxy.port).is_ok());
+}
+
+#[test]
+fn proxy_holds_replies_until_sigusr2() {
+    use std::io::{Read, Write};
+    let broker = start_broker();
+    let proxy = start_proxy(broker.port, &["--hold-upstream"]);
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+    s.write_all(CONNECT).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut ack = [0u8; 4];
+    assert!(s.read_exact(&mut ack).is_err(), "CONNACK held");
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(proxy.child.id() as libc::pid_t, libc::SIGUSR2) };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.read_exact(&mut ack).unwrap();
+    assert_eq!(ack, [0x20, 2, 0, 0]);
+}
+
+#[test]
+fn proxy_bad_input_fails_clearly() {
+    let out = loadgen(&["proxy", "--listen", "127.0.0.1:0", "--upstream", "nowhere"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = loadgen(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "127.0.0.1:1",
+        "--bandwidth",
+        "lots",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    // A port already taken: exit 1 at once.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = loadgen(&["proxy", "--listen", &addr, "--upstream", "127.0.0.1:1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+}
+
+#[test]
+fn persistent_exits_non_zero_when_the_broker_drops_queued_messages() {
+    // A 100-message queue per subscriber: 1 s offline at 2000 msg/s overflows it.
+    let broker = start_broker_set("1", &["limits.max_subscriber_queue=100"]);
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let out = loadgen(&[
+        "run",
+        "persistent",
+        "--url",
+        &url,
+        "--qos",
+        "1",
+        "--rate",
+        "2000",
+        "--duration",
+        "2s",
+        "--reconnect-every",
+        "500ms",
+        "--offline-for",
+        "1s",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("missing at QoS 1"), "{stdout}");
 }
