@@ -15,8 +15,17 @@
 #       fanout-q0  fan-out 1 → FANOUT_SUBSCRIBERS[100], QoS 0, max: deliveries/s
 #       idle       IDLE_CONNECTIONS[10000] idle connections: broker KiB RSS each
 #   PAYLOAD [64]         payload bytes
-#   BROKER_CPU [0], LOAD_CPU [1]
+#   BROKER_CPU [0], LOAD_CPU [1]   CPU lists for taskset (e.g. 0,1 to let broker
+#                        and loadgen share both cores); fleetmq puts one shard
+#                        on each CPU it is allowed, round-robin
+#   LOAD_THREADS [1]     loadgen executors, pinned round-robin over LOAD_CPU
 #   FLEETMQ_SHARDS [1]   fleetmq --shards
+#   KEEP_ALIVE [600]     Keep Alive (s) the loadgen's clients announce; rumqttd
+#                        refuses 0 (see start_broker)
+#   IDLE_CONNECT_RATE [5000] idle: connections/s; RUMQTTD_CONNECT_RATE [500]
+#                        caps it for rumqttd, whose accept loop takes < 1000/s
+#   FLEETMQ, LOADGEN [target/release/fleetmq, target/release/fleetmq-loadgen]
+#                        binaries to use; BUILD [1]: 0 skips the cargo build
 #   OUT [target/bench-results/DATE]
 # Peers that cannot be installed are reported and skipped.
 # Quick run: RUNS=1 DURATION=3s WARMUP=1s SCENARIOS="fanin-q0" bench/compare.sh
@@ -32,6 +41,10 @@ SCENARIOS=${SCENARIOS:-"fanin-q0 fanin-q1 fanin-p99 fanout-q0 idle"}
 PAYLOAD=${PAYLOAD:-64}
 BROKER_CPU=${BROKER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
+LOAD_THREADS=${LOAD_THREADS:-1}
+KEEP_ALIVE=${KEEP_ALIVE:-600}
+IDLE_CONNECT_RATE=${IDLE_CONNECT_RATE:-5000}
+RUMQTTD_CONNECT_RATE=${RUMQTTD_CONNECT_RATE:-500}
 FLEETMQ_SHARDS=${FLEETMQ_SHARDS:-1}
 FANIN_PUBLISHERS=${FANIN_PUBLISHERS:-100}
 FANOUT_SUBSCRIBERS=${FANOUT_SUBSCRIBERS:-100}
@@ -57,11 +70,17 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if [[ " $SCENARIOS " == *" idle "* ]] && (( $(ulimit -n) < IDLE_CONNECTIONS + 200 )); then
+    log "WARNING: open-file limit $(ulimit -n) < IDLE_CONNECTIONS ($IDLE_CONNECTIONS) + 200: idle will fail"
+fi
 
-log "building release binaries"
-cargo build --release -q -p fleetmq-shards -p fleetmq-loadgen
-FLEETMQ=$TARGET/release/fleetmq
-LOADGEN=$TARGET/release/fleetmq-loadgen
+if [[ ${BUILD:-1} != 0 ]]; then
+    log "building release binaries"
+    cargo build --release -q -p fleetmq-shards -p fleetmq-loadgen
+fi
+FLEETMQ=${FLEETMQ:-$TARGET/release/fleetmq}
+LOADGEN=${LOADGEN:-$TARGET/release/fleetmq-loadgen}
+log "fleetmq: $FLEETMQ; loadgen: $LOADGEN"
 
 # --- peers: install when missing ------------------------------------------
 ensure_peer() {
@@ -140,11 +159,24 @@ EOF
         taskset -c "$BROKER_CPU" "$(nats_bin)" -c "$dir/nats.conf" >"$dir/log" 2>&1 &
         ;;
     rumqttd)
+        # rumqttd 0.20 notes (src/link/remote.rs, src/server/broker.rs):
+        # - a CONNECT with Keep Alive 0 is refused ("ZeroKeepAlive", the socket
+        #   is closed without CONNACK) and no setting allows it; its read timeout
+        #   is 1.5 x Keep Alive, so every client must announce KEEP_ALIVE > 0
+        #   (fine for runs shorter than that even when a client never sends);
+        # - the accept loop sleeps next_connection_delay_ms after every accept,
+        #   a tokio timer even at 0 (~1 ms), so it accepts ~450-650 conn/s and
+        #   its backlog (1024) overflows at 5000/s: SYNs dropped, CONNACKs take
+        #   seconds, the loadgen times out; hence RUMQTTD_CONNECT_RATE for idle;
+        # - max_connections bounds the router's connection slab.
+        local maxconn=$IDLE_CONNECTIONS
+        (( FANIN_PUBLISHERS + 1 > maxconn )) && maxconn=$((FANIN_PUBLISHERS + 1))
+        (( FANOUT_SUBSCRIBERS + 1 > maxconn )) && maxconn=$((FANOUT_SUBSCRIBERS + 1))
         cat >"$dir/rumqttd.toml" <<EOF
 id = 0
 [router]
 id = 0
-max_connections = $((IDLE_CONNECTIONS + 100))
+max_connections = $((maxconn + 100))
 max_outgoing_packet_count = 200
 max_segment_size = 104857600
 max_segment_count = 10
@@ -180,14 +212,18 @@ stop_broker() {
 }
 
 # loadgen arguments and the JSON figure of each scenario.
-scenario_args() {
-    local common=(--protocol 3.1.1 --payload-size "$PAYLOAD" --duration "$DURATION" --warmup "$WARMUP" --cpu "$LOAD_CPU")
+scenario_args() { # SCENARIO [BROKER]
+    local common=(--protocol 3.1.1 --payload-size "$PAYLOAD" --duration "$DURATION" --warmup "$WARMUP"
+        --keep-alive "$KEEP_ALIVE" --cpu "$LOAD_CPU" --threads "$LOAD_THREADS")
+    local rate=$IDLE_CONNECT_RATE
+    [[ ${2:-} == rumqttd ]] && (( rate > RUMQTTD_CONNECT_RATE )) && rate=$RUMQTTD_CONNECT_RATE
     case "$1" in
     fanin-q0) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 0 --rate max "${common[@]}" ;;
     fanin-q1) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 1 --rate max "${common[@]}" ;;
     fanin-p99) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 0 --rate "$P99_RATE" "${common[@]}" ;;
     fanout-q0) echo fan-out --publishers 1 --subscribers "$FANOUT_SUBSCRIBERS" --qos 0 --rate max "${common[@]}" ;;
-    idle) echo idle --connections "$IDLE_CONNECTIONS" --connect-rate 5000 --duration 2s --keep-alive 60 --cpu "$LOAD_CPU" ;;
+    idle) echo idle --connections "$IDLE_CONNECTIONS" --connect-rate "$rate" --connect-timeout 30s --duration 2s \
+        --keep-alive "$KEEP_ALIVE" --cpu "$LOAD_CPU" --threads "$LOAD_THREADS" ;;
     *) return 1 ;;
     esac
 }
@@ -219,7 +255,7 @@ for s in $SCENARIOS; do
             json=$OUT/$b/$s-$r.json
             mkdir -p "$OUT/$b"
             # shellcheck disable=SC2046
-            args=($(scenario_args "$s"))
+            args=($(scenario_args "$s" "$b"))
             [[ $s == idle ]] && args+=(--broker-pid "$BROKER_PID")
             if taskset -c "$LOAD_CPU" "$LOADGEN" run "${args[@]}" --url "mqtt://127.0.0.1:$port" --json "$json" \
                 >"$OUT/$b/$s-$r.txt" 2>&1 || [[ -s $json ]]; then
@@ -228,6 +264,10 @@ for s in $SCENARIOS; do
                 log "$b $s run $r: $f $(unit_of "$s") ($(jq -r .check "$json"))"
             else
                 log "$b $s run $r: loadgen failed: $(tail -n 1 "$OUT/$b/$s-$r.txt")"
+            fi
+            if [[ $b == rumqttd ]] && grep -aq ZeroKeepAlive "$WORK/$b-$port/log" 2>/dev/null; then
+                log "rumqttd refused a CONNECT with Keep Alive 0: this loadgen ignores --keep-alive in $s" \
+                    "(flow clients announce 0); use a loadgen whose flow clients announce --keep-alive (LOADGEN=...)"
             fi
             kill -0 "$BROKER_PID" 2>/dev/null || log "$b $s run $r: BROKER DIED (log: $WORK/$b-$port/log)"
             stop_broker
@@ -253,7 +293,7 @@ done
         done
         printf '\n'
     done
-    printf '(medians of %s runs, %s each, payload %s B; broker on CPU %s, loadgen on CPU %s; ratios: higher is better for msg/s, lower for p99 and KiB)\n' \
-        "$RUNS" "$DURATION" "$PAYLOAD" "$BROKER_CPU" "$LOAD_CPU"
+    printf '(medians of %s runs, %s each, payload %s B; broker on CPU %s, loadgen on CPU %s (%s threads); fleetmq --shards %s; ratios: higher is better for msg/s, lower for p99 and KiB)\n' \
+        "$RUNS" "$DURATION" "$PAYLOAD" "$BROKER_CPU" "$LOAD_CPU" "$LOAD_THREADS" "$FLEETMQ_SHARDS"
 } | tee "$OUT/summary.txt"
 log "results in $OUT"

@@ -279,9 +279,11 @@ pub struct RunArgs {
     /// connect-storm and idle: new connections per second.
     #[arg(long, value_parser = parse_count, default_value = "2000")]
     pub connect_rate: u64,
-    /// Keep Alive in seconds announced by idle and connect-storm clients
-    /// (PINGREQ every half of it).
-    #[arg(long, default_value_t = 60)]
+    /// Keep Alive in seconds announced by every client. Idle and
+    /// connect-storm clients send PINGREQ every half of it; fan-in/fan-out
+    /// clients send none, so a run longer than 1.5 × this value at QoS 0
+    /// needs a larger one (or 0).
+    #[arg(long, default_value_t = 600)]
     pub keep_alive: u16,
     /// idle: the broker's PID, to report its RSS per connection from
     /// /proc/PID/status.
