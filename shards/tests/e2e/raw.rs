@@ -102,7 +102,7 @@ impl RawClient {
 }
 
 /// Splits one packet off the front of `buf`: (header, body, bytes used).
-fn split_packet(buf: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
+pub(crate) fn split_packet(buf: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
     let (&header, rest) = buf.split_first()?;
     let (mut len, mut shift, mut used) = (0usize, 0, 1);
     for &b in rest.iter().take(4) {

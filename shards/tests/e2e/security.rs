@@ -29,7 +29,7 @@ use crate::clients::{unique, WAIT};
 use crate::harness::{run_with_timeout, wait_timeout, Broker};
 use crate::mqtt5::packet::{self, ConnAck, Props, Publish};
 use crate::mqtt5::{metric_with, Client, QUIET};
-use crate::raw::{wire, Incoming};
+use crate::raw::{split_packet, wire, Incoming};
 
 // ---------------------------------------------------------------------------
 // The kit.
@@ -504,21 +504,6 @@ pub(crate) struct Mqtt<W> {
     next_id: u16,
 }
 
-/// Splits one packet off the front of `buf`: (header, body, bytes used).
-fn split_packet(buf: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
-    let (&header, rest) = buf.split_first()?;
-    let (mut len, mut shift, mut used) = (0usize, 0, 1);
-    for &b in rest.iter().take(4) {
-        used += 1;
-        len |= usize::from(b & 0x7f) << shift;
-        shift += 7;
-        if b & 0x80 == 0 {
-            return (buf.len() >= used + len)
-                .then(|| (header, buf[used..used + len].to_vec(), used + len));
-        }
-    }
-    None
-}
 
 impl<W: Wire> Mqtt<W> {
     /// A client on `wire` speaking MQTT 5 when `v5`, else 3.1.1.
