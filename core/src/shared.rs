@@ -127,7 +127,7 @@ impl SharedGroup {
                 let current = self
                     .sticky
                     .as_ref()
-                    .and_then(|id| online.iter().copied().find(|&i| &self.members[i].client_id == id));
+                    .and_then(|id| online.iter().copied().find(|&i| self.members[i].client_id == *id));
                 match current {
                     Some(i) => i,
                     None => {

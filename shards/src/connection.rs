@@ -424,11 +424,7 @@ async fn drive(
     shard.detach(slot, &conn, publish_will, Instant::now());
     shard.flush().await;
     conn.write_signal.notify();
-    let _ = or(async { Some(writer_task.await) }, async {
-        sleep(CLOSE_FLUSH).await;
-        None
-    })
-    .await;
+    or(writer_task, sleep(CLOSE_FLUSH)).await;
     drop(admission);
     shard.live_connections.set(shard.live_connections.get() - 1);
     shard.metrics.clients_connected.dec();
@@ -442,12 +438,12 @@ async fn write_loop(shard: Rc<Shard>, conn: Rc<ConnShared>, mut writer: WriteHal
     loop {
         match conn.next_deadline() {
             Some(at) => {
-                let woken = or(async { Some(conn.write_signal.wait().await) }, async {
+                let woken = or(async { conn.write_signal.wait().await; true }, async {
                     sleep(at.saturating_duration_since(Instant::now())).await;
-                    None
+                    false
                 })
                 .await;
-                if woken.is_none() {
+                if !woken {
                     conn.check_deadlines(Instant::now());
                 }
             }

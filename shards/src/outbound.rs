@@ -206,8 +206,7 @@ mod tests {
 
     #[test]
     fn properties_force_the_general_encoder_and_survive() {
-        let mut props = Properties::default();
-        props.content_type = Some("text/plain".into());
+        let props = Properties { content_type: Some("text/plain".into()), ..Properties::default() };
         let d = delivery(QoS::AtLeastOnce, false, props, 5);
         let frame = frame_for(&d, ProtocolVersion::V5, Instant::now(), None, 0, None);
         let mut out = BytesMut::new();

@@ -263,7 +263,6 @@ async fn run_shard(
             shard.try_flush();
         }
     }
-    shard.stopping.set(true);
     shard.stop_signal.notify();
     shard.close_all();
     let stop_by = Instant::now() + STOP_GRACE;

@@ -225,6 +225,8 @@ pub struct DropCounts {
     pub not_authorized: u64,
 }
 
+// The names are the packet each state waits for.
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum InflightState {
     /// PUBLISH QoS 1 sent, waiting for PUBACK.
@@ -767,7 +769,7 @@ impl Session {
             (true, false, true) => ReasonCode::PAYLOAD_FORMAT_INVALID,
             _ => ReasonCode::SUCCESS,
         };
-        let forward = !denied && !(v5 && format_invalid);
+        let forward = !denied && (!v5 || !format_invalid);
         if denied {
             self.drops.not_authorized += 1;
         }

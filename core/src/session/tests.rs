@@ -235,8 +235,7 @@ fn session_expiry_cannot_go_from_zero_to_non_zero_at_disconnect() {
     let t0 = Instant::now();
     let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
     assert_eq!(s.session_expiry(), 0);
-    let mut props = Properties::default();
-    props.session_expiry_interval = Some(30);
+    let props = Properties { session_expiry_interval: Some(30), ..Properties::default() };
     let mut out = vec![];
     s.handle(Packet::Disconnect(Disconnect { reason: ReasonCode::SUCCESS, properties: props }), t0, &mut out);
     assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::PROTOCOL_ERROR), publish_will: true }]);

@@ -259,8 +259,7 @@ pub(crate) struct Shard {
     pub(crate) metrics: ShardMetrics,
     pub(crate) global: Arc<Global>,
     pub(crate) senders: Senders<ShardMsg>,
-    /// Fires when the shard starts stopping.
-    pub(crate) stopping: Cell<bool>,
+    /// Fires when the shard starts stopping: the accept loops end.
     pub(crate) stop_signal: Signal,
     /// Connections currently served on this shard.
     pub(crate) live_connections: Cell<usize>,
@@ -293,7 +292,6 @@ impl Shard {
             metrics,
             global,
             senders,
-            stopping: Cell::new(false),
             stop_signal: Signal::default(),
             live_connections: Cell::new(0),
             scratch: RefCell::new(vec![0; SCRATCH_BYTES]),
