@@ -139,9 +139,7 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     let Ok(source_slot) = settings.gate.source(peer) else {
         return refused(&shard, &settings, "max_connections_per_source");
     };
-    // Boxed: the TLS and WebSocket handshake states are large, and only
-    // live until the CONNECT is read.
-    let opened = or(async { Some(Box::pin(open_and_read_connect(&shard, &settings, kind, stream)).await) }, async {
+    let opened = or(async { Some(open_and_read_connect(&shard, &settings, kind, stream).await) }, async {
         sleep(settings.connect_timeout).await;
         None
     })
@@ -173,13 +171,15 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     };
     let refuse_with = |reason: ReasonCode, detail: &'static str| Refusal { reason, detail };
     if shard.global.connected.load(Ordering::Relaxed) >= settings.max_clients {
-        refuse(&shard, &mut transport, &connect, refuse_with(ReasonCode::SERVER_BUSY, "too many clients")).await;
+        Box::pin(refuse(&shard, &mut transport, &connect, refuse_with(ReasonCode::SERVER_BUSY, "too many clients"))).await;
         return refused(&shard, &settings, "max_clients");
     }
-    let identity = match sign_in(&settings, &connect, peer, tls_identity).await {
+    // Boxed, like the other rare or large steps below: this task's state is
+    // held by every connection until its CONNECT is answered.
+    let identity = match Box::pin(sign_in(&settings, &connect, peer, tls_identity)).await {
         Ok(identity) => identity,
         Err((reason, why)) => {
-            refuse(&shard, &mut transport, &connect, refuse_with(reason, why)).await;
+            Box::pin(refuse(&shard, &mut transport, &connect, refuse_with(reason, why))).await;
             return refused(&shard, &settings, why);
         }
     };
@@ -189,7 +189,7 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
             Some(slot) => slots.push(slot),
             None => {
                 let refusal = refuse_with(ReasonCode::QUOTA_EXCEEDED, "too many connections for this user");
-                refuse(&shard, &mut transport, &connect, refusal).await;
+                Box::pin(refuse(&shard, &mut transport, &connect, refusal)).await;
                 return refused(&shard, &settings, "max_connections_per_credential");
             }
         }
@@ -197,7 +197,7 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     let negotiated = match negotiate(&connect, &settings.connect, || shard.assign_client_id()) {
         Ok(n) => n,
         Err(refusal) => {
-            refuse(&shard, &mut transport, &connect, refusal).await;
+            Box::pin(refuse(&shard, &mut transport, &connect, refusal)).await;
             return refused(&shard, &settings, "connect_refused");
         }
     };
@@ -227,7 +227,7 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     };
     let Some(stream) = stream else { return };
     let handoff = Handoff { stream, unread: buf.freeze(), connect, negotiated, admission };
-    shard.send_to(owner, ShardMsg::Handoff(Box::new(handoff))).await;
+    Box::pin(shard.send_to(owner, ShardMsg::Handoff(Box::new(handoff)))).await;
 }
 
 /// A new descriptor for the socket behind `stream`; dropping `stream`

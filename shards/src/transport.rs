@@ -69,19 +69,22 @@ pub(crate) async fn open(kind: ListenerKind, stream: TcpStream, tls: Option<&Tls
         let identity = peer_identity(stream.get_ref().1);
         Ok::<_, String>((stream, identity))
     };
+    // Each handshake future is boxed: they are many kilobytes (rustls and
+    // tungstenite state), and unboxed they would size this future — held
+    // by every connection until its CONNECT arrives — even for plain TCP.
     match kind {
         ListenerKind::Tcp => Ok((Transport::Tcp(stream), None)),
         ListenerKind::Tls => {
-            let (stream, identity) = handshake(stream).await?;
+            let (stream, identity) = Box::pin(handshake(stream)).await?;
             Ok((Transport::Tls(Box::new(stream)), identity))
         }
         ListenerKind::Ws => {
-            let stream = ws::accept(stream).await.map_err(|e| format!("WebSocket handshake: {e}"))?;
+            let stream = Box::pin(ws::accept(stream)).await.map_err(|e| format!("WebSocket handshake: {e}"))?;
             Ok((Transport::Ws(Box::new(stream)), None))
         }
         ListenerKind::Wss => {
-            let (stream, identity) = handshake(stream).await?;
-            let stream = ws::accept(stream).await.map_err(|e| format!("WebSocket handshake: {e}"))?;
+            let (stream, identity) = Box::pin(handshake(stream)).await?;
+            let stream = Box::pin(ws::accept(stream)).await.map_err(|e| format!("WebSocket handshake: {e}"))?;
             Ok((Transport::Wss(Box::new(stream)), identity))
         }
     }
