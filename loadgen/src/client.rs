@@ -80,6 +80,15 @@ impl ClientError {
     }
 }
 
+/// A SUBSCRIBE (packet identifier 1) for one `filter` at `qos`.
+pub fn subscribe_packet(filter: &str, qos: QoS) -> Packet {
+    Packet::Subscribe(Subscribe {
+        packet_id: PacketId::MIN,
+        properties: Properties::default(),
+        filters: vec![(ByteString::from(filter), SubscriptionOptions { qos, ..Default::default() })],
+    })
+}
+
 /// What every CONNECT carries.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
@@ -173,18 +182,7 @@ impl Conn {
         qos: QoS,
         timeout: Duration,
     ) -> Result<(), ClientError> {
-        let subscribe = Subscribe {
-            packet_id: PacketId::MIN,
-            properties: Properties::default(),
-            filters: vec![(
-                ByteString::from(filter),
-                SubscriptionOptions {
-                    qos,
-                    ..Default::default()
-                },
-            )],
-        };
-        self.send(&Packet::Subscribe(subscribe)).await?;
+        self.send(&subscribe_packet(filter, qos)).await?;
         match self.next_packet_within(timeout, "SUBACK").await? {
             Packet::SubAck(ack) => match ack.reasons.first() {
                 Some(r) if !r.is_error() => Ok(()),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use fleetmq_core::packet::Packet;
 use glommio::timer::sleep;
 
-use crate::client::{ClientError, Conn, ConnectOptions};
+use crate::client::{ClientError, Conn};
 use crate::latency::Latency;
 use crate::options::{RunArgs, Scenario};
 use crate::report::{ConnectionFigures, Report};
@@ -132,13 +132,7 @@ async fn executor(args: Arc<RunArgs>, shared: Arc<Shared>, thread: usize) -> Thr
     };
     let latency = Rc::new(RefCell::new(Latency::default()));
     let schedule = Schedule::new(args.connect_rate, 1, 0);
-    let opts = Rc::new(ConnectOptions {
-        version: args.protocol.version(),
-        keep_alive: args.keep_alive,
-        username: args.username.clone(),
-        password: args.password.clone(),
-        timeout: args.connect_timeout,
-    });
+    let opts = Rc::new(args.connect_options(args.keep_alive));
     let hold = args.scenario == Scenario::Idle;
     let pid = std::process::id();
     let mut tasks = Vec::new();

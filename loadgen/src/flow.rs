@@ -83,16 +83,10 @@ impl Plan {
     }
 
     fn connect_options(&self) -> ConnectOptions {
-        ConnectOptions {
-            version: self.args.protocol.version(),
-            // Flow clients send no PINGREQ: a QoS 0 subscriber only reads,
-            // so runs longer than 1.5 × --keep-alive need a larger value
-            // (or 0, which some brokers refuse: rumqttd does).
-            keep_alive: self.args.keep_alive,
-            username: self.args.username.clone(),
-            password: self.args.password.clone(),
-            timeout: self.args.connect_timeout,
-        }
+        // Flow clients send no PINGREQ: a QoS 0 subscriber only reads, so
+        // runs longer than 1.5 × --keep-alive need a larger value (or 0,
+        // which some brokers refuse: rumqttd does).
+        self.args.connect_options(self.args.keep_alive)
     }
 }
 

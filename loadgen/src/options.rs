@@ -383,6 +383,18 @@ pub struct SoakArgs {
 }
 
 impl SoakArgs {
+    /// What every CONNECT of this run carries, announcing `keep_alive`
+    /// seconds.
+    pub fn connect_options(&self, keep_alive: u16) -> crate::client::ConnectOptions {
+        crate::client::ConnectOptions {
+            version: self.protocol.version(),
+            keep_alive,
+            username: self.username.clone(),
+            password: self.password.clone(),
+            timeout: self.connect_timeout,
+        }
+    }
+
     /// The checked-flow configuration, after checking the options.
     ///
     /// # Errors
@@ -403,13 +415,7 @@ impl SoakArgs {
             scenario: "soak".into(),
             options: serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
             urls: self.urls.clone(),
-            connect: crate::client::ConnectOptions {
-                version: self.protocol.version(),
-                keep_alive: 0,
-                username: self.username.clone(),
-                password: self.password.clone(),
-                timeout: self.connect_timeout,
-            },
+            connect: self.connect_options(0),
             qos: self.qos,
             payload_size: self.payload_size,
             rate: self.rate,
@@ -451,6 +457,18 @@ fn serialize_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok,
 }
 
 impl RunArgs {
+    /// What every CONNECT of this run carries, announcing `keep_alive`
+    /// seconds.
+    pub fn connect_options(&self, keep_alive: u16) -> crate::client::ConnectOptions {
+        crate::client::ConnectOptions {
+            version: self.protocol.version(),
+            keep_alive,
+            username: self.username.clone(),
+            password: self.password.clone(),
+            timeout: self.connect_timeout,
+        }
+    }
+
     /// The QoS as the codec's type.
     pub fn qos(&self) -> QoS {
         QoS::from_u8(self.qos).unwrap_or(QoS::AtMostOnce)
@@ -540,13 +558,7 @@ impl RunArgs {
                 .unwrap_or_default(),
             options: serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
             urls: self.urls.clone(),
-            connect: crate::client::ConnectOptions {
-                version: self.protocol.version(),
-                keep_alive: 0,
-                username: self.username.clone(),
-                password: self.password.clone(),
-                timeout: self.connect_timeout,
-            },
+            connect: self.connect_options(0),
             qos: self.qos,
             payload_size: self.payload_size,
             rate: self.rate,

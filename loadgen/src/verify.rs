@@ -28,10 +28,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use bytestring::ByteString;
 use fleetmq_core::packet::codec::{decode, encode};
-use fleetmq_core::packet::{
-    Connect, Disconnect, Packet, PacketId, Properties, ProtocolVersion, QoS, Subscribe,
-    SubscriptionOptions,
-};
+use fleetmq_core::packet::{Connect, Disconnect, Packet, Properties, ProtocolVersion, QoS};
 use serde::{Deserialize, Serialize};
 
 use crate::client::{
@@ -335,18 +332,7 @@ impl SyncConn {
         qos: QoS,
         timeout: Duration,
     ) -> Result<(), ClientError> {
-        let sub = Subscribe {
-            packet_id: PacketId::MIN,
-            properties: Properties::default(),
-            filters: vec![(
-                ByteString::from(filter),
-                SubscriptionOptions {
-                    qos,
-                    ..Default::default()
-                },
-            )],
-        };
-        self.send(&Packet::Subscribe(sub))?;
+        self.send(&crate::client::subscribe_packet(filter, qos))?;
         let deadline = now_ns() + timeout.as_nanos() as u64;
         loop {
             let left = Duration::from_nanos(deadline.saturating_sub(now_ns()));

@@ -377,11 +377,9 @@ async fn drive(
                 break 'conn close.publish_will;
             }
             match decode(&mut buf, Some(protocol), max_packet) {
-                Ok(Some(packet)) => {
-                    if let Some(close) = shard.handle_packet(slot, &conn, packet, now) {
-                        break 'conn close.publish_will;
-                    }
-                }
+                // A packet that ends the connection sets `conn.close`,
+                // seen at the top of this loop.
+                Ok(Some(packet)) => shard.handle_packet(slot, &conn, packet, now),
                 Ok(None) => break,
                 Err(e) => {
                     // Malformed: MQTT 5 gets DISCONNECT 0x81/0x82/0x95;

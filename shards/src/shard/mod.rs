@@ -546,15 +546,16 @@ impl Shard {
         self.route(st, Arc::new(message), now);
     }
 
-    /// Handle one packet from the client on `slot`. Returns the close
-    /// decision when the packet ends the connection.
-    pub(crate) fn handle_packet(&self, slot: Slot, conn: &ConnShared, packet: Packet, now: Instant) -> Option<CloseRequest> {
+    /// Handle one packet from the client on `slot`. When the packet ends
+    /// the connection, the decision is in `conn.close`.
+    pub(crate) fn handle_packet(&self, slot: Slot, conn: &ConnShared, packet: Packet, now: Instant) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         let attached = st.clients.get(slot as usize).and_then(|c| c.conn.as_ref()).is_some_and(|c| c.key == conn.key);
         if !attached {
             // Taken over while this packet was on its way: drop it.
-            return Some(CloseRequest { publish_will: false });
+            conn.request_close(None, false);
+            return;
         }
         let is_publish = matches!(packet, Packet::Publish(_));
         let mut outputs = std::mem::take(&mut st.outputs);
@@ -564,7 +565,6 @@ impl Shard {
             let drops = st.clients[slot as usize].session.take_drops();
             self.count_drops(drops);
         }
-        let mut close = None;
         let mut deliveries = Vec::new();
         for output in outputs.drain(..) {
             match output {
@@ -588,7 +588,6 @@ impl Shard {
                 }
                 Output::Close { reason, publish_will } => {
                     conn.request_close(reason, publish_will);
-                    close = Some(CloseRequest { publish_will });
                     break;
                 }
                 // An acknowledgement freed room for queued messages.
@@ -600,7 +599,6 @@ impl Shard {
         if !deliveries.is_empty() {
             self.write_deliveries(st, slot, &mut deliveries, now, false);
         }
-        close
     }
 
     fn subscribe(&self, st: &mut State, slot: Slot, filter: ByteString, subscription: Subscription, existed: bool, now: Instant) {
