@@ -332,7 +332,8 @@ pub fn run_passwd(args: &PasswdArgs) -> anyhow::Result<String> {
             .context("reading the password from standard input")?;
         line.trim_end_matches(['\n', '\r']).to_owned()
     } else {
-        let first = rpassword::prompt_password("Password: ").context("reading the password")?;
+        let first = rpassword::prompt_password("Password: ")
+            .context("reading the password from the terminal (without one, use --password-stdin)")?;
         let again =
             rpassword::prompt_password("Password again: ").context("reading the password")?;
         if first != again {
