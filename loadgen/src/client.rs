@@ -2,7 +2,6 @@
 //! PUBLISH template patched in place per message (no allocation per
 //! message), all encoding and decoding through `fleetmq_core`'s codec.
 
-use std::net::SocketAddr;
 use std::num::NonZeroU16;
 use std::time::Duration;
 
@@ -15,10 +14,11 @@ use fleetmq_core::packet::{
 };
 use futures_lite::future::or;
 use futures_lite::io::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::TcpStream;
 use glommio::timer::sleep;
 
-use crate::options::PAYLOAD_HEADER_BYTES;
+use crate::options::{BrokerUrl, PAYLOAD_HEADER_BYTES};
+use crate::transport::async_stream::{self, Stream};
+use crate::transport::TransportOptions;
 
 /// Largest packet accepted from the broker, bytes.
 pub const MAX_PACKET_BYTES: usize = 256 * 1024 * 1024 + 1024;
@@ -31,6 +31,13 @@ const READ_CHUNK: usize = 64 * 1024;
 pub enum ClientError {
     /// The TCP connect failed (refused, unreachable, timed out).
     Connect(std::io::Error),
+    /// The TLS handshake failed (unknown CA, a certificate not valid for
+    /// the URL's host, a client certificate refused, not a TLS server), or
+    /// the TLS session failed later; the text is rustls's reason.
+    Tls(String),
+    /// The WebSocket upgrade was refused (the text names the HTTP status)
+    /// or broke the protocol (e.g. no `mqtt` subprotocol in the answer).
+    WebSocket(String),
     /// The broker answered CONNACK with a failure reason code.
     Refused(String),
     /// A SUBSCRIBE was refused in its SUBACK.
@@ -53,6 +60,8 @@ impl std::fmt::Display for ClientError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ClientError::Connect(e) => write!(f, "TCP connect failed: {e}"),
+            ClientError::Tls(e) => write!(f, "TLS handshake failed: {e}"),
+            ClientError::WebSocket(e) => write!(f, "WebSocket upgrade failed: {e}"),
             ClientError::Refused(r) => write!(f, "CONNACK refused the connection: {r}"),
             ClientError::SubscribeRefused(r) => write!(f, "SUBACK refused the subscription: {r}"),
             ClientError::Timeout(what) => write!(f, "timed out waiting for {what}"),
@@ -69,6 +78,8 @@ impl ClientError {
     pub fn kind(&self) -> &'static str {
         match self {
             ClientError::Connect(_) => "connect failed",
+            ClientError::Tls(_) => "tls failed",
+            ClientError::WebSocket(_) => "websocket upgrade failed",
             ClientError::Refused(_) => "connack refused",
             ClientError::SubscribeRefused(_) => "suback refused",
             ClientError::Timeout(_) => "timeout",
@@ -85,7 +96,13 @@ pub fn subscribe_packet(filter: &str, qos: QoS) -> Packet {
     Packet::Subscribe(Subscribe {
         packet_id: PacketId::MIN,
         properties: Properties::default(),
-        filters: vec![(ByteString::from(filter), SubscriptionOptions { qos, ..Default::default() })],
+        filters: vec![(
+            ByteString::from(filter),
+            SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+        )],
     })
 }
 
@@ -100,15 +117,18 @@ pub struct ConnectOptions {
     pub username: Option<String>,
     /// Password.
     pub password: Option<String>,
-    /// Deadline for the TCP connect and for the CONNACK, each.
+    /// Deadline for the TCP connect, for the TLS handshake and WebSocket
+    /// upgrade, and for the CONNACK, each.
     pub timeout: Duration,
+    /// TLS configuration and WebSocket path for non-`mqtt://` URLs.
+    pub transport: TransportOptions,
 }
 
-/// A connected client: the socket, what was read but not yet decoded, and
+/// A connected client: the stream, what was read but not yet decoded, and
 /// what the broker announced.
 pub struct Conn {
-    /// The socket, TCP_NODELAY set.
-    pub stream: TcpStream,
+    /// The stream (TCP, TLS or WebSocket), TCP_NODELAY set.
+    pub stream: Stream,
     /// Bytes read and not yet decoded.
     pub buf: BytesMut,
     scratch: Vec<u8>,
@@ -119,23 +139,20 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Opens a TCP connection, sends CONNECT and waits for a successful
+    /// Opens a connection to `url` (TCP, then TLS and the WebSocket upgrade
+    /// as its scheme says), sends CONNECT and waits for a successful
     /// CONNACK.
     ///
     /// # Errors
-    /// [`ClientError::Connect`], [`ClientError::Refused`],
+    /// [`ClientError::Connect`], [`ClientError::Tls`],
+    /// [`ClientError::WebSocket`], [`ClientError::Refused`],
     /// [`ClientError::Timeout`] or any read error.
     pub async fn connect(
-        addr: SocketAddr,
+        url: &BrokerUrl,
         client_id: &str,
         o: &ConnectOptions,
     ) -> Result<Conn, ClientError> {
-        let stream = TcpStream::connect_timeout(addr, o.timeout)
-            .await
-            .map_err(|e| ClientError::Connect(e.into()))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| ClientError::Io(e.into()))?;
+        let stream = async_stream::open(url, &o.transport, o.timeout).await?;
         let mut conn = Conn {
             stream,
             buf: BytesMut::with_capacity(256),
@@ -196,12 +213,22 @@ impl Conn {
     /// Encodes and writes one packet.
     ///
     /// # Errors
-    /// [`ClientError::Io`] when the write fails.
+    /// [`ClientError::Io`] (or [`ClientError::Tls`]) when the write fails.
     pub async fn send(&mut self, packet: &Packet) -> Result<(), ClientError> {
         let mut out = BytesMut::new();
         encode(packet, self.version, &mut out)
             .map_err(|_| ClientError::Unexpected("cannot encode"))?;
-        self.stream.write_all(&out).await.map_err(ClientError::Io)
+        self.write(&out).await
+    }
+
+    /// Writes `bytes` and flushes them (TLS and WebSocket buffer until a
+    /// flush; on TCP it costs nothing).
+    ///
+    /// # Errors
+    /// [`ClientError::Io`] (or [`ClientError::Tls`]) when the write fails.
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        let flush = self.stream.needs_flush();
+        write_flushed(&mut self.stream, bytes, flush).await
     }
 
     /// Waits for the next packet for at most `timeout`.
@@ -252,8 +279,7 @@ impl Conn {
                 }
                 Ok(n)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ClientError::Timeout("data")),
-            Err(e) => Err(ClientError::Io(e)),
+            Err(e) => Err(crate::transport::tls::classify_io(e)),
         }
     }
 
@@ -264,6 +290,28 @@ impl Conn {
     pub fn decode_buffered(&mut self) -> Result<Option<Packet>, ClientError> {
         decode(&mut self.buf, Some(self.version), MAX_PACKET_BYTES).map_err(ClientError::Decode)
     }
+}
+
+/// Writes all of `bytes` to `w`, then flushes it when `flush` (TLS and
+/// WebSocket buffer until a flush; a TCP stream has nothing to flush, so
+/// the hot path of `mqtt://` skips it, see [`Stream::needs_flush`]).
+///
+/// # Errors
+/// [`ClientError::Io`] (or [`ClientError::Tls`]) when the write fails.
+///
+/// # Cancel safety
+/// Not cancel safe: part of `bytes` may have been written.
+pub async fn write_flushed<W: futures_lite::AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    flush: bool,
+) -> Result<(), ClientError> {
+    use crate::transport::tls::classify_io;
+    w.write_all(bytes).await.map_err(classify_io)?;
+    if flush {
+        w.flush().await.map_err(classify_io)?;
+    }
+    Ok(())
 }
 
 /// Appends the acknowledgement `packet` (PUBACK, PUBREC, PUBREL, PUBCOMP)

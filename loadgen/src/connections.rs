@@ -21,6 +21,7 @@ use crate::runtime::{
 };
 use crate::scenario::{start, wait_ready, RunError};
 use crate::schedule::Schedule;
+use crate::transport::TransportOptions;
 
 /// How often a held connection wakes to look at the stop flag.
 const HOLD_POLL: Duration = Duration::from_secs(1);
@@ -28,12 +29,12 @@ const HOLD_POLL: Duration = Duration::from_secs(1);
 /// Time for the broker's memory to settle after the last connection.
 const SETTLE: Duration = Duration::from_secs(1);
 
-/// Runs `connect-storm` or `idle`.
+/// Runs `connect-storm` or `idle`, connecting over `transport`.
 ///
 /// # Errors
 /// [`RunError::Usage`] when `--broker-pid` names no readable process,
 /// [`RunError::Failed`] when no connection could be made.
-pub fn run(args: RunArgs) -> Result<Report, RunError> {
+pub fn run(args: RunArgs, transport: TransportOptions) -> Result<Report, RunError> {
     let rss_before = match args.broker_pid {
         Some(pid) => Some(rss_kib(pid).ok_or_else(|| {
             RunError::Usage(format!(
@@ -46,7 +47,7 @@ pub fn run(args: RunArgs) -> Result<Report, RunError> {
     let handles = {
         let (args, shared) = (Arc::new(args.clone()), shared.clone());
         spawn_executors(&args.clone(), move |t| {
-            executor(args.clone(), shared.clone(), t)
+            executor(args.clone(), transport.clone(), shared.clone(), t)
         })
         .map_err(|e| RunError::Failed(format!("{e:#}")))?
     };
@@ -125,27 +126,34 @@ pub fn run(args: RunArgs) -> Result<Report, RunError> {
     Ok(r)
 }
 
-async fn executor(args: Arc<RunArgs>, shared: Arc<Shared>, thread: usize) -> ThreadResult {
+async fn executor(
+    args: Arc<RunArgs>,
+    transport: TransportOptions,
+    shared: Arc<Shared>,
+    thread: usize,
+) -> ThreadResult {
     shared.ready.fetch_add(1, Ordering::AcqRel);
     let Some(t0) = shared.wait_start().await else {
         return ThreadResult::default();
     };
     let latency = Rc::new(RefCell::new(Latency::default()));
     let schedule = Schedule::new(args.connect_rate, 1, 0);
-    let opts = Rc::new(args.connect_options(args.keep_alive));
+    let opts = Rc::new(args.connect_options(args.keep_alive, &transport));
+    let urls = Rc::new(args.urls.clone());
     let hold = args.scenario == Scenario::Idle;
     let pid = std::process::id();
     let mut tasks = Vec::new();
     for c in (thread as u64..args.connections).step_by(args.threads) {
-        let (shared, latency, opts) = (shared.clone(), latency.clone(), opts.clone());
-        let addr = args.urls[c as usize % args.urls.len()].addr;
+        let (shared, latency, opts, urls) =
+            (shared.clone(), latency.clone(), opts.clone(), urls.clone());
         let due = t0 + schedule.due_at(c);
         tasks.push(glommio::spawn_local(async move {
             let now = now_ns();
             if due > now {
                 sleep(Duration::from_nanos(due - now)).await;
             }
-            match Conn::connect(addr, &format!("lg{pid}-c{c}"), &opts).await {
+            let url = &urls[c as usize % urls.len()];
+            match Conn::connect(url, &format!("lg{pid}-c{c}"), &opts).await {
                 Ok(conn) => {
                     latency.borrow_mut().record_ns(now_ns().saturating_sub(due));
                     shared.connected.fetch_add(1, Ordering::AcqRel);
@@ -157,7 +165,7 @@ async fn executor(args: Arc<RunArgs>, shared: Arc<Shared>, thread: usize) -> Thr
                 }
                 Err(e) => {
                     shared.error(e.kind(), 1);
-                    shared.fail_setup(format!("{addr}: {e}"));
+                    shared.fail_setup(format!("{}: {e}", url.text));
                     shared.failed.fetch_add(1, Ordering::AcqRel);
                 }
             }

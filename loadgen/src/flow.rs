@@ -19,14 +19,17 @@ use bytes::BytesMut;
 use fleetmq_core::packet::{Packet, ProtocolVersion, QoS};
 use futures_lite::future::{or, yield_now};
 use futures_lite::io::{split, AsyncWriteExt, ReadHalf};
-use glommio::net::TcpStream;
 use glommio::timer::sleep;
 
-use crate::client::{put_response, stamp, ClientError, Conn, ConnectOptions, PublishTemplate};
+use crate::client::{
+    put_response, stamp, write_flushed, ClientError, Conn, ConnectOptions, PublishTemplate,
+};
 use crate::latency::Latency;
 use crate::options::{Rate, RunArgs, Scenario};
 use crate::runtime::{now_ns, Gate, Shared, Signal, ThreadResult};
 use crate::schedule::Schedule;
+use crate::transport::async_stream::Stream;
+use crate::transport::TransportOptions;
 
 /// How often a blocked read wakes to look at the stop flag.
 const POLL_STOP: Duration = Duration::from_millis(100);
@@ -55,6 +58,8 @@ pub struct Plan {
     pub publishers: usize,
     /// Subscribers.
     pub subscribers: usize,
+    /// TLS configuration and WebSocket path, loaded from `args`.
+    pub transport: TransportOptions,
 }
 
 impl Plan {
@@ -86,7 +91,8 @@ impl Plan {
         // Flow clients send no PINGREQ: a QoS 0 subscriber only reads, so
         // runs longer than 1.5 × --keep-alive need a larger value (or 0,
         // which some brokers refuse: rumqttd does).
-        self.args.connect_options(self.args.keep_alive)
+        self.args
+            .connect_options(self.args.keep_alive, &self.transport)
     }
 }
 
@@ -106,7 +112,7 @@ pub async fn executor(plan: Arc<Plan>, shared: Arc<Shared>, thread: usize) -> Th
             Role::Publisher(i) => format!("lg{pid}-p{i}"),
         };
         let setup = async {
-            let mut conn = Conn::connect(url.addr, &id, &opts).await?;
+            let mut conn = Conn::connect(url, &id, &opts).await?;
             if let Role::Subscriber(_) = role {
                 conn.subscribe(&plan.filter(), plan.args.qos(), plan.args.connect_timeout)
                     .await?;
@@ -220,7 +226,7 @@ async fn subscriber(
             .received_measured
             .fetch_add(measured, Ordering::Relaxed);
         if !out.is_empty() {
-            conn.stream.write_all(&out).await.map_err(ClientError::Io)?;
+            conn.write(&out).await?;
             out.clear();
         }
         gate.wake_all();
@@ -260,8 +266,11 @@ async fn publisher(
         failed: Cell::new(false),
         version: conn.version,
     });
-    let Conn { stream, buf, .. } = conn;
+    let Conn {
+        mut stream, buf, ..
+    } = conn;
     let _ = stream.set_read_timeout(Some(POLL_STOP));
+    let flush = stream.needs_flush();
     let (reader, mut writer) = split(stream);
     let reader_task = glommio::spawn_local(read_acks(state.clone(), reader, buf, shared.clone()));
     let writer_state = state.clone();
@@ -269,7 +278,7 @@ async fn publisher(
         loop {
             writer_state.write.wait().await;
             let chunk = writer_state.out.borrow_mut().split();
-            if !chunk.is_empty() && writer.write_all(&chunk).await.is_err() {
+            if !chunk.is_empty() && write_flushed(&mut writer, &chunk, flush).await.is_err() {
                 writer_state.failed.set(true);
                 writer_state.acked.notify();
                 return Err(ClientError::Closed);
@@ -376,7 +385,7 @@ async fn publisher(
 
 async fn read_acks(
     state: Rc<PubState>,
-    mut reader: ReadHalf<TcpStream>,
+    mut reader: ReadHalf<Stream>,
     buf: BytesMut,
     shared: Arc<Shared>,
 ) {
@@ -451,7 +460,7 @@ struct AckReader {
 }
 
 impl AckReader {
-    async fn fill(&mut self, reader: &mut ReadHalf<TcpStream>) -> Result<(), ClientError> {
+    async fn fill(&mut self, reader: &mut ReadHalf<Stream>) -> Result<(), ClientError> {
         use futures_lite::io::AsyncReadExt;
         match reader.read(&mut self.scratch).await {
             Ok(0) => Err(ClientError::Closed),
@@ -459,8 +468,7 @@ impl AckReader {
                 self.buf.extend_from_slice(&self.scratch[..n]);
                 Ok(())
             }
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ClientError::Timeout("data")),
-            Err(e) => Err(ClientError::Io(e)),
+            Err(e) => Err(crate::transport::tls::classify_io(e)),
         }
     }
 }

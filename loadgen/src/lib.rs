@@ -3,7 +3,8 @@
 //!
 //! Modules by subsystem: [`options`] (the command line), [`schedule`] (the
 //! open-loop send schedule), [`latency`] (histograms), [`client`] (the lean
-//! MQTT client), [`runtime`] (executors, shared counters, signals),
+//! MQTT client), [`transport`] (TCP, TLS and WebSocket streams under it),
+//! [`runtime`] (executors, shared counters, signals),
 //! [`flow`] and [`connections`] (the scenarios), [`scenario`] (the
 //! coordinating thread), [`report`] (summary and JSON), [`compare`].
 
@@ -18,4 +19,5 @@ pub mod report;
 pub mod runtime;
 pub mod scenario;
 pub mod schedule;
+pub mod transport;
 pub mod verify;

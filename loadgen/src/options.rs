@@ -3,12 +3,14 @@
 //! Every option is checked before any connection is opened, so a typo fails
 //! at once with exit status 2 (clap's usage error).
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use fleetmq_core::packet::{ProtocolVersion, QoS};
 use serde::Serialize;
+
+pub use crate::transport::url::{parse_url, BrokerUrl, Scheme};
+use crate::transport::{TransportArgs, TransportOptions};
 
 /// The bytes at the front of every payload: send time (ns, u64 LE) and
 /// sequence number (u64 LE).
@@ -107,60 +109,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// Parses `mqtt://host:port` (port 1883 when omitted). `mqtts://`, `ws://`
-/// and `wss://` are recognised but refused as not implemented yet.
-pub fn parse_url(s: &str) -> Result<BrokerUrl, String> {
-    let Some((scheme, rest)) = s.split_once("://") else {
-        return Err(format!("`{s}`: expected mqtt://HOST:PORT"));
-    };
-    match scheme {
-        "mqtt" | "tcp" => {}
-        "mqtts" | "ssl" | "ws" | "wss" => {
-            return Err(format!(
-                "`{s}`: {scheme}:// is not implemented yet (use mqtt://)"
-            ))
-        }
-        _ => {
-            return Err(format!(
-                "`{s}`: unknown scheme `{scheme}` (expected mqtt://)"
-            ))
-        }
-    }
-    let hostport = rest.trim_end_matches('/');
-    let with_port = if hostport
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-    {
-        hostport.to_string()
-    } else {
-        format!("{hostport}:1883")
-    };
-    let addr = with_port
-        .to_socket_addrs()
-        .map_err(|e| format!("`{s}`: cannot resolve: {e}"))?
-        .next()
-        .ok_or_else(|| format!("`{s}`: resolves to no address"))?;
-    Ok(BrokerUrl {
-        text: s.to_string(),
-        addr,
-    })
-}
-
-/// A broker address given with `--url`.
-#[derive(Debug, Clone)]
-pub struct BrokerUrl {
-    /// As given on the command line.
-    pub text: String,
-    /// Resolved once at start.
-    pub addr: SocketAddr,
-}
-
-impl Serialize for BrokerUrl {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.text)
-    }
-}
-
 /// MQTT protocol version of every client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 pub enum Protocol {
@@ -234,10 +182,15 @@ pub struct RunArgs {
     /// The scenario.
     #[arg(value_enum)]
     pub scenario: Scenario,
-    /// Broker URL, mqtt://HOST:PORT. Repeatable: clients are spread over the
-    /// URLs round-robin.
+    /// Broker URL, SCHEME://HOST:PORT/PATH: scheme mqtt, mqtts, ws or wss;
+    /// the port is optional (1883, 8883, 80, 443), the path only for ws and
+    /// wss (default --ws-path). Repeatable: clients are spread over the URLs
+    /// round-robin.
     #[arg(long = "url", value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
     pub urls: Vec<BrokerUrl>,
+    /// TLS and WebSocket options.
+    #[command(flatten)]
+    pub transport: TransportArgs,
     /// MQTT protocol version.
     #[arg(long, value_enum, default_value = "3.1.1")]
     pub protocol: Protocol,
@@ -303,7 +256,8 @@ pub struct RunArgs {
     /// unpinned when absent.
     #[arg(long, value_parser = parse_cpus)]
     pub cpu: Option<CpuList>,
-    /// How long to wait for a TCP connect, CONNACK or SUBACK.
+    /// How long to wait for a TCP connect, the TLS handshake and WebSocket
+    /// upgrade, CONNACK or SUBACK (each).
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     #[serde(serialize_with = "serialize_duration")]
     pub connect_timeout: Duration,
@@ -329,9 +283,13 @@ pub struct RunArgs {
 /// Options of `fleetmq-loadgen soak`.
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct SoakArgs {
-    /// Broker URL, mqtt://HOST:PORT. Repeatable (clients round-robin).
+    /// Broker URL, SCHEME://HOST:PORT/PATH as for `run`. Repeatable
+    /// (clients round-robin).
     #[arg(long = "url", value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
     pub urls: Vec<BrokerUrl>,
+    /// TLS and WebSocket options.
+    #[command(flatten)]
+    pub transport: TransportArgs,
     /// MQTT protocol version.
     #[arg(long, value_enum, default_value = "3.1.1")]
     pub protocol: Protocol,
@@ -373,7 +331,8 @@ pub struct SoakArgs {
     #[arg(long)]
     #[serde(skip)]
     pub password: Option<String>,
-    /// How long to wait for a TCP connect, CONNACK or SUBACK.
+    /// How long to wait for a TCP connect, the TLS handshake and WebSocket
+    /// upgrade, CONNACK or SUBACK (each).
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     #[serde(serialize_with = "serialize_duration")]
     pub connect_timeout: Duration,
@@ -384,21 +343,27 @@ pub struct SoakArgs {
 
 impl SoakArgs {
     /// What every CONNECT of this run carries, announcing `keep_alive`
-    /// seconds.
-    pub fn connect_options(&self, keep_alive: u16) -> crate::client::ConnectOptions {
+    /// seconds, over `transport`.
+    pub fn connect_options(
+        &self,
+        keep_alive: u16,
+        transport: &TransportOptions,
+    ) -> crate::client::ConnectOptions {
         crate::client::ConnectOptions {
             version: self.protocol.version(),
             keep_alive,
             username: self.username.clone(),
             password: self.password.clone(),
             timeout: self.connect_timeout,
+            transport: transport.clone(),
         }
     }
 
-    /// The checked-flow configuration, after checking the options.
+    /// The checked-flow configuration, after checking the options and
+    /// loading the TLS files.
     ///
     /// # Errors
-    /// A message naming the bad option.
+    /// A message naming the bad option or the unusable file.
     pub fn config(&self) -> Result<crate::verify::VerifyConfig, String> {
         if self.publishers == 0 || self.subscribers == 0 {
             return Err("--publishers and --subscribers must be at least 1".into());
@@ -410,12 +375,13 @@ impl SoakArgs {
             return Err("--window must be at least 1".into());
         }
         check_prefix(&self.topic_prefix)?;
+        let transport = self.transport.load(&self.urls)?;
         Ok(crate::verify::VerifyConfig {
             mode: crate::verify::Mode::Soak,
             scenario: "soak".into(),
             options: serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
             urls: self.urls.clone(),
-            connect: self.connect_options(0),
+            connect: self.connect_options(0, &transport),
             qos: self.qos,
             payload_size: self.payload_size,
             rate: self.rate,
@@ -458,14 +424,19 @@ fn serialize_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok,
 
 impl RunArgs {
     /// What every CONNECT of this run carries, announcing `keep_alive`
-    /// seconds.
-    pub fn connect_options(&self, keep_alive: u16) -> crate::client::ConnectOptions {
+    /// seconds, over `transport` (from [`TransportArgs::load`]).
+    pub fn connect_options(
+        &self,
+        keep_alive: u16,
+        transport: &TransportOptions,
+    ) -> crate::client::ConnectOptions {
         crate::client::ConnectOptions {
             version: self.protocol.version(),
             keep_alive,
             username: self.username.clone(),
             password: self.password.clone(),
             timeout: self.connect_timeout,
+            transport: transport.clone(),
         }
     }
 
@@ -544,8 +515,9 @@ impl RunArgs {
         check_prefix(&self.topic_prefix)
     }
 
-    /// The checked-flow configuration of `persistent` and `shared`.
-    pub fn verify_config(&self) -> crate::verify::VerifyConfig {
+    /// The checked-flow configuration of `persistent` and `shared`, over
+    /// `transport`.
+    pub fn verify_config(&self, transport: &TransportOptions) -> crate::verify::VerifyConfig {
         crate::verify::VerifyConfig {
             mode: if self.scenario == Scenario::Shared {
                 crate::verify::Mode::Shared
@@ -558,7 +530,7 @@ impl RunArgs {
                 .unwrap_or_default(),
             options: serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
             urls: self.urls.clone(),
-            connect: self.connect_options(0),
+            connect: self.connect_options(0, transport),
             qos: self.qos,
             payload_size: self.payload_size,
             rate: self.rate,
@@ -595,19 +567,6 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
         assert!(parse_duration("1 fortnight").is_err());
-    }
-
-    #[test]
-    fn urls_other_than_mqtt_are_refused_clearly() {
-        assert_eq!(
-            parse_url("mqtt://127.0.0.1:1884").unwrap().addr.port(),
-            1884
-        );
-        assert_eq!(parse_url("mqtt://127.0.0.1").unwrap().addr.port(), 1883);
-        assert!(parse_url("wss://127.0.0.1:1")
-            .unwrap_err()
-            .contains("not implemented"));
-        assert!(parse_url("127.0.0.1:1883").is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::flow::{self, Plan};
 use crate::options::{Rate, RunArgs, Scenario};
 use crate::report::Report;
 use crate::runtime::{join_executors, now_ns, progress, spawn_executors, Shared};
+use crate::transport::TransportOptions;
 
 /// Closed loop: a window full with no progress for this long counts its
 /// messages as lost and frees it, so one lost QoS 0 message cannot stall a
@@ -41,19 +42,25 @@ impl std::fmt::Display for RunError {
     }
 }
 
-/// Runs one scenario to its report.
+/// Runs one scenario to its report, over the transports its URLs name.
 ///
 /// # Errors
-/// [`RunError`] when nothing could be measured.
+/// [`RunError::Usage`] for options that do not fit together or TLS files
+/// that do not load; [`RunError::Failed`] when nothing could be measured
+/// (broker unreachable, TLS handshake or WebSocket upgrade failed, CONNACK
+/// refused).
 pub fn run(args: RunArgs) -> Result<Report, RunError> {
     args.check().map_err(RunError::Usage)?;
+    let transport = args.transport.load(&args.urls).map_err(RunError::Usage)?;
     now_ns();
     crate::runtime::raise_fd_limit();
     match args.scenario {
-        Scenario::FanIn | Scenario::FanOut => run_flow(args),
-        Scenario::ConnectStorm | Scenario::Idle => crate::connections::run(args),
-        Scenario::Shared | Scenario::Persistent => crate::verify::run(args.verify_config())
-            .map_err(|e| RunError::Failed(format!("setup failed: {e}"))),
+        Scenario::FanIn | Scenario::FanOut => run_flow(args, transport),
+        Scenario::ConnectStorm | Scenario::Idle => crate::connections::run(args, transport),
+        Scenario::Shared | Scenario::Persistent => {
+            crate::verify::run(args.verify_config(&transport))
+                .map_err(|e| RunError::Failed(format!("setup failed: {e}")))
+        }
     }
 }
 
@@ -87,12 +94,13 @@ pub(crate) fn start(shared: &Shared, args: &RunArgs) -> u64 {
     t0
 }
 
-fn run_flow(args: RunArgs) -> Result<Report, RunError> {
+fn run_flow(args: RunArgs, transport: TransportOptions) -> Result<Report, RunError> {
     let plan = Arc::new(Plan {
         prefix: args.prefix(),
         publishers: args.publisher_count(),
         subscribers: args.subscriber_count(),
         args: args.clone(),
+        transport,
     });
     let shared = Arc::new(Shared::new(plan.subscribers));
     let handles = {

@@ -18,8 +18,6 @@
 //! - `soak`: subscribers on `{prefix}/+`, one line every `--report-every`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::num::NonZeroU16;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,6 +37,8 @@ use crate::options::{BrokerUrl, Rate};
 use crate::report::Report;
 use crate::runtime::now_ns;
 use crate::schedule::Schedule;
+use crate::transport::sync_stream::{self, SyncStream};
+use crate::transport::tls::classify_io;
 
 /// Messages written per publisher turn at most.
 const BATCH: u64 = 64;
@@ -253,9 +253,10 @@ impl OrderCheck {
 // ---------------------------------------------------------------------------
 // A blocking client
 
-/// A blocking MQTT connection (std socket, read timeouts).
+/// A blocking MQTT connection (std socket, TCP, TLS or WebSocket, read
+/// deadlines).
 pub struct SyncConn {
-    stream: TcpStream,
+    stream: SyncStream,
     buf: BytesMut,
     scratch: Vec<u8>,
     out: BytesMut,
@@ -267,19 +268,19 @@ pub struct SyncConn {
 }
 
 impl SyncConn {
-    /// Connects and waits for a successful CONNACK.
+    /// Connects to `url` (TCP, then TLS and the WebSocket upgrade as its
+    /// scheme says) and waits for a successful CONNACK.
     ///
     /// # Errors
-    /// Connect, refusal, timeout or I/O errors.
+    /// Connect, TLS, WebSocket, refusal, timeout or I/O errors.
     pub fn connect(
-        addr: SocketAddr,
+        url: &BrokerUrl,
         client_id: &str,
         o: &ConnectOptions,
         clean_start: bool,
         session_expiry: Option<u32>,
     ) -> Result<SyncConn, ClientError> {
-        let stream = TcpStream::connect_timeout(&addr, o.timeout).map_err(ClientError::Connect)?;
-        stream.set_nodelay(true).map_err(ClientError::Io)?;
+        let stream = sync_stream::open(url, &o.transport, o.timeout)?;
         let mut conn = SyncConn {
             stream,
             buf: BytesMut::with_capacity(4096),
@@ -361,7 +362,7 @@ impl SyncConn {
         self.out.clear();
         encode(p, self.version, &mut self.out)
             .map_err(|_| ClientError::Unexpected("cannot encode"))?;
-        self.stream.write_all(&self.out).map_err(ClientError::Io)
+        self.stream.write_all(&self.out).map_err(classify_io)
     }
 
     /// Writes raw bytes.
@@ -369,7 +370,7 @@ impl SyncConn {
     /// # Errors
     /// I/O errors.
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
-        self.stream.write_all(bytes).map_err(ClientError::Io)
+        self.stream.write_all(bytes).map_err(classify_io)
     }
 
     fn next_within(
@@ -403,39 +404,22 @@ impl SyncConn {
     /// # Errors
     /// End of stream or I/O errors.
     pub fn fill(&mut self, timeout: Duration) -> Result<bool, ClientError> {
-        // ppoll, not SO_RCVTIMEO: socket timeouts round up to a jiffy
-        // (up to 10 ms), which would make open-loop publishers late.
-        use std::os::fd::AsRawFd;
-        let mut pfd = libc::pollfd {
-            fd: self.stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-        };
-        // SAFETY: one valid pollfd, a valid timespec, no signal mask.
-        let ready = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-        if ready <= 0 {
-            // Timeout, or EINTR: nothing read.
-            return Ok(false);
-        }
-        match self.stream.read(&mut self.scratch) {
-            Ok(0) => Err(ClientError::Closed),
-            Ok(n) => {
+        match self.stream.read_within(&mut self.scratch, timeout) {
+            Ok(None) => Ok(false),
+            Ok(Some(0)) => Err(ClientError::Closed),
+            Ok(Some(n)) => {
                 self.buf.extend_from_slice(&self.scratch[..n]);
                 Ok(true)
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
-            Err(e) => Err(ClientError::Io(e)),
+            Err(e) => Err(classify_io(e)),
         }
     }
 
     /// Sends DISCONNECT (normal) and closes, ignoring errors.
     pub fn disconnect(mut self) {
         let _ = self.send(&Packet::Disconnect(Disconnect::default()));
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.stream.shutdown();
     }
 }
 
@@ -771,7 +755,7 @@ fn subscriber(ctx: &Ctx, j: usize) -> Latency {
             true
         };
         let expiry = persistent.then_some(cfg.session_expiry);
-        let mut conn = match SyncConn::connect(url.addr, &id, &cfg.connect, clean, expiry) {
+        let mut conn = match SyncConn::connect(url, &id, &cfg.connect, clean, expiry) {
             Ok(c) => c,
             Err(e) => {
                 if !ctx.over() {
@@ -853,6 +837,10 @@ fn receive(
 ) -> Result<Next, ClientError> {
     let tr = ctx.cfg.tracker_of(j);
     let version = conn.version;
+    // What came with the CONNACK (a resumed session's queue may follow it
+    // in the same read) is decoded before waiting for more: after the
+    // publishers stop, nothing else would come to wake the read.
+    let mut buffered = !conn.buf.is_empty();
     loop {
         if ctx.over() {
             return Ok(Next::Stop);
@@ -860,7 +848,7 @@ fn receive(
         if until.is_some_and(|u| now_ns() >= u) && !ctx.publishing_done.load(Ordering::Acquire) {
             return Ok(Next::Reconnect);
         }
-        if !conn.fill(POLL)? {
+        if !std::mem::take(&mut buffered) && !conn.fill(POLL)? {
             continue;
         }
         let now = now_ns();
@@ -931,7 +919,7 @@ fn receive(
 fn publisher(ctx: &Ctx, i: usize) {
     let url = ctx.url(ctx.cfg.subscribers + i);
     let id = format!("lg{}-vp{i}", std::process::id());
-    let conn = match SyncConn::connect(url.addr, &id, &ctx.cfg.connect, true, None) {
+    let conn = match SyncConn::connect(url, &id, &ctx.cfg.connect, true, None) {
         Ok(c) => c,
         Err(e) => {
             ctx.error(e.kind());

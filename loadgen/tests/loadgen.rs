@@ -4,6 +4,12 @@
 //! `<workspace>/target`), built with `cargo build -p fleetmq-shards` when
 //! missing. Each test starts its own broker on port 0 and kills it on drop.
 
+/// mqtts://, ws:// and wss:// brokers: every scenario over TLS and
+/// WebSocket, certificates made here by rcgen, and the failures (unknown
+/// CA, wrong name, refused upgrade, missing client certificate).
+#[path = "loadgen/transports.rs"]
+mod transports;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -13,7 +19,22 @@ use std::time::Duration;
 /// A broker process, killed on drop.
 struct Broker {
     child: Child,
+    /// The `mqtt-tcp` listener's port.
     port: u16,
+    /// Every `fleetmq: listening KIND ADDR` line: (kind, port).
+    listeners: Vec<(String, u16)>,
+}
+
+impl Broker {
+    /// The port of the listener of `kind` (`mqtt-tls`, `mqtt-ws`,
+    /// `mqtt-wss`).
+    fn port_of(&self, kind: &str) -> u16 {
+        self.listeners
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map(|(_, p)| *p)
+            .unwrap_or_else(|| panic!("no {kind} listener in {:?}", self.listeners))
+    }
 }
 
 impl Drop for Broker {
@@ -80,24 +101,31 @@ fn start_broker_set(shards: &str, set: &[&str]) -> Broker {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut port = None;
+        let mut listeners = Vec::new();
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(addr) = line.strip_prefix("fleetmq: listening mqtt-tcp ") {
-                port = addr
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| p.trim().parse::<u16>().ok());
+            if let Some((kind, addr)) = line
+                .strip_prefix("fleetmq: listening ")
+                .and_then(|rest| rest.trim().split_once(' '))
+            {
+                if let Some(port) = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()) {
+                    listeners.push((kind.to_string(), port));
+                }
             }
             if line.trim() == "fleetmq: ready" {
-                let _ = tx.send(port);
+                let _ = tx.send(std::mem::take(&mut listeners));
             }
         }
     });
-    let mut broker = Broker { child, port: 0 };
+    let mut broker = Broker {
+        child,
+        port: 0,
+        listeners: Vec::new(),
+    };
     match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(Some(port)) => broker.port = port,
-        other => panic!("the broker did not announce its port and readiness: {other:?}"),
+        Ok(listeners) => broker.listeners = listeners,
+        Err(e) => panic!("the broker did not announce its readiness: {e:?}"),
     }
+    broker.port = broker.port_of("mqtt-tcp");
     broker
 }
 

@@ -1,6 +1,6 @@
 //! A client connection: accept, limits, TLS/WebSocket handshakes, CONNECT,
-//! sign-in, hand-off to the owner shard, then a reader (this task) and a
-//! writer task sharing the shard's [`ConnShared`].
+//! sign-in, hand-off to the owner shard, then one task that reads and
+//! writes the connection, sharing the shard's [`ConnShared`].
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
@@ -9,19 +9,24 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use bytes::Buf;
 use bytes::{Bytes, BytesMut};
 use fleetmq_core::packet::codec::{decode, encode, DecodeError};
 use fleetmq_core::packet::{ConnAck, Connect, Packet, ProtocolVersion, ReasonCode};
 use fleetmq_core::session::{negotiate, AuthorizeCache, ConnectLimits, Negotiated, Refusal};
 use futures_lite::future::or;
-use futures_lite::io::{split, AsyncWriteExt, WriteHalf};
+use futures_lite::io::AsyncWriteExt;
+use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::{TcpStream, UnixStream};
 use glommio::timer::sleep;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use tracing::debug;
 
 use crate::access::AclAuthorizer;
 use crate::auth::{AuthError, Authenticator, Credentials, Identity};
 use crate::limits::{Gate, Slot as LimitSlot};
+use crate::park::Parked;
 use crate::shard::{owner_of, ConnShared, Handoff, HandoffStream, Shard, ShardMsg};
 use crate::tls::TlsConfig;
 use crate::transport::{self, bridge, ListenerKind, Transport};
@@ -69,7 +74,11 @@ enum ReadOutcome {
 /// connection, borrowed only inside each poll, and a waiting connection
 /// holds no read buffer: only the bytes of an incomplete packet stay with
 /// it (DESIGN.md §3: idle connections should cost ≤ 1 KiB).
-async fn read_some<R: futures_lite::AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut, scratch: &std::cell::RefCell<Vec<u8>>) -> ReadOutcome {
+async fn read_some<R: futures_lite::AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    scratch: &std::cell::RefCell<Vec<u8>>,
+) -> ReadOutcome {
     let result = std::future::poll_fn(|cx| {
         let mut scratch = scratch.borrow_mut();
         match std::pin::Pin::new(&mut *reader).poll_read(cx, &mut scratch[..]) {
@@ -101,12 +110,15 @@ async fn open_and_read_connect(
     kind: ListenerKind,
     stream: TcpStream,
 ) -> Result<(Transport, Option<String>, Box<Connect>, BytesMut), (Option<Transport>, Early)> {
-    let (mut transport, tls_identity) =
-        transport::open(kind, stream, settings.tls.as_deref()).await.map_err(|e| (None, Early::Handshake(e)))?;
+    let (mut transport, tls_identity) = transport::open(kind, stream, settings.tls.as_deref())
+        .await
+        .map_err(|e| (None, Early::Handshake(e)))?;
     let mut buf = BytesMut::new();
     loop {
         match decode(&mut buf, None, settings.max_connect_packet_bytes) {
-            Ok(Some(Packet::Connect(connect))) => return Ok((transport, tls_identity, connect, buf)),
+            Ok(Some(Packet::Connect(connect))) => {
+                return Ok((transport, tls_identity, connect, buf))
+            }
             Ok(Some(_)) => return Err((Some(transport), Early::NotConnect)),
             Ok(None) => {}
             Err(e) => return Err((Some(transport), Early::Decode(e))),
@@ -129,9 +141,17 @@ fn refused(shard: &Shard, settings: &ConnSettings, reason: &'static str) {
 /// WebSocket handshake and a complete CONNECT within `connect_timeout`,
 /// sign-in, then serve it here or hand it to the shard that owns its client
 /// identifier.
-pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, stream: TcpStream, kind: ListenerKind) {
+pub(crate) async fn accepted(
+    shard: Rc<Shard>,
+    settings: Rc<ConnSettings>,
+    stream: TcpStream,
+    kind: ListenerKind,
+) {
     let _ = stream.set_nodelay(true);
-    let peer = stream.peer_addr().map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     // Limits that hold before anything is read (DESIGN.md §9).
     let Some(pending) = settings.gate.pending() else {
         return refused(&shard, &settings, "max_pending_connections");
@@ -139,18 +159,33 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     let Ok(source_slot) = settings.gate.source(peer) else {
         return refused(&shard, &settings, "max_connections_per_source");
     };
-    let opened = or(async { Some(open_and_read_connect(&shard, &settings, kind, stream).await) }, async {
-        sleep(settings.connect_timeout).await;
-        None
-    })
+    let opened = or(
+        async { Some(open_and_read_connect(&shard, &settings, kind, stream).await) },
+        async {
+            sleep(settings.connect_timeout).await;
+            None
+        },
+    )
     .await;
     let (mut transport, tls_identity, connect, buf) = match opened {
         Some(Ok(opened)) => opened,
-        Some(Err((Some(mut transport), Early::Decode(DecodeError::UnsupportedProtocolVersion(level))))) => {
+        Some(Err((
+            Some(mut transport),
+            Early::Decode(DecodeError::UnsupportedProtocolVersion(level)),
+        ))) => {
             // [MQTT-3.1.2-2]: CONNACK return code 1 (0x84), then close.
             debug!(target: "broker", level, "unsupported protocol level");
-            let connack = ConnAck { reason: ReasonCode::UNSUPPORTED_PROTOCOL_VERSION, ..ConnAck::default() };
-            write_packet(&shard, &mut transport, &Packet::ConnAck(connack), ProtocolVersion::V3_1_1).await;
+            let connack = ConnAck {
+                reason: ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
+                ..ConnAck::default()
+            };
+            write_packet(
+                &shard,
+                &mut transport,
+                &Packet::ConnAck(connack),
+                ProtocolVersion::V3_1_1,
+            )
+            .await;
             return refused(&shard, &settings, "unsupported_protocol_version");
         }
         Some(Err((_, early))) => {
@@ -171,7 +206,13 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     };
     let refuse_with = |reason: ReasonCode, detail: &'static str| Refusal { reason, detail };
     if shard.global.connected.load(Ordering::Relaxed) >= settings.max_clients {
-        Box::pin(refuse(&shard, &mut transport, &connect, refuse_with(ReasonCode::SERVER_BUSY, "too many clients"))).await;
+        Box::pin(refuse(
+            &shard,
+            &mut transport,
+            &connect,
+            refuse_with(ReasonCode::SERVER_BUSY, "too many clients"),
+        ))
+        .await;
         return refused(&shard, &settings, "max_clients");
     }
     // Boxed, like the other rare or large steps below: this task's state is
@@ -179,7 +220,13 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     let identity = match Box::pin(sign_in(&settings, &connect, peer, tls_identity)).await {
         Ok(identity) => identity,
         Err((reason, why)) => {
-            Box::pin(refuse(&shard, &mut transport, &connect, refuse_with(reason, why))).await;
+            Box::pin(refuse(
+                &shard,
+                &mut transport,
+                &connect,
+                refuse_with(reason, why),
+            ))
+            .await;
             return refused(&shard, &settings, why);
         }
     };
@@ -188,7 +235,10 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
         match settings.gate.credential(user) {
             Some(slot) => slots.push(slot),
             None => {
-                let refusal = refuse_with(ReasonCode::QUOTA_EXCEEDED, "too many connections for this user");
+                let refusal = refuse_with(
+                    ReasonCode::QUOTA_EXCEEDED,
+                    "too many connections for this user",
+                );
                 Box::pin(refuse(&shard, &mut transport, &connect, refusal)).await;
                 return refused(&shard, &settings, "max_connections_per_credential");
             }
@@ -207,7 +257,16 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
     if owner == shard.id {
         // A task of its own, so this task's state (sized for the
         // handshakes) is freed now rather than held for the connection's life.
-        glommio::spawn_local(serve(shard, settings, transport, connect, negotiated, admission, buf.freeze())).detach();
+        glommio::spawn_local(serve(
+            shard,
+            settings,
+            transport,
+            connect,
+            negotiated,
+            admission,
+            buf.freeze(),
+        ))
+        .detach();
         return;
     }
     // Hand the connection to the shard that owns the client identifier: a
@@ -226,7 +285,13 @@ pub(crate) async fn accepted(shard: Rc<Shard>, settings: Rc<ConnSettings>, strea
         },
     };
     let Some(stream) = stream else { return };
-    let handoff = Handoff { stream, unread: buf.freeze(), connect, negotiated, admission };
+    let handoff = Handoff {
+        stream,
+        unread: buf.freeze(),
+        connect,
+        negotiated,
+        admission,
+    };
     Box::pin(shard.send_to(owner, ShardMsg::Handoff(Box::new(handoff)))).await;
 }
 
@@ -241,7 +306,12 @@ fn dup<S: AsRawFd>(stream: &S) -> Option<OwnedFd> {
 
 /// Check the CONNECT's credentials (DESIGN.md §9) off the shard thread:
 /// argon2 takes milliseconds, which would stall every connection here.
-async fn sign_in(settings: &ConnSettings, connect: &Connect, peer: IpAddr, tls_identity: Option<String>) -> Result<Identity, (ReasonCode, &'static str)> {
+async fn sign_in(
+    settings: &ConnSettings,
+    connect: &Connect,
+    peer: IpAddr,
+    tls_identity: Option<String>,
+) -> Result<Identity, (ReasonCode, &'static str)> {
     let Some(_checking) = settings.gate.authenticating() else {
         return Err((ReasonCode::SERVER_BUSY, "max_connects_authenticating"));
     };
@@ -271,6 +341,27 @@ async fn sign_in(settings: &ConnSettings, connect: &Connect, peer: IpAddr, tls_i
     })
 }
 
+/// Serve a parked connection again: it became readable, or the shard has
+/// something for it (see [`crate::park`]).
+/// `buf` holds bytes already read (empty for a parked connection).
+pub(crate) fn resume(shard: Rc<Shard>, settings: Rc<ConnSettings>, parked: Parked, buf: BytesMut) {
+    // SAFETY: the descriptor came from `dup` when the connection parked and
+    // is owned by `parked` alone.
+    let stream = unsafe { TcpStream::from_raw_fd(parked.fd.into_raw_fd()) };
+    let transport = Transport::Tcp(stream);
+    glommio::spawn_local(drive(
+        shard,
+        settings,
+        transport,
+        parked.conn,
+        parked.slot,
+        parked.admission,
+        buf,
+        true,
+    ))
+    .detach();
+}
+
 /// Take a connection handed over by another shard.
 pub(crate) async fn handed_over(shard: Rc<Shard>, settings: Rc<ConnSettings>, handoff: Handoff) {
     // SAFETY: the descriptor came from `dup` on the accepting shard and is
@@ -281,10 +372,24 @@ pub(crate) async fn handed_over(shard: Rc<Shard>, settings: Rc<ConnSettings>, ha
             HandoffStream::Unix(fd) => Transport::Unix(UnixStream::from_raw_fd(fd.into_raw_fd())),
         }
     };
-    serve(shard, settings, transport, handoff.connect, handoff.negotiated, handoff.admission, handoff.unread).await;
+    serve(
+        shard,
+        settings,
+        transport,
+        handoff.connect,
+        handoff.negotiated,
+        handoff.admission,
+        handoff.unread,
+    )
+    .await;
 }
 
-async fn write_packet(shard: &Shard, transport: &mut Transport, packet: &Packet, protocol: ProtocolVersion) {
+async fn write_packet(
+    shard: &Shard,
+    transport: &mut Transport,
+    packet: &Packet,
+    protocol: ProtocolVersion,
+) {
     let mut out = BytesMut::new();
     let _ = encode(packet, protocol, &mut out);
     shard.metrics.bytes_out.inc_by(out.len() as u64);
@@ -300,7 +405,13 @@ async fn refuse(shard: &Shard, transport: &mut Transport, connect: &Connect, ref
         // `[MQTT-3.1.3-11]`, 3.1.1 §4.8.
         return;
     }
-    write_packet(shard, transport, &Packet::ConnAck(refusal.connack(connect.protocol)), connect.protocol).await;
+    write_packet(
+        shard,
+        transport,
+        &Packet::ConnAck(refusal.connack(connect.protocol)),
+        connect.protocol,
+    )
+    .await;
 }
 
 /// Attach the connection to its session and serve it until it closes.
@@ -315,9 +426,22 @@ async fn serve(
 ) {
     // The connection's long life runs in a task of its own, so nothing this
     // one holds (the CONNECT, the negotiated CONNACK) is kept while idle.
-    let started = start(&shard, &settings, transport, connect, negotiated, &admission).await;
+    let started = start(
+        &shard, &settings, transport, connect, negotiated, &admission,
+    )
+    .await;
     if let Some((transport, conn, slot)) = started {
-        glommio::spawn_local(drive(shard, settings, transport, conn, slot, admission, unread)).detach();
+        glommio::spawn_local(drive(
+            shard,
+            settings,
+            transport,
+            conn,
+            slot,
+            admission,
+            BytesMut::from(&unread[..]),
+            false,
+        ))
+        .detach();
     }
 }
 
@@ -333,13 +457,29 @@ async fn start(
     let protocol = connect.protocol;
     let key = shard.global.next_conn_key.fetch_add(1, Ordering::Relaxed);
     let now = Instant::now();
-    let expires_at = admission
-        .identity
-        .expires_at
-        .map(|at| now + at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO));
-    let conn = Rc::new(ConnShared::new(key, protocol, negotiated.keep_alive, expires_at, now));
-    let authorizer = AclAuthorizer::for_client(&settings.auth, &admission.identity, &negotiated.client_id);
-    match shard.attach(&connect, &negotiated, &admission.identity, authorizer, settings.acl_cache, &conn, now) {
+    let expires_at = admission.identity.expires_at.map(|at| {
+        now + at
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO)
+    });
+    let conn = Rc::new(ConnShared::new(
+        key,
+        protocol,
+        negotiated.keep_alive,
+        expires_at,
+        now,
+    ));
+    let authorizer =
+        AclAuthorizer::for_client(&settings.auth, &admission.identity, &negotiated.client_id);
+    match shard.attach(
+        &connect,
+        &negotiated,
+        &admission.identity,
+        authorizer,
+        settings.acl_cache,
+        &conn,
+        now,
+    ) {
         Ok(slot) => Some((transport, conn, slot)),
         Err(refusal) => {
             refuse(shard, &mut transport, &connect, refusal).await;
@@ -349,123 +489,247 @@ async fn start(
     }
 }
 
-/// The connection's life: read, decode and handle packets until it closes.
-async fn drive(
+/// What the connection's task woke up for.
+enum Event {
+    /// `n` bytes were read into the connection's buffer.
+    Read(usize),
+    /// The client closed the connection (EOF or a read error).
+    Eof,
+    /// A write failed: the client is gone.
+    WriteFailed,
+    /// The connection was asked to close.
+    Close,
+    /// The shard asked an idle connection to park, and nothing is pending.
+    Park,
+}
+
+/// The connection's life in one task: read, decode and handle packets, and
+/// write what the shard queued for it, until it closes. Reads and writes
+/// are polled together, so a client that is slow to read never stops its
+/// own packets from being read (its acknowledgements free the window), and
+/// one task per connection keeps an idle connection small (DESIGN.md §3).
+// A function returning an `async move` block, not an `async fn`: an async
+// fn keeps its arguments twice in its state (as arguments and as locals),
+// and this state is what every connection holds for its whole life.
+#[allow(clippy::manual_async_fn, clippy::too_many_arguments)]
+fn drive(
     shard: Rc<Shard>,
     settings: Rc<ConnSettings>,
-    transport: Transport,
+    mut transport: Transport,
     conn: Rc<ConnShared>,
     slot: crate::shard::Slot,
     admission: Admission,
-    unread: Bytes,
-) {
-    let protocol = conn.protocol;
-    shard.live_connections.set(shard.live_connections.get() + 1);
-    shard.metrics.clients_connected.inc();
-    shard.flush().await;
+    mut buf: BytesMut,
+    resumed: bool,
+) -> impl std::future::Future<Output = ()> {
+    async move {
+        let protocol = conn.protocol;
+        if !resumed {
+            shard.live_connections.set(shard.live_connections.get() + 1);
+            shard.metrics.clients_connected.inc();
+            shard.flush().await;
+        }
 
-    let (mut reader, writer) = split(transport);
-    let writer_task = glommio::spawn_local(write_loop(shard.clone(), conn.clone(), writer));
-    let mut buf = BytesMut::from(&unread[..]);
-    drop(unread);
-    let max_packet = settings.connect.max_packet_size;
-    let publish_will = 'conn: loop {
-        // One clock read per batch of packets read together.
-        let now = conn.last_read.get();
-        loop {
-            if let Some(close) = conn.close.get() {
-                break 'conn close.publish_will;
-            }
-            match decode(&mut buf, Some(protocol), max_packet) {
-                // A packet that ends the connection sets `conn.close`,
-                // seen at the top of this loop.
-                Ok(Some(packet)) => shard.handle_packet(slot, &conn, packet, now),
-                Ok(None) => break,
-                Err(e) => {
-                    // Malformed: MQTT 5 gets DISCONNECT 0x81/0x82/0x95;
-                    // 3.1.1 a closed connection (MQTT 5 §4.13).
-                    debug!(target: "broker", error = %e, "malformed packet");
-                    conn.request_close(Some(e.reason_code()), true);
-                    break 'conn true;
+        let mut io = Io {
+            writing: BytesMut::new(),
+            unflushed: false,
+        };
+        let max_packet = settings.connect.max_packet_size;
+        let publish_will = 'conn: loop {
+            // One clock read per batch of packets read together.
+            let now = conn.last_read.get();
+            loop {
+                if let Some(close) = conn.close.get() {
+                    break 'conn close.publish_will;
+                }
+                match decode(&mut buf, Some(protocol), max_packet) {
+                    // A packet that ends the connection sets `conn.close`,
+                    // seen at the top of this loop.
+                    Ok(Some(packet)) => shard.handle_packet(slot, &conn, packet, now),
+                    Ok(None) => break,
+                    Err(e) => {
+                        // Malformed: MQTT 5 gets DISCONNECT 0x81/0x82/0x95;
+                        // 3.1.1 a closed connection (MQTT 5 §4.13).
+                        debug!(target: "broker", error = %e, "malformed packet");
+                        conn.request_close(Some(e.reason_code()), true);
+                        break 'conn true;
+                    }
                 }
             }
-        }
+            shard.flush().await;
+            if buf.is_empty() && buf.capacity() > BUFFER_KEEP {
+                buf = BytesMut::new();
+            }
+            match std::future::poll_fn(|cx| io.poll(cx, &shard, &conn, &mut transport, &mut buf))
+                .await
+            {
+                Event::Read(n) => {
+                    shard.metrics.bytes_in.inc_by(n as u64);
+                    conn.last_read.set(Instant::now());
+                    conn.active.set(true);
+                }
+                Event::Park => {
+                    conn.park_requested.set(false);
+                    if let Transport::Tcp(stream) = transport {
+                        let Some(fd) = dup(&stream) else {
+                            transport = Transport::Tcp(stream);
+                            continue;
+                        };
+                        // Dropping the stream ends glommio's poll and closes
+                        // its descriptor; the socket lives on in `fd`.
+                        drop(stream);
+                        let parked = Parked {
+                            fd,
+                            conn,
+                            slot,
+                            admission,
+                        };
+                        match crate::park::park(parked) {
+                            Ok(()) => return,
+                            Err(parked) => return resume(shard, settings, parked, buf),
+                        }
+                    }
+                }
+                Event::Eof | Event::WriteFailed => {
+                    // Closed without DISCONNECT: the will is published
+                    // `[MQTT-3.1.2-8]`.
+                    conn.request_close(None, true);
+                    break true;
+                }
+                Event::Close => {
+                    let close = conn
+                        .close
+                        .get()
+                        .expect("Event::Close follows a close request");
+                    break close.publish_will;
+                }
+            }
+        };
+        shard.detach(slot, &conn, publish_will, Instant::now());
         shard.flush().await;
-        if let Some(close) = conn.close.get() {
-            break close.publish_will;
-        }
-        if buf.is_empty() && buf.capacity() > BUFFER_KEEP {
-            buf = BytesMut::new();
-        }
-        let read = or(async { Some(read_some(&mut reader, &mut buf, &shard.scratch).await) }, async {
-            conn.close_signal.wait().await;
-            None
-        })
-        .await;
-        match read {
-            Some(ReadOutcome::Data(n)) => {
-                shard.metrics.bytes_in.inc_by(n as u64);
-                conn.last_read.set(Instant::now());
-            }
-            Some(ReadOutcome::Closed) => {
-                // Closed without DISCONNECT: the will is published
-                // `[MQTT-3.1.2-8]`.
-                conn.request_close(None, true);
-                break true;
-            }
-            None => {
-                let close = conn.close.get().expect("close signal follows a close request");
-                break close.publish_will;
-            }
-        }
-    };
-    shard.detach(slot, &conn, publish_will, Instant::now());
-    shard.flush().await;
-    conn.write_signal.notify();
-    or(writer_task, sleep(CLOSE_FLUSH)).await;
-    drop(admission);
-    shard.live_connections.set(shard.live_connections.get() - 1);
-    shard.metrics.clients_connected.dec();
+        // What is still queued (a DISCONNECT with its reason code, say) goes
+        // out if the client takes it within CLOSE_FLUSH.
+        or(io.drain(&shard, &conn, &mut transport), sleep(CLOSE_FLUSH)).await;
+        let _ = transport.close().await;
+        drop(admission);
+        shard.live_connections.set(shard.live_connections.get() - 1);
+        shard.metrics.clients_connected.dec();
+    }
 }
 
-/// Write what the shard queued for the connection, one write per wake-up.
-/// It also keeps the connection's clocks: no packet for 1.5 × Keep Alive
-/// closes it (`[MQTT-3.1.2-22]`, DISCONNECT 0x8D), and so does a
-/// credential that expires (a JWT's `exp`: DISCONNECT 0xA0).
-async fn write_loop(shard: Rc<Shard>, conn: Rc<ConnShared>, mut writer: WriteHalf<Transport>) {
-    loop {
-        match conn.next_deadline() {
-            Some(at) => {
-                let woken = or(async { conn.write_signal.wait().await; true }, async {
-                    sleep(at.saturating_duration_since(Instant::now())).await;
-                    false
-                })
-                .await;
-                if !woken {
-                    conn.check_deadlines(Instant::now());
+/// The write side of a connection's task.
+struct Io {
+    /// Bytes taken from `ConnShared::out`, not yet accepted by the socket.
+    writing: BytesMut,
+    /// A TLS or WebSocket transport holds written bytes until flushed.
+    unflushed: bool,
+}
+
+impl Io {
+    /// Write what is queued, as far as the socket takes it, then read.
+    /// Ready with the first thing that needs the task: data read, EOF, a
+    /// failed write or a close request; Pending (with every waker
+    /// registered: socket readable, socket writable while bytes wait, the
+    /// connection's signal) otherwise.
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        shard: &Shard,
+        conn: &ConnShared,
+        transport: &mut Transport,
+        buf: &mut BytesMut,
+    ) -> Poll<Event> {
+        loop {
+            if let Err(()) = self.poll_write(cx, shard, conn, transport) {
+                return Poll::Ready(Event::WriteFailed);
+            }
+            {
+                let mut scratch = shard.scratch.borrow_mut();
+                match Pin::new(&mut *transport).poll_read(cx, &mut scratch[..]) {
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        buf.extend_from_slice(&scratch[..n]);
+                        return Poll::Ready(Event::Read(n));
+                    }
+                    Poll::Ready(_) => return Poll::Ready(Event::Eof),
+                    Poll::Pending => {}
                 }
             }
-            None => conn.write_signal.wait().await,
-        }
-        let chunk = {
-            let mut out = conn.out.borrow_mut();
-            let chunk = out.split();
-            if out.capacity() > BUFFER_KEEP {
-                *out = BytesMut::new();
+            if conn.is_closing() {
+                return Poll::Ready(Event::Close);
             }
-            chunk
-        };
-        conn.pending.set(0);
-        if !chunk.is_empty() {
-            if writer.write_all(&chunk).await.is_err() || writer.flush().await.is_err() {
-                conn.request_close(None, true);
-                break;
+            if conn.park_requested.get() {
+                if self.writing.is_empty()
+                    && !self.unflushed
+                    && buf.is_empty()
+                    && conn.out.borrow().is_empty()
+                {
+                    return Poll::Ready(Event::Park);
+                }
+                conn.park_requested.set(false);
             }
-            shard.metrics.bytes_out.inc_by(chunk.len() as u64);
-        }
-        if conn.is_closing() && conn.out.borrow().is_empty() {
-            break;
+            // A notification means new bytes to write (or a close): go round.
+            if conn.write_signal.poll_wait(cx).is_pending() {
+                return Poll::Pending;
+            }
         }
     }
-    let _ = writer.close().await;
+
+    /// Move queued bytes to the socket until it would block. `Err` when
+    /// the socket failed.
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        shard: &Shard,
+        conn: &ConnShared,
+        transport: &mut Transport,
+    ) -> Result<(), ()> {
+        loop {
+            if self.writing.is_empty() {
+                let mut out = conn.out.borrow_mut();
+                if out.is_empty() {
+                    break;
+                }
+                self.writing = out.split();
+                if out.capacity() > BUFFER_KEEP {
+                    *out = BytesMut::new();
+                }
+                conn.pending.set(0);
+            }
+            match Pin::new(&mut *transport).poll_write(cx, &self.writing) {
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    self.writing.advance(n);
+                    self.unflushed = true;
+                    conn.active.set(true);
+                    shard.metrics.bytes_out.inc_by(n as u64);
+                }
+                Poll::Ready(_) => return Err(()),
+                Poll::Pending => return Ok(()),
+            }
+        }
+        if self.unflushed {
+            match Pin::new(&mut *transport).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(_)) => return Err(()),
+                Poll::Pending => {}
+            }
+        }
+        if self.writing.capacity() > BUFFER_KEEP {
+            self.writing = BytesMut::new();
+        }
+        Ok(())
+    }
+
+    /// Write everything queued for a closing connection.
+    async fn drain(&mut self, shard: &Shard, conn: &ConnShared, transport: &mut Transport) {
+        std::future::poll_fn(|cx| {
+            if self.poll_write(cx, shard, conn, transport).is_err() {
+                return Poll::Ready(());
+            }
+            if self.writing.is_empty() && !self.unflushed && conn.out.borrow().is_empty() {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await
+    }
 }

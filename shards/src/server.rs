@@ -21,14 +21,16 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tracing::{info, warn};
 
 use crate::auth::Authenticator;
-use crate::connection::{accepted, handed_over, ConnSettings};
+use crate::connection::{accepted, handed_over, resume, ConnSettings};
 use crate::limits::Gate;
-use crate::tls::TlsConfig;
-use crate::transport::ListenerKind;
-use fleetmq_core::session::AuthorizeCache;
 use crate::metrics::Metrics;
+use crate::park::Parker;
 use crate::shard::{Global, Shard, ShardLimits, ShardMsg};
 use crate::shutdown::Shutdown;
+use crate::tls::TlsConfig;
+use crate::transport::ListenerKind;
+use bytes::BytesMut;
+use fleetmq_core::session::AuthorizeCache;
 
 /// Capacity of each cross-shard channel, in messages (each message is a
 /// batch of deliveries or one control message).
@@ -51,20 +53,30 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     raise_fd_limit(settings.limits.max_clients as u64);
     let cpus = allowed_cpus();
-    let shards = if settings.server.shards == 0 { cpus.len().max(1) } else { settings.server.shards };
+    let shards = if settings.server.shards == 0 {
+        cpus.len().max(1)
+    } else {
+        settings.server.shards
+    };
 
     // Sign-in, access control and certificates, checked before binding.
-    let auth = Arc::new(Authenticator::from_settings(&settings).context("cannot load the authentication settings")?);
+    let auth = Arc::new(
+        Authenticator::from_settings(&settings)
+            .context("cannot load the authentication settings")?,
+    );
     let needs_tls = !settings.listeners.tls.is_empty() || !settings.listeners.wss.is_empty();
     let tls = if needs_tls {
-        Some(Arc::new(TlsConfig::new(&settings.tls).context("cannot load the TLS certificate (tls.cert, tls.key)")?))
+        Some(Arc::new(TlsConfig::new(&settings.tls).context(
+            "cannot load the TLS certificate (tls.cert, tls.key)",
+        )?))
     } else {
         None
     };
 
     // Bind each listener once per shard with SO_REUSEPORT; port 0 is
     // resolved by the first bind and reused by the others.
-    let mut per_shard: Vec<Vec<(OwnedFd, ListenerKind)>> = (0..shards).map(|_| Vec::new()).collect();
+    let mut per_shard: Vec<Vec<(OwnedFd, ListenerKind)>> =
+        (0..shards).map(|_| Vec::new()).collect();
     let mut bound = Vec::new();
     let listeners = [
         (ListenerKind::Tcp, "listeners.tcp", &settings.listeners.tcp),
@@ -74,12 +86,18 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     ];
     for (kind, key, addrs) in listeners {
         for addr in addrs {
-            let mut addr: SocketAddr = addr.parse().with_context(|| format!("{key}: bad address {addr}"))?;
+            let mut addr: SocketAddr = addr
+                .parse()
+                .with_context(|| format!("{key}: bad address {addr}"))?;
             for fds in per_shard.iter_mut() {
-                let listener = bind_reuseport(addr).with_context(|| format!("cannot listen on {addr} ({key})"))?;
+                let listener = bind_reuseport(addr)
+                    .with_context(|| format!("cannot listen on {addr} ({key})"))?;
                 addr = listener.local_addr()?;
                 // SAFETY: into_raw_fd hands over ownership of a valid fd.
-                fds.push((unsafe { OwnedFd::from_raw_fd(listener.into_raw_fd()) }, kind));
+                fds.push((
+                    unsafe { OwnedFd::from_raw_fd(listener.into_raw_fd()) },
+                    kind,
+                ));
             }
             bound.push((kind, addr));
         }
@@ -91,13 +109,22 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     let admin = if settings.admin.listen.is_empty() {
         None
     } else {
-        let addr: SocketAddr =
-            settings.admin.listen.parse().with_context(|| format!("admin.listen: bad address {}", settings.admin.listen))?;
-        Some(crate::admin::spawn(addr, metrics.clone(), ready.clone()).context("cannot start the admin HTTP server")?)
+        let addr: SocketAddr = settings
+            .admin
+            .listen
+            .parse()
+            .with_context(|| format!("admin.listen: bad address {}", settings.admin.listen))?;
+        Some(
+            crate::admin::spawn(addr, metrics.clone(), ready.clone())
+                .context("cannot start the admin HTTP server")?,
+        )
     };
 
     let limits = &settings.limits;
-    let topic = TopicLimits { max_levels: limits.max_topic_levels as usize, max_bytes: limits.max_topic_bytes as usize };
+    let topic = TopicLimits {
+        max_levels: limits.max_topic_levels as usize,
+        max_bytes: limits.max_topic_bytes as usize,
+    };
     let conn_settings = ConnSettings {
         connect: ConnectLimits {
             receive_maximum: limits.receive_maximum,
@@ -115,10 +142,15 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         gate: Gate::new(
             limits.max_pending_connections as usize,
             limits.max_connects_authenticating as usize,
-            limits.trust_client_addresses.then_some(limits.max_connections_per_source as usize),
+            limits
+                .trust_client_addresses
+                .then_some(limits.max_connections_per_source as usize),
             limits.max_connections_per_credential as usize,
         ),
-        acl_cache: AuthorizeCache { ttl: settings.auth.acl_cache_ttl, ..AuthorizeCache::default() },
+        acl_cache: AuthorizeCache {
+            ttl: settings.auth.acl_cache_ttl,
+            ..AuthorizeCache::default()
+        },
     };
     let shard_limits = ShardLimits {
         session: SessionLimits {
@@ -142,14 +174,22 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         let cpu = cpus[id % cpus.len()];
         let (mesh, metrics_all) = (mesh.clone(), metrics.clone());
         let (metrics, global, shutdown) = (metrics.shard(id), global.clone(), shutdown.clone());
-        let (conn_settings, shard_limits, started) = (conn_settings.clone(), shard_limits.clone(), started.clone());
+        let (conn_settings, shard_limits, started) =
+            (conn_settings.clone(), shard_limits.clone(), started.clone());
         // Shard 0 publishes the $SYS topics.
         let sys = (id == 0).then(|| (metrics_all.clone(), settings.server.sys_interval));
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("fleetmq-shard-{id}"))
             .spawn(move || async move {
                 let (senders, receivers) = mesh.join().await.expect("the shard mesh forms");
-                let shard = Rc::new(Shard::new(id, shards, shard_limits, metrics, global, senders));
+                let shard = Rc::new(Shard::new(
+                    id,
+                    shards,
+                    shard_limits,
+                    metrics,
+                    global,
+                    senders,
+                ));
                 let settings = Rc::new(conn_settings);
                 run_shard(shard, settings, fds, receivers, shutdown, started, sys).await;
             })
@@ -206,7 +246,12 @@ async fn run_shard(
             while let Some(msg) = stream.next().await {
                 match msg {
                     ShardMsg::Handoff(handoff) => {
-                        glommio::spawn_local(handed_over(shard.clone(), settings.clone(), *handoff)).detach();
+                        glommio::spawn_local(handed_over(
+                            shard.clone(),
+                            settings.clone(),
+                            *handoff,
+                        ))
+                        .detach();
                     }
                     other => {
                         shard.on_remote(from, other);
@@ -229,7 +274,13 @@ async fn run_shard(
                 });
                 match accept.await {
                     Some(Ok(stream)) => {
-                        glommio::spawn_local(accepted(shard.clone(), settings.clone(), stream, kind)).detach();
+                        glommio::spawn_local(accepted(
+                            shard.clone(),
+                            settings.clone(),
+                            stream,
+                            kind,
+                        ))
+                        .detach();
                     }
                     Some(Err(e)) => {
                         warn!(target: "broker", error = %e, "accept failed");
@@ -241,6 +292,28 @@ async fn run_shard(
         })
         .detach();
     }
+    let parker = match Parker::start(shard.id) {
+        Ok(parker) => {
+            let (shard, settings, waker) = (shard.clone(), settings.clone(), parker.clone());
+            glommio::spawn_local(async move {
+                loop {
+                    let woken = waker.next_woken().await;
+                    if woken.is_empty() {
+                        break;
+                    }
+                    for parked in woken {
+                        resume(shard.clone(), settings.clone(), parked, BytesMut::new());
+                    }
+                }
+            })
+            .detach();
+            Some(parker)
+        }
+        Err(e) => {
+            warn!(target: "broker", error = %e, "idle connections will not be parked");
+            None
+        }
+    };
     started.fetch_add(1, Ordering::AcqRel);
 
     let mut last_expiry = Instant::now();
@@ -250,6 +323,7 @@ async fn run_shard(
         shard.poll_inbox();
         shard.try_flush();
         let now = Instant::now();
+        shard.check_deadlines(now);
         if let Some((metrics, interval)) = &sys {
             if last_sys.is_none_or(|at| now.duration_since(at) >= *interval) {
                 last_sys = Some(now);
@@ -259,12 +333,20 @@ async fn run_shard(
         }
         if now.duration_since(last_expiry) >= Duration::from_secs(1) {
             last_expiry = now;
-            shard.expire(now);
+            shard.expire(now, parker.is_some());
             shard.try_flush();
+            // Give memory freed since the last second back to the system
+            // (mimalloc otherwise keeps it until this thread allocates
+            // again, which an idle shard may not do).
+            // SAFETY: a plain call into the allocator for this thread's heap.
+            unsafe { libmimalloc_sys::mi_collect(true) };
         }
     }
     shard.stop_signal.notify();
     shard.close_all();
+    for parked in parker.iter().flat_map(|p| p.stop()) {
+        resume(shard.clone(), settings.clone(), parked, BytesMut::new());
+    }
     let stop_by = Instant::now() + STOP_GRACE;
     while shard.live_connections.get() > 0 && Instant::now() < stop_by {
         sleep(Duration::from_millis(10)).await;
@@ -277,11 +359,22 @@ const RELOAD_POLL: Duration = Duration::from_secs(2);
 /// A thread that re-reads the password, ACL and key files on SIGHUP and
 /// when one of them changes (modification time or size), until shutdown.
 /// The TLS certificate reloads itself on change (see [`TlsConfig`]).
-fn spawn_reloader(auth: Arc<Authenticator>, shutdown: Shutdown) -> anyhow::Result<std::thread::JoinHandle<()>> {
+fn spawn_reloader(
+    auth: Arc<Authenticator>,
+    shutdown: Shutdown,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
     let hup = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone()).context("cannot watch SIGHUP")?;
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
+        .context("cannot watch SIGHUP")?;
     let stamp = |files: &[std::path::PathBuf]| -> Vec<Option<(std::time::SystemTime, u64)>> {
-        files.iter().map(|f| std::fs::metadata(f).ok().and_then(|m| Some((m.modified().ok()?, m.len())))).collect()
+        files
+            .iter()
+            .map(|f| {
+                std::fs::metadata(f)
+                    .ok()
+                    .and_then(|m| Some((m.modified().ok()?, m.len())))
+            })
+            .collect()
     };
     let files = auth.watched_files();
     let mut last = stamp(&files);
@@ -325,7 +418,9 @@ fn allowed_cpus() -> Vec<usize> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return vec![0];
         }
-        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect();
         if cpus.is_empty() {
             vec![0]
         } else {
@@ -347,7 +442,10 @@ fn raise_fd_limit(max_clients: u64) {
                 let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
             }
         }
-        let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+        let unlimited = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
         let _ = libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited);
     }
 }

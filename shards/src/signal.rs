@@ -2,7 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 /// Wakes one waiting task: `notify` sets a flag and wakes the waiter;
 /// `wait` returns once the flag is set and clears it. Notifications before
@@ -28,14 +28,20 @@ impl Signal {
     /// # Cancel safety
     /// Cancel safe: a notification is consumed only when this returns.
     pub(crate) async fn wait(&self) {
-        poll_fn(|cx| {
-            if self.set.replace(false) {
-                Poll::Ready(())
-            } else {
-                *self.waker.borrow_mut() = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        })
-        .await
+        poll_fn(|cx| self.poll_wait(cx)).await
+    }
+
+    /// Poll form of [`Signal::wait`]: `Ready` consumes the pending
+    /// notification; `Pending` registers `cx`'s waker for the next one.
+    pub(crate) fn poll_wait(&self, cx: &Context<'_>) -> Poll<()> {
+        if self.set.replace(false) {
+            return Poll::Ready(());
+        }
+        let mut waker = self.waker.borrow_mut();
+        match &*waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => *waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 }

@@ -16,7 +16,8 @@ mod groups;
 mod inbox;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
@@ -33,12 +34,12 @@ use fleetmq_core::packet::{
 use fleetmq_core::route::RouteTable;
 use fleetmq_core::session::timing::{keep_alive_deadline, session_expires_at, will_due_at};
 use fleetmq_core::session::{
-    client_key, workspace_namespace, Authorize, AuthorizeCache, Delivery, Message, Negotiated, Output, Refusal, Session,
-    SessionLimits, Subscription,
+    client_key, workspace_namespace, Authorize, AuthorizeCache, Delivery, Message, Negotiated,
+    Output, Refusal, Session, SessionLimits, Subscription,
 };
 use fleetmq_core::settings::Shared;
-use fleetmq_core::topic::parse_shared;
 use fleetmq_core::topic::matches;
+use fleetmq_core::topic::parse_shared;
 use fleetmq_core::trie::SubscriptionTrie;
 use glommio::channels::channel_mesh::Senders;
 use slab::Slab;
@@ -100,7 +101,12 @@ pub(crate) enum ShardMsg {
     Handoff(Box<Handoff>),
     /// A message a group chose the member `client_id` (owned by the
     /// receiving shard) for.
-    DeliverShared { key: ByteString, client_id: ByteString, subscription: Subscription, message: Arc<Message> },
+    DeliverShared {
+        key: ByteString,
+        client_id: ByteString,
+        subscription: Subscription,
+        message: Arc<Message>,
+    },
 }
 
 /// A connection moving to the shard that owns its client identifier.
@@ -134,9 +140,16 @@ pub(crate) struct ConnShared {
     pub(crate) out: RefCell<BytesMut>,
     /// Packets appended since the writer last took the buffer.
     pub(crate) pending: Cell<usize>,
+    /// Wakes the connection's task: bytes to write, or a close request.
+    /// Use [`ConnShared::wake`], which also unparks.
     pub(crate) write_signal: Signal,
+    /// The connection's token while it is parked (see [`crate::park`]).
+    pub(crate) parked: Cell<Option<u32>>,
+    /// Traffic either way since the shard last looked (see [`Shard::expire`]).
+    pub(crate) active: Cell<bool>,
+    /// The shard asks the connection's task to park.
+    pub(crate) park_requested: Cell<bool>,
     pub(crate) close: Cell<Option<CloseRequest>>,
-    pub(crate) close_signal: Signal,
     /// When the client last sent anything (keep alive).
     pub(crate) last_read: Cell<Instant>,
     keep_alive: u16,
@@ -145,15 +158,23 @@ pub(crate) struct ConnShared {
 }
 
 impl ConnShared {
-    pub(crate) fn new(key: u64, protocol: ProtocolVersion, keep_alive: u16, expires_at: Option<Instant>, now: Instant) -> ConnShared {
+    pub(crate) fn new(
+        key: u64,
+        protocol: ProtocolVersion,
+        keep_alive: u16,
+        expires_at: Option<Instant>,
+        now: Instant,
+    ) -> ConnShared {
         ConnShared {
             key,
             protocol,
             out: RefCell::new(BytesMut::new()),
             pending: Cell::new(0),
             write_signal: Signal::default(),
+            parked: Cell::new(None),
+            active: Cell::new(true),
+            park_requested: Cell::new(false),
             close: Cell::new(None),
-            close_signal: Signal::default(),
             last_read: Cell::new(now),
             keep_alive,
             expires_at,
@@ -173,7 +194,9 @@ impl ConnShared {
     pub(crate) fn check_deadlines(&self, now: Instant) {
         if self.expires_at.is_some_and(|at| at <= now) {
             self.request_close(Some(ReasonCode::MAXIMUM_CONNECT_TIME), true);
-        } else if keep_alive_deadline(self.last_read.get(), self.keep_alive).is_some_and(|at| at <= now) {
+        } else if keep_alive_deadline(self.last_read.get(), self.keep_alive)
+            .is_some_and(|at| at <= now)
+        {
             self.request_close(Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true);
         }
     }
@@ -184,7 +207,16 @@ impl ConnShared {
         // Only packets we build ourselves reach here; they always encode.
         let _ = encode(packet, self.protocol, &mut out);
         self.pending.set(self.pending.get() + 1);
+        self.wake();
+    }
+
+    /// Wake the connection's task (bytes to write, a close request), and
+    /// unpark the connection if it is parked.
+    pub(crate) fn wake(&self) {
         self.write_signal.notify();
+        if let Some(token) = self.parked.get() {
+            crate::park::wake(token);
+        }
     }
 
     /// Ask the connection to close: MQTT 5 clients first get DISCONNECT
@@ -194,11 +226,13 @@ impl ConnShared {
             return;
         }
         if let (Some(reason), true) = (reason, self.protocol.is_v5()) {
-            self.send(&Packet::Disconnect(Disconnect { reason, properties: Properties::default() }));
+            self.send(&Packet::Disconnect(Disconnect {
+                reason,
+                properties: Properties::default(),
+            }));
         }
         self.close.set(Some(CloseRequest { publish_will }));
-        self.close_signal.notify();
-        self.write_signal.notify();
+        self.wake();
     }
 
     pub(crate) fn is_closing(&self) -> bool {
@@ -249,6 +283,9 @@ struct State {
     frames: FrameCache,
     matched: Vec<(Subscriber, Subscription)>,
     outputs: Vec<Output>,
+    /// When each connection's keep alive or credential may run out, with
+    /// its slot and connection key; see [`Shard::check_deadlines`].
+    deadlines: BinaryHeap<Reverse<(Instant, Slot, u64)>>,
 }
 
 /// A shard's state and links. Lives in an `Rc` on its executor.
@@ -309,6 +346,7 @@ impl Shard {
                 frames: FrameCache::default(),
                 matched: Vec::new(),
                 outputs: Vec::new(),
+                deadlines: BinaryHeap::new(),
             }),
         }
     }
@@ -378,6 +416,9 @@ impl Shard {
         let client = &mut st.clients[slot as usize];
         client.session.set_authorizer(authorizer, cache);
         client.conn = Some(conn.clone());
+        if let Some(at) = conn.next_deadline() {
+            st.deadlines.push(Reverse((at, slot, conn.key)));
+        }
         client.will = connect.will.clone().map(|mut will| {
             if !namespace.is_empty() {
                 will.topic = ByteString::from(format!("{namespace}{}", will.topic));
@@ -389,7 +430,12 @@ impl Shard {
         conn.send(&Packet::ConnAck(connack));
         if session_present {
             let mut outputs = std::mem::take(&mut st.outputs);
-            st.clients[slot as usize].session.resume(connect.protocol, negotiated, now, &mut outputs);
+            st.clients[slot as usize].session.resume(
+                connect.protocol,
+                negotiated,
+                now,
+                &mut outputs,
+            );
             self.write_deliveries(st, slot, &mut outputs, now, false);
             st.outputs = outputs;
             // Only now, online again, may its groups send to it.
@@ -399,11 +445,23 @@ impl Shard {
         Ok(slot)
     }
 
-    fn insert_client(&self, st: &mut State, session: Session, owner: (Option<String>, String)) -> Slot {
+    fn insert_client(
+        &self,
+        st: &mut State,
+        session: Session,
+        owner: (Option<String>, String),
+    ) -> Slot {
         let id = session.client_id().clone();
         let key = client_key(&id);
-        let slot =
-            st.clients.insert(Client { session, owner, key, conn: None, will: None, pending_will: None, offline_since: None });
+        let slot = st.clients.insert(Client {
+            session,
+            owner,
+            key,
+            conn: None,
+            will: None,
+            pending_will: None,
+            offline_since: None,
+        });
         st.by_id.insert(id, slot as Slot);
         slot as Slot
     }
@@ -424,7 +482,14 @@ impl Shard {
     /// its membership from a shared group.
     fn unsubscribe(&self, st: &mut State, filter: &ByteString, slot: Slot, client_id: &ByteString) {
         if parse_shared(filter).is_some() {
-            self.group_op(st, GroupOp::Leave { key: filter.clone(), client_id: client_id.clone() }, Instant::now());
+            self.group_op(
+                st,
+                GroupOp::Leave {
+                    key: filter.clone(),
+                    client_id: client_id.clone(),
+                },
+                Instant::now(),
+            );
         } else {
             self.trie_remove(st, filter, Subscriber::Session(slot));
         }
@@ -443,7 +508,11 @@ impl Shard {
         } else {
             st.routes.remove(filter, self.id);
         }
-        self.broadcast(Control::Route { filter: filter.clone(), shard: self.id, add });
+        self.broadcast(Control::Route {
+            filter: filter.clone(),
+            shard: self.id,
+            add,
+        });
     }
 
     /// Push a change into every other shard's inbox.
@@ -491,7 +560,9 @@ impl Shard {
     pub(crate) fn detach(&self, slot: Slot, conn: &ConnShared, publish_will: bool, now: Instant) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
-        let Some(client) = st.clients.get_mut(slot as usize) else { return };
+        let Some(client) = st.clients.get_mut(slot as usize) else {
+            return;
+        };
         if client.conn.as_ref().is_none_or(|c| c.key != conn.key) {
             return;
         }
@@ -516,7 +587,8 @@ impl Shard {
                 client.pending_will = Some(Box::new((due, *will)));
             }
         }
-        let over_limit = self.global.offline_sessions.load(Ordering::Relaxed) >= self.limits.max_offline_sessions;
+        let over_limit = self.global.offline_sessions.load(Ordering::Relaxed)
+            >= self.limits.max_offline_sessions;
         if expiry == 0 || over_limit {
             if let Some(pending) = st.clients[slot as usize].pending_will.take() {
                 will_now = Some(pending.1);
@@ -548,10 +620,20 @@ impl Shard {
 
     /// Handle one packet from the client on `slot`. When the packet ends
     /// the connection, the decision is in `conn.close`.
-    pub(crate) fn handle_packet(&self, slot: Slot, conn: &ConnShared, packet: Packet, now: Instant) {
+    pub(crate) fn handle_packet(
+        &self,
+        slot: Slot,
+        conn: &ConnShared,
+        packet: Packet,
+        now: Instant,
+    ) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
-        let attached = st.clients.get(slot as usize).and_then(|c| c.conn.as_ref()).is_some_and(|c| c.key == conn.key);
+        let attached = st
+            .clients
+            .get(slot as usize)
+            .and_then(|c| c.conn.as_ref())
+            .is_some_and(|c| c.key == conn.key);
         if !attached {
             // Taken over while this packet was on its way: drop it.
             conn.request_close(None, false);
@@ -559,7 +641,9 @@ impl Shard {
         }
         let is_publish = matches!(packet, Packet::Publish(_));
         let mut outputs = std::mem::take(&mut st.outputs);
-        st.clients[slot as usize].session.handle(packet, now, &mut outputs);
+        st.clients[slot as usize]
+            .session
+            .handle(packet, now, &mut outputs);
         if is_publish {
             self.metrics.messages_in.inc();
             let drops = st.clients[slot as usize].session.take_drops();
@@ -573,11 +657,27 @@ impl Shard {
                     message.origin = st.clients[slot as usize].key;
                     self.route(st, Arc::new(message), now);
                 }
-                Output::Subscribed { filter, subscription, existed } => {
+                Output::Subscribed {
+                    filter,
+                    subscription,
+                    existed,
+                } => {
                     if parse_shared(&filter).is_some() {
                         let client_id = st.clients[slot as usize].session.client_id().clone();
-                        let member = fleetmq_core::shared::Member { client_id, shard: self.id, subscription, online: true };
-                        self.group_op(st, GroupOp::Join { key: filter, member }, now);
+                        let member = fleetmq_core::shared::Member {
+                            client_id,
+                            shard: self.id,
+                            subscription,
+                            online: true,
+                        };
+                        self.group_op(
+                            st,
+                            GroupOp::Join {
+                                key: filter,
+                                member,
+                            },
+                            now,
+                        );
                     } else {
                         self.subscribe(st, slot, filter, subscription, existed, now);
                     }
@@ -586,7 +686,10 @@ impl Shard {
                     let client_id = st.clients[slot as usize].session.client_id().clone();
                     self.unsubscribe(st, &filter, slot, &client_id);
                 }
-                Output::Close { reason, publish_will } => {
+                Output::Close {
+                    reason,
+                    publish_will,
+                } => {
                     conn.request_close(reason, publish_will);
                     break;
                 }
@@ -601,11 +704,20 @@ impl Shard {
         }
     }
 
-    fn subscribe(&self, st: &mut State, slot: Slot, filter: ByteString, subscription: Subscription, existed: bool, now: Instant) {
+    fn subscribe(
+        &self,
+        st: &mut State,
+        slot: Slot,
+        filter: ByteString,
+        subscription: Subscription,
+        existed: bool,
+        now: Instant,
+    ) {
         if !st.trie.has_filter(&filter) {
             self.route_change(st, &filter, true);
         }
-        st.trie.insert(&filter, Subscriber::Session(slot), subscription);
+        st.trie
+            .insert(&filter, Subscriber::Session(slot), subscription);
         let send_retained = match subscription.options.retain_handling {
             RetainHandling::SendAtSubscribe => true,
             RetainHandling::SendIfNew => !existed,
@@ -636,7 +748,10 @@ impl Shard {
         if message.retain {
             let seq = self.global.retain_seq.fetch_add(1, Ordering::Relaxed);
             st.retained.apply(seq, message.clone(), now);
-            self.broadcast(Control::Retain { seq, message: message.clone() });
+            self.broadcast(Control::Retain {
+                seq,
+                message: message.clone(),
+            });
         }
         if self.shards == 1 {
             // Alone: no route table to consult.
@@ -658,9 +773,17 @@ impl Shard {
     /// per session however many of its subscriptions match, at the highest
     /// granted QoS, with every Subscription Identifier (MQTT 5 §3.3.4).
     /// `from_shard` is the shard the message was published on.
-    fn dispatch_local(&self, st: &mut State, message: &Arc<Message>, from_shard: usize, now: Instant) {
+    fn dispatch_local(
+        &self,
+        st: &mut State,
+        message: &Arc<Message>,
+        from_shard: usize,
+        now: Instant,
+    ) {
         let mut matched = std::mem::take(&mut st.matched);
-        st.trie.for_each_match(&message.topic, |subscriber, sub| matched.push((*subscriber, *sub)));
+        st.trie.for_each_match(&message.topic, |subscriber, sub| {
+            matched.push((*subscriber, *sub))
+        });
         if matched.len() > 1 {
             matched.sort_unstable_by_key(|(subscriber, _)| *subscriber);
         }
@@ -692,15 +815,27 @@ impl Shard {
                 ids.extend(sub.identifier);
             }
             let Some(qos) = qos else { continue };
-            let delivery =
-                Delivery { message: message.clone(), qos: qos.min(message.qos), retain, subscription_ids: ids, group: None };
+            let delivery = Delivery {
+                message: message.clone(),
+                qos: qos.min(message.qos),
+                retain,
+                subscription_ids: ids,
+                group: None,
+            };
             self.deliver_to(st, slot, delivery, now, true);
         }
         matched.clear();
         st.matched = matched;
     }
 
-    fn deliver_to(&self, st: &mut State, slot: Slot, delivery: Delivery, now: Instant, cached: bool) {
+    fn deliver_to(
+        &self,
+        st: &mut State,
+        slot: Slot,
+        delivery: Delivery,
+        now: Instant,
+        cached: bool,
+    ) {
         let client = &mut st.clients[slot as usize];
         if delivery.qos == QoS::AtMostOnce {
             if let Some(conn) = &client.conn {
@@ -713,29 +848,57 @@ impl Shard {
             }
         }
         let mut outputs = std::mem::take(&mut st.outputs);
-        st.clients[slot as usize].session.deliver(delivery, now, &mut outputs);
+        st.clients[slot as usize]
+            .session
+            .deliver(delivery, now, &mut outputs);
         self.write_deliveries(st, slot, &mut outputs, now, cached);
         st.outputs = outputs;
     }
 
     /// Write `Deliver` and `Send` outputs of a session to its connection.
-    fn write_deliveries(&self, st: &mut State, slot: Slot, outputs: &mut Vec<Output>, now: Instant, cached: bool) {
+    fn write_deliveries(
+        &self,
+        st: &mut State,
+        slot: Slot,
+        outputs: &mut Vec<Output>,
+        now: Instant,
+        cached: bool,
+    ) {
         let client = &mut st.clients[slot as usize];
         let mut idx = 0;
         while idx < outputs.len() {
-            let output = std::mem::replace(&mut outputs[idx], Output::Close { reason: None, publish_will: false });
+            let output = std::mem::replace(
+                &mut outputs[idx],
+                Output::Close {
+                    reason: None,
+                    publish_will: false,
+                },
+            );
             idx += 1;
             let Some(conn) = &client.conn else { continue };
             match output {
-                Output::Deliver { delivery, packet_id, dup } => {
+                Output::Deliver {
+                    delivery,
+                    packet_id,
+                    dup,
+                } => {
                     let protocol = client.session.protocol();
                     let alias = client.session.outbound_topic_alias(&delivery.message.topic);
                     let strip = client.session.namespace().len();
-                    let frame = frame_for(&delivery, protocol, now, alias, strip, cached.then_some(&mut st.frames));
+                    let frame = frame_for(
+                        &delivery,
+                        protocol,
+                        now,
+                        alias,
+                        strip,
+                        cached.then_some(&mut st.frames),
+                    );
                     if frame.len() > client.session.client_max_packet_size() {
                         // `[MQTT-3.1.2-25]`: drop it for this client, counted.
                         if let Some((_, true)) = alias {
-                            client.session.forget_outbound_topic_alias(&delivery.message.topic);
+                            client
+                                .session
+                                .forget_outbound_topic_alias(&delivery.message.topic);
                         }
                         client.session.dropped_too_large(packet_id, now, outputs);
                         self.metrics.dropped(DropReason::PacketTooLarge);
@@ -743,7 +906,7 @@ impl Shard {
                     }
                     frame.append_to(packet_id, dup, &mut conn.out.borrow_mut());
                     conn.pending.set(conn.pending.get() + 1);
-                    conn.write_signal.notify();
+                    conn.wake();
                     self.metrics.messages_out.inc();
                 }
                 Output::Send(packet) => conn.send(&packet),
@@ -758,9 +921,11 @@ impl Shard {
     /// Count what a session dropped (its counters were just taken). The
     /// too-large drops are counted where they happen.
     fn count_drops(&self, drops: fleetmq_core::session::DropCounts) {
-        for (reason, n) in
-            [(DropReason::QueueFull, drops.queue_full), (DropReason::Expired, drops.expired), (DropReason::NotAuthorized, drops.not_authorized)]
-        {
+        for (reason, n) in [
+            (DropReason::QueueFull, drops.queue_full),
+            (DropReason::Expired, drops.expired),
+            (DropReason::NotAuthorized, drops.not_authorized),
+        ] {
             for _ in 0..n {
                 self.metrics.dropped(reason);
             }
@@ -779,7 +944,12 @@ impl Shard {
                     self.dispatch_local(st, message, from, now);
                 }
             }
-            ShardMsg::DeliverShared { key, client_id, subscription, message } => {
+            ShardMsg::DeliverShared {
+                key,
+                client_id,
+                subscription,
+                message,
+            } => {
                 self.deliver_shared_local(st, key, &client_id, subscription, message, now);
             }
             ShardMsg::Handoff(_) => unreachable!("handoffs are taken by the connection module"),
@@ -838,10 +1008,39 @@ impl Shard {
         let _ = self.senders.send_to(peer, msg).await;
     }
 
+    /// Close the connections whose keep alive ran out (no packet for 1.5 ×
+    /// Keep Alive `[MQTT-3.1.2-22]`: DISCONNECT 0x8D) or whose credential
+    /// expired (a JWT's `exp`: DISCONNECT 0xA0). Each connection with a
+    /// deadline has one entry in a heap, looked at when it falls due (from
+    /// the shard's 50 ms tick) and pushed back when traffic moved the
+    /// deadline, so no connection holds a timer of its own.
+    pub(crate) fn check_deadlines(&self, now: Instant) {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        while let Some(&Reverse((at, slot, key))) = st.deadlines.peek() {
+            if at > now {
+                break;
+            }
+            st.deadlines.pop();
+            let conn = st
+                .clients
+                .get(slot as usize)
+                .and_then(|c| c.conn.as_ref())
+                .filter(|c| c.key == key);
+            let Some(conn) = conn else { continue };
+            match conn.next_deadline() {
+                Some(next) if next > now => st.deadlines.push(Reverse((next, slot, key))),
+                Some(_) => conn.check_deadlines(now),
+                None => {}
+            }
+        }
+    }
+
     /// Periodic work: publish wills whose delay ran out, end sessions whose
-    /// expiry ran out (MQTT 5 §3.1.2.11.2). Scans offline sessions: O(offline
-    /// sessions) once a second.
-    pub(crate) fn expire(&self, now: Instant) {
+    /// expiry ran out (MQTT 5 §3.1.2.11.2), and, with `park_idle`, ask
+    /// connections without traffic since the last call (1-2 s, called once
+    /// a second) to park (see [`crate::park`]). O(sessions) once a second.
+    pub(crate) fn expire(&self, now: Instant, park_idle: bool) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         self.catch_up(st);
@@ -849,11 +1048,25 @@ impl Shard {
         let mut due_wills = Vec::new();
         let mut expired = Vec::new();
         for (slot, client) in st.clients.iter_mut() {
+            if let Some(conn) = &client.conn {
+                // No traffic either way since the last look (1-2 s): ask
+                // the connection to park (see `crate::park`).
+                if !conn.active.replace(false)
+                    && park_idle
+                    && conn.parked.get().is_none()
+                    && !conn.park_requested.get()
+                {
+                    conn.park_requested.set(true);
+                    conn.write_signal.notify();
+                }
+            }
             if client.pending_will.as_ref().is_some_and(|p| p.0 <= now) {
                 due_wills.push(client.pending_will.take().map(|p| p.1).expect("checked"));
             }
             if let Some(since) = client.offline_since {
-                if session_expires_at(since, client.session.session_expiry()).is_some_and(|at| at <= now) {
+                if session_expires_at(since, client.session.session_expiry())
+                    .is_some_and(|at| at <= now)
+                {
                     expired.push(slot as Slot);
                 }
             }
@@ -876,13 +1089,28 @@ impl Shard {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         let figures: [(&str, String); 9] = [
-            ("$SYS/broker/version", format!("fleetmq {}", env!("CARGO_PKG_VERSION"))),
-            ("$SYS/broker/uptime", format!("{} seconds", totals.uptime_seconds)),
+            (
+                "$SYS/broker/version",
+                format!("fleetmq {}", env!("CARGO_PKG_VERSION")),
+            ),
+            (
+                "$SYS/broker/uptime",
+                format!("{} seconds", totals.uptime_seconds),
+            ),
             ("$SYS/broker/shards", self.shards.to_string()),
-            ("$SYS/broker/clients/connected", totals.clients_connected.to_string()),
-            ("$SYS/broker/messages/received", totals.messages_in.to_string()),
+            (
+                "$SYS/broker/clients/connected",
+                totals.clients_connected.to_string(),
+            ),
+            (
+                "$SYS/broker/messages/received",
+                totals.messages_in.to_string(),
+            ),
             ("$SYS/broker/messages/sent", totals.messages_out.to_string()),
-            ("$SYS/broker/messages/dropped", totals.messages_dropped.to_string()),
+            (
+                "$SYS/broker/messages/dropped",
+                totals.messages_dropped.to_string(),
+            ),
             ("$SYS/broker/bytes/received", totals.bytes_in.to_string()),
             ("$SYS/broker/bytes/sent", totals.bytes_out.to_string()),
         ];
