@@ -23,6 +23,9 @@
 #   KEEP_ALIVE [600]     Keep Alive (s) the loadgen's clients announce; rumqttd
 #                        refuses 0 (see start_broker)
 #   IDLE_CONNECT_RATE [5000] idle: connections/s; RUMQTTD_CONNECT_RATE [500]
+#   IDLE_HOLD [5s]       idle: how long every connection is held open (and
+#                        quiet) before the broker's RSS is read; fleetmq
+#                        parks connections quiet for 1-2 s
 #                        caps it for rumqttd, whose accept loop takes < 1000/s
 #   FLEETMQ, LOADGEN [target/release/fleetmq, target/release/fleetmq-loadgen]
 #                        binaries to use; BUILD [1]: 0 skips the cargo build
@@ -50,6 +53,7 @@ FANIN_PUBLISHERS=${FANIN_PUBLISHERS:-100}
 FANOUT_SUBSCRIBERS=${FANOUT_SUBSCRIBERS:-100}
 P99_RATE=${P99_RATE:-20000}
 IDLE_CONNECTIONS=${IDLE_CONNECTIONS:-10000}
+IDLE_HOLD=${IDLE_HOLD:-5s}
 OUT=${OUT:-$ROOT/target/bench-results/$(date -u +%Y%m%dT%H%M%SZ)}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 PEERS=$TARGET/peers
@@ -222,7 +226,7 @@ scenario_args() { # SCENARIO [BROKER]
     fanin-q1) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 1 --rate max "${common[@]}" ;;
     fanin-p99) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 0 --rate "$P99_RATE" "${common[@]}" ;;
     fanout-q0) echo fan-out --publishers 1 --subscribers "$FANOUT_SUBSCRIBERS" --qos 0 --rate max "${common[@]}" ;;
-    idle) echo idle --connections "$IDLE_CONNECTIONS" --connect-rate "$rate" --connect-timeout 30s --duration 2s \
+    idle) echo idle --connections "$IDLE_CONNECTIONS" --connect-rate "$rate" --connect-timeout 30s --duration "$IDLE_HOLD" \
         --keep-alive "$KEEP_ALIVE" --cpu "$LOAD_CPU" --threads "$LOAD_THREADS" ;;
     *) return 1 ;;
     esac

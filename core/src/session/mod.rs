@@ -237,6 +237,16 @@ enum InflightState {
     AwaitPubComp,
 }
 
+/// A session's messages on their way: in flight to the client, queued,
+/// and inbound QoS 2 flows.
+#[derive(Debug, Default)]
+struct Flight {
+    inflight: HashMap<u16, Inflight>,
+    inflight_order: BTreeMap<u64, u16>,
+    queue: VecDeque<Delivery>,
+    inbound_qos2: HashSet<u16>,
+}
+
 #[derive(Debug, Clone)]
 struct Inflight {
     seq: u64,
@@ -273,10 +283,9 @@ pub struct Session {
     subscriptions: HashMap<ByteString, Subscription>,
     next_packet_id: u16,
     next_seq: u64,
-    inflight: HashMap<u16, Inflight>,
-    inflight_order: BTreeMap<u64, u16>,
-    queue: VecDeque<Delivery>,
-    inbound_qos2: HashSet<u16>,
+    /// QoS 1/2 state and queued messages, allocated on first use: a
+    /// session that never receives a message holds none (DESIGN.md §3).
+    flight: Option<Box<Flight>>,
     drops: DropCounts,
     /// Topic aliases of this connection, allocated on first use: most
     /// clients use none, and an idle session should cost little.
@@ -320,8 +329,8 @@ impl std::fmt::Debug for Session {
             .field("protocol", &self.protocol)
             .field("online", &self.online)
             .field("subscriptions", &self.subscriptions.len())
-            .field("inflight", &self.inflight.len())
-            .field("queued", &self.queue.len())
+            .field("inflight", &self.inflight())
+            .field("queued", &self.queued())
             .finish_non_exhaustive()
     }
 }
@@ -341,10 +350,7 @@ impl Session {
             subscriptions: HashMap::new(),
             next_packet_id: 1,
             next_seq: 0,
-            inflight: HashMap::new(),
-            inflight_order: BTreeMap::new(),
-            queue: VecDeque::new(),
-            inbound_qos2: HashSet::new(),
+            flight: None,
             drops: DropCounts::default(),
             aliases: None,
             client_topic_alias_maximum: negotiated.client_topic_alias_maximum,
@@ -415,12 +421,17 @@ impl Session {
 
     /// Messages waiting (offline, or beyond the client's Receive Maximum).
     pub fn queued(&self) -> usize {
-        self.queue.len()
+        self.flight.as_ref().map_or(0, |f| f.queue.len())
     }
 
     /// QoS 1/2 messages sent and not yet fully acknowledged.
     pub fn inflight(&self) -> usize {
-        self.inflight.len()
+        self.flight.as_ref().map_or(0, |f| f.inflight.len())
+    }
+
+    /// The session's [`Flight`], allocated on first use.
+    fn fl(&mut self) -> &mut Flight {
+        self.flight.get_or_insert_with(Box::default)
     }
 
     /// Take the drop counters, resetting them.
@@ -442,22 +453,22 @@ impl Session {
     /// Called when the session goes offline.
     pub fn take_shared_deliveries(&mut self) -> Vec<Delivery> {
         let mut taken = Vec::new();
-        let order = std::mem::take(&mut self.inflight_order);
+        let order = std::mem::take(&mut self.fl().inflight_order);
         for (seq, pid) in order {
-            let entry = &self.inflight[&pid];
+            let entry = &self.fl().inflight[&pid];
             if entry.delivery.group.is_some() && entry.state == InflightState::AwaitPubAck {
-                let entry = self.inflight.remove(&pid).expect("present");
+                let entry = self.fl().inflight.remove(&pid).expect("present");
                 taken.push(entry.delivery);
             } else {
-                self.inflight_order.insert(seq, pid);
+                self.fl().inflight_order.insert(seq, pid);
             }
         }
-        let queue = std::mem::take(&mut self.queue);
+        let queue = std::mem::take(&mut self.fl().queue);
         for delivery in queue {
             if delivery.group.is_some() {
                 taken.push(delivery);
             } else {
-                self.queue.push_back(delivery);
+                self.fl().queue.push_back(delivery);
             }
         }
         taken
@@ -477,8 +488,9 @@ impl Session {
         // Topic aliases last as long as one connection `[MQTT-3.3.2-10]`.
         self.aliases = None;
         self.client_topic_alias_maximum = negotiated.client_topic_alias_maximum;
-        for pid in self.inflight_order.values() {
-            let entry = &self.inflight[pid];
+        let fl = self.flight.get_or_insert_with(Box::default);
+        for pid in fl.inflight_order.values() {
+            let entry = &fl.inflight[pid];
             let packet_id = NonZeroU16::new(*pid).expect("packet ids are never 0");
             match entry.state {
                 InflightState::AwaitPubAck | InflightState::AwaitPubRec => out.push(Output::Deliver {
@@ -511,15 +523,15 @@ impl Session {
             }
             return;
         }
-        if self.online && self.queue.is_empty() && self.has_send_quota() {
+        if self.online && self.fl().queue.is_empty() && self.has_send_quota() {
             self.send_new(delivery, out);
             return;
         }
-        if self.queue.len() >= self.limits.max_queue {
-            self.queue.pop_front();
+        if self.fl().queue.len() >= self.limits.max_queue {
+            self.fl().queue.pop_front();
             self.drops.queue_full += 1;
         }
-        self.queue.push_back(delivery);
+        self.fl().queue.push_back(delivery);
     }
 
     /// Count a delivery the caller dropped because, encoded, it exceeds the
@@ -535,8 +547,8 @@ impl Session {
     pub fn dropped_too_large(&mut self, packet_id: Option<PacketId>, now: Instant, out: &mut Vec<Output>) {
         self.drops.too_large += 1;
         if let Some(pid) = packet_id {
-            if let Some(entry) = self.inflight.remove(&pid.get()) {
-                self.inflight_order.remove(&entry.seq);
+            if let Some(entry) = self.fl().inflight.remove(&pid.get()) {
+                self.fl().inflight_order.remove(&entry.seq);
             }
             self.pump(now, out);
         }
@@ -582,13 +594,13 @@ impl Session {
     }
 
     fn has_send_quota(&self) -> bool {
-        self.inflight.len() < usize::from(self.client_receive_maximum.min(self.limits.max_inflight))
+        self.inflight() < usize::from(self.client_receive_maximum.min(self.limits.max_inflight))
     }
 
     /// Send queued messages while the client's Receive Maximum allows.
     fn pump(&mut self, now: Instant, out: &mut Vec<Output>) {
         while self.online && self.has_send_quota() {
-            let Some(delivery) = self.queue.pop_front() else { break };
+            let Some(delivery) = self.fl().queue.pop_front() else { break };
             if delivery.message.expiry_left(now) == Some(0) {
                 self.drops.expired += 1;
                 continue;
@@ -606,8 +618,8 @@ impl Session {
         } else {
             InflightState::AwaitPubRec
         };
-        self.inflight.insert(pid.get(), Inflight { seq, delivery: delivery.clone(), state });
-        self.inflight_order.insert(seq, pid.get());
+        self.fl().inflight.insert(pid.get(), Inflight { seq, delivery: delivery.clone(), state });
+        self.fl().inflight_order.insert(seq, pid.get());
         out.push(Output::Deliver { delivery, packet_id: Some(pid), dup: false });
     }
 
@@ -617,18 +629,18 @@ impl Session {
         loop {
             let candidate = self.next_packet_id;
             self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
-            if !self.inflight.contains_key(&candidate) {
+            if !self.fl().inflight.contains_key(&candidate) {
                 return NonZeroU16::new(candidate).expect("packet ids wrap past 0");
             }
         }
     }
 
     fn complete(&mut self, pid: u16, expected: InflightState, now: Instant, out: &mut Vec<Output>) -> bool {
-        match self.inflight.get(&pid) {
+        match self.fl().inflight.get(&pid) {
             Some(entry) if entry.state == expected => {
                 let seq = entry.seq;
-                self.inflight.remove(&pid);
-                self.inflight_order.remove(&seq);
+                self.fl().inflight.remove(&pid);
+                self.fl().inflight_order.remove(&seq);
                 self.pump(now, out);
                 true
             }
@@ -646,7 +658,7 @@ impl Session {
             }
             Packet::PubRec(rec) => {
                 let pid = rec.packet_id.get();
-                match self.inflight.get_mut(&pid) {
+                match self.fl().inflight.get_mut(&pid) {
                     Some(entry) if entry.state == InflightState::AwaitPubRec => {
                         if rec.reason.is_error() {
                             // The flow ends at an error PUBREC (MQTT 5 §4.3.3).
@@ -675,7 +687,7 @@ impl Session {
             Packet::PubRel(rel) => {
                 // [MQTT-4.3.3-12]: answer PUBCOMP; the message was forwarded
                 // at PUBLISH time, so forget the packet identifier.
-                let known = self.inbound_qos2.remove(&rel.packet_id.get());
+                let known = self.fl().inbound_qos2.remove(&rel.packet_id.get());
                 let reason = if known || !v5 { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
                 out.push(Output::Send(Packet::PubComp(PubResponse {
                     packet_id: rel.packet_id,
@@ -796,16 +808,16 @@ impl Session {
             QoS::ExactlyOnce => {
                 let packet_id = publish.packet_id.expect("decoder guarantees a packet id at QoS 2");
                 let pid = packet_id.get();
-                if !self.inbound_qos2.contains(&pid) {
+                if !self.fl().inbound_qos2.contains(&pid) {
                     if ack_reason.is_error() {
                         // The flow ends at an error PUBREC: nothing to keep.
                     } else {
-                        if self.inbound_qos2.len() >= usize::from(self.limits.receive_maximum) {
+                        if self.fl().inbound_qos2.len() >= usize::from(self.limits.receive_maximum) {
                             // `[MQTT-3.3.4-9]`: beyond our Receive Maximum.
                             self.close_with(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED, out);
                             return;
                         }
-                        self.inbound_qos2.insert(pid);
+                        self.fl().inbound_qos2.insert(pid);
                         if forward {
                             out.push(Output::Publish(into_message(publish, now)));
                         }
