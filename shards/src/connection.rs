@@ -556,7 +556,7 @@ fn drive(
                     }
                 }
             }
-            shard.flush().await;
+            shard.flush_soon().await;
             if buf.is_empty() && buf.capacity() > BUFFER_KEEP {
                 buf = BytesMut::new();
             }

@@ -292,6 +292,18 @@ async fn run_shard(
         })
         .detach();
     }
+    // The flusher: sends what connections batched for the other shards
+    // once the ready tasks of this turn have run (see `Shard::flush_soon`).
+    {
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            loop {
+                shard.flush_signal.wait().await;
+                shard.flush().await;
+            }
+        })
+        .detach();
+    }
     let parker = match Parker::start(shard.id) {
         Ok(parker) => {
             let (shard, settings, waker) = (shard.clone(), settings.clone(), parker.clone());

@@ -53,6 +53,10 @@ use inbox::{Control, Inbox, Retained};
 /// socket.
 const SCRATCH_BYTES: usize = 64 * 1024;
 
+/// Messages a shard may hold for its peers before a connection that adds
+/// more waits for them to be sent (see [`Shard::flush_soon`]).
+const DEFER_FLUSH_MAX: usize = 4096;
+
 /// Index of a client (session) in its shard's slab.
 pub(crate) type Slot = u32;
 
@@ -298,6 +302,8 @@ pub(crate) struct Shard {
     pub(crate) senders: Senders<ShardMsg>,
     /// Fires when the shard starts stopping: the accept loops end.
     pub(crate) stop_signal: Signal,
+    /// Wakes the shard's flusher task (see [`Shard::flush_soon`]).
+    pub(crate) flush_signal: Signal,
     /// Connections currently served on this shard.
     pub(crate) live_connections: Cell<usize>,
     /// The buffer every connection of the shard reads into before keeping
@@ -330,6 +336,7 @@ impl Shard {
             global,
             senders,
             stop_signal: Signal::default(),
+            flush_signal: Signal::default(),
             live_connections: Cell::new(0),
             scratch: RefCell::new(vec![0; SCRATCH_BYTES]),
             state: RefCell::new(State {
@@ -963,6 +970,26 @@ impl Shard {
     pub(crate) async fn flush(&self) {
         while !self.try_flush() {
             glommio::timer::sleep(std::time::Duration::from_micros(100)).await;
+        }
+    }
+
+    /// Have what this shard batched for the others sent once the tasks
+    /// that are ready now have run: the shard's flusher task (woken here)
+    /// runs after them, so the batches of every connection served in this
+    /// turn travel as one channel message per peer, and the peers wake
+    /// once for them rather than once per connection. A connection whose
+    /// shard already holds [`DEFER_FLUSH_MAX`] undelivered batches or
+    /// messages waits for the flush instead, which is the backpressure
+    /// [`Shard::flush`] gives.
+    pub(crate) async fn flush_soon(&self) {
+        let pending = {
+            let st = self.state.borrow();
+            st.control.len() + st.outbox.iter().map(Vec::len).sum::<usize>()
+        };
+        if pending >= DEFER_FLUSH_MAX {
+            self.flush().await;
+        } else if pending > 0 {
+            self.flush_signal.notify();
         }
     }
 
