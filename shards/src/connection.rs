@@ -345,6 +345,12 @@ async fn sign_in(
 /// something for it (see [`crate::park`]).
 /// `buf` holds bytes already read (empty for a parked connection).
 pub(crate) fn resume(shard: Rc<Shard>, settings: Rc<ConnSettings>, parked: Parked, buf: BytesMut) {
+    shard.metrics.connections_parked.dec();
+    respawn(shard, settings, parked, buf);
+}
+
+/// A new task for the connection in `parked`.
+fn respawn(shard: Rc<Shard>, settings: Rc<ConnSettings>, parked: Parked, buf: BytesMut) {
     // SAFETY: the descriptor came from `dup` when the connection parked and
     // is owned by `parked` alone.
     let stream = unsafe { TcpStream::from_raw_fd(parked.fd.into_raw_fd()) };
@@ -524,6 +530,7 @@ fn drive(
 ) -> impl std::future::Future<Output = ()> {
     async move {
         let protocol = conn.protocol;
+        conn.parkable.set(matches!(transport, Transport::Tcp(_)));
         if !resumed {
             shard.live_connections.set(shard.live_connections.get() + 1);
             shard.metrics.clients_connected.inc();
@@ -585,8 +592,11 @@ fn drive(
                             admission,
                         };
                         match crate::park::park(parked) {
-                            Ok(()) => return,
-                            Err(parked) => return resume(shard, settings, parked, buf),
+                            Ok(()) => {
+                                shard.metrics.connections_parked.inc();
+                                return;
+                            }
+                            Err(parked) => return respawn(shard, settings, parked, buf),
                         }
                     }
                 }

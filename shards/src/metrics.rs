@@ -11,6 +11,7 @@
 //! | name | type | labels |
 //! | --- | --- | --- |
 //! | `fleetmq_clients_connected` | gauge | shard |
+//! | `fleetmq_connections_parked` | gauge | shard |
 //! | `fleetmq_messages_in_total` | counter | shard |
 //! | `fleetmq_messages_out_total` | counter | shard |
 //! | `fleetmq_messages_dropped_total` | counter | shard, reason ([`DropReason`]) |
@@ -154,6 +155,7 @@ struct ShardReason {
 pub struct Metrics {
     registry: Registry,
     clients_connected: Family<ShardLabel, Gauge>,
+    connections_parked: Family<ShardLabel, Gauge>,
     messages_in: Family<ShardLabel, Counter>,
     messages_out: Family<ShardLabel, Counter>,
     bytes_in: Family<ShardLabel, Counter>,
@@ -194,6 +196,7 @@ impl Metrics {
         let m = Metrics {
             registry: Registry::default(),
             clients_connected: Family::default(),
+            connections_parked: Family::default(),
             messages_in: Family::default(),
             messages_out: Family::default(),
             bytes_in: Family::default(),
@@ -209,6 +212,11 @@ impl Metrics {
             "clients_connected",
             "MQTT clients connected (CONNACK sent, not yet closed)",
             m.clients_connected.clone(),
+        );
+        r.register(
+            "connections_parked",
+            "Idle TCP connections parked in the shard's epoll set (no task, no io_uring poll)",
+            m.connections_parked.clone(),
         );
         r.register(
             "messages_in",
@@ -267,6 +275,7 @@ impl Metrics {
         });
         ShardMetrics {
             clients_connected: self.clients_connected.get_or_create(&label).clone(),
+            connections_parked: self.connections_parked.get_or_create(&label).clone(),
             messages_in: self.messages_in.get_or_create(&label).clone(),
             messages_out: self.messages_out.get_or_create(&label).clone(),
             bytes_in: self.bytes_in.get_or_create(&label).clone(),
@@ -316,6 +325,9 @@ impl Metrics {
 pub struct ShardMetrics {
     /// `fleetmq_clients_connected{shard}`: inc at CONNACK, dec at close.
     pub clients_connected: Gauge,
+    /// `fleetmq_connections_parked{shard}`: inc when a connection parks,
+    /// dec when it wakes.
+    pub connections_parked: Gauge,
     /// `fleetmq_messages_in_total{shard}`: PUBLISH packets received.
     pub messages_in: Counter,
     /// `fleetmq_messages_out_total{shard}`: PUBLISH packets sent.

@@ -153,6 +153,8 @@ pub(crate) struct ConnShared {
     pub(crate) active: Cell<bool>,
     /// The shard asks the connection's task to park.
     pub(crate) park_requested: Cell<bool>,
+    /// The connection can park (plain TCP; set by its task).
+    pub(crate) parkable: Cell<bool>,
     pub(crate) close: Cell<Option<CloseRequest>>,
     /// When the client last sent anything (keep alive).
     pub(crate) last_read: Cell<Instant>,
@@ -178,6 +180,7 @@ impl ConnShared {
             parked: Cell::new(None),
             active: Cell::new(true),
             park_requested: Cell::new(false),
+            parkable: Cell::new(false),
             close: Cell::new(None),
             last_read: Cell::new(now),
             keep_alive,
@@ -1080,6 +1083,7 @@ impl Shard {
                 // the connection to park (see `crate::park`).
                 if !conn.active.replace(false)
                     && park_idle
+                    && conn.parkable.get()
                     && conn.parked.get().is_none()
                     && !conn.park_requested.get()
                 {

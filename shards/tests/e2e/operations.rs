@@ -86,3 +86,69 @@ async fn sigterm_sends_disconnect_0x8b_and_exits_0() {
     );
     assert!(status.success(), "exit status {status:?}");
 }
+
+/// Waits until `fleetmq_connections_parked` reaches `n`.
+fn wait_parked(broker: &Broker, n: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while broker.metric_sum("fleetmq_connections_parked") < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fewer than {n} connections parked after 8 s: {}",
+            broker.metric_sum("fleetmq_connections_parked")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Idle TCP connections park (README: no traffic either way for 1–2 s;
+/// `fleetmq_connections_parked` counts them) and wake for whatever comes:
+/// a PUBLISH from a parked publisher, the delivery to a parked subscriber,
+/// a PINGREQ; and a parked client that stays silent is still closed after
+/// 1.5 × Keep Alive `[MQTT-3.1.2-22]`.
+#[test]
+fn idle_connections_park_and_wake_for_publishes_deliveries_pings_and_keep_alive() {
+    use crate::raw::{wire, Incoming, RawClient};
+    let broker = Broker::two_shards(&[]);
+    let topic = unique("parked");
+    let connect = |id: &str, keep_alive: u16| wire::Connect {
+        keep_alive,
+        ..wire::Connect::v311(id)
+    }
+    .encode();
+    let mut sub = RawClient::connect(broker.mqtt);
+    assert_eq!(sub.handshake(&connect(&unique("psub"), 60)), (0, 0));
+    sub.send(&wire::subscribe(1, &topic, 1, false));
+    match sub.read(WAIT) {
+        Incoming::Packet { header: 0x90, .. } => {}
+        other => panic!("expected SUBACK, got {other:02x?}"),
+    }
+    let mut publisher = RawClient::connect(broker.mqtt);
+    assert_eq!(publisher.handshake(&connect(&unique("ppub"), 60)), (0, 0));
+    let mut quiet = RawClient::connect(broker.mqtt);
+    assert_eq!(quiet.handshake(&connect(&unique("pquiet"), 4)), (0, 0));
+    let quiet_since = std::time::Instant::now();
+
+    wait_parked(&broker, 3.0);
+    publisher.send(&wire::publish_qos0(&topic, b"woken", false));
+    match sub.read(WAIT) {
+        Incoming::Packet { header, body } if header & 0xF0 == 0x30 => {
+            assert!(body.ends_with(b"woken"), "{body:02x?}")
+        }
+        other => panic!("the parked subscriber got {other:02x?}"),
+    }
+
+    wait_parked(&broker, 3.0);
+    sub.send(&[0xC0, 0x00]);
+    match sub.read(WAIT) {
+        Incoming::Packet { header: 0xD0, .. } => {}
+        other => panic!("a parked client's PINGREQ got {other:02x?}"),
+    }
+
+    let seen = quiet.packets_until_closed(Duration::from_secs(10));
+    let after = quiet_since.elapsed();
+    assert!(seen.is_empty(), "3.1.1 gets no packet before the close: {seen:02x?}");
+    assert!(
+        (Duration::from_millis(5900)..=Duration::from_millis(7500)).contains(&after),
+        "a parked client with Keep Alive 4 s closed after {after:?}, expected about 6 s"
+    );
+}
