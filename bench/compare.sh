@@ -23,6 +23,8 @@
 #   KEEP_ALIVE [600]     Keep Alive (s) the loadgen's clients announce; rumqttd
 #                        refuses 0 (see start_broker)
 #   IDLE_CONNECT_RATE [5000] idle: connections/s; RUMQTTD_CONNECT_RATE [500]
+#   IDLE_SETTLE [2]      idle: seconds between the broker's start and the
+#                        loadgen's first RSS reading
 #   IDLE_HOLD [5s]       idle: how long every connection is held open (and
 #                        quiet) before the broker's RSS is read; fleetmq
 #                        parks connections quiet for 1-2 s
@@ -260,7 +262,9 @@ for s in $SCENARIOS; do
             mkdir -p "$OUT/$b"
             # shellcheck disable=SC2046
             args=($(scenario_args "$s" "$b"))
-            [[ $s == idle ]] && args+=(--broker-pid "$BROKER_PID")
+            # idle: let the broker finish starting before its RSS is read
+            # as the baseline (the same for every broker).
+            [[ $s == idle ]] && { args+=(--broker-pid "$BROKER_PID"); sleep "${IDLE_SETTLE:-2}"; }
             if taskset -c "$LOAD_CPU" "$LOADGEN" run "${args[@]}" --url "mqtt://127.0.0.1:$port" --json "$json" \
                 >"$OUT/$b/$s-$r.txt" 2>&1 || [[ -s $json ]]; then
                 f=$(figure_of "$s" "$json" || echo nan)

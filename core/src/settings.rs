@@ -290,6 +290,12 @@ pub struct Limits {
     /// Packets queued for writing to one client before it counts as slow.
     /// Default 1000, range 1..=1,000,000.
     pub max_client_writes_pending: u32,
+    /// Bytes queued for writing to one client beyond which QoS 0 messages
+    /// to it are dropped (and counted), so a client that does not read
+    /// holds at most about twice this much broker memory. Default 8 MiB,
+    /// range 64 KiB..=1 GiB.
+    #[serde(with = "size")]
+    pub max_client_write_bytes: usize,
     /// Values queued for one subscriber; beyond it the oldest are dropped
     /// and counted. Default 10000, range 1..=10,000,000.
     pub max_subscriber_queue: u32,
@@ -334,6 +340,7 @@ impl Default for Limits {
             max_topic_bytes: 1024,
             receive_maximum: 1000,
             max_client_writes_pending: 1000,
+            max_client_write_bytes: 8 * MIB,
             max_subscriber_queue: 10_000,
             max_session_expiry: Duration::from_secs(3600),
             max_offline_sessions: 100_000,
@@ -681,6 +688,13 @@ impl Settings {
             l.max_packet_size,
             64,
             256 * MIB,
+            format_size,
+        )?;
+        check(
+            "limits.max_client_write_bytes",
+            l.max_client_write_bytes,
+            64 * 1024,
+            1024 * MIB,
             format_size,
         )?;
         Ok(())

@@ -115,11 +115,15 @@ pub fn run(args: RunArgs, transport: TransportOptions) -> Result<Report, RunErro
     r.measured_s = connected_in_s;
     r.throughput_per_s = figures.connect_per_s;
     r.errors = shared.errors();
+    let dropped = crate::report::broker_dropped(&r.errors);
     if figures.connected < target {
         r.check = format!(
             "{} of {target} connections failed",
             target - figures.connected
         );
+        r.passed = false;
+    } else if dropped > 0 {
+        r.check = format!("{dropped} connections closed by the broker or failed while held");
         r.passed = false;
     }
     r.connections = Some(figures);

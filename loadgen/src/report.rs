@@ -226,3 +226,13 @@ impl Report {
             .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
     }
 }
+
+/// Connections the broker closed or that failed mid-run (errors of kind
+/// "closed by broker" or "socket error" in `errors`): a broker that drops
+/// its clients is unusable, whatever the QoS (exit status 1).
+pub fn broker_dropped(errors: &BTreeMap<String, u64>) -> u64 {
+    ["closed by broker", "socket error"]
+        .iter()
+        .filter_map(|kind| errors.get(*kind))
+        .sum()
+}

@@ -230,9 +230,16 @@ fn flow_report(
             r.expected
         ));
     }
+    let dropped = crate::report::broker_dropped(&r.errors);
+    if dropped > 0 {
+        problems.push(format!(
+            "{dropped} connections closed by the broker or failed mid-run"
+        ));
+    }
     if !problems.is_empty() {
         r.check = problems.join("; ");
-        r.passed = args.qos == 0 && r.sent > 0;
+        // QoS 0 loss alone is reported, not fatal.
+        r.passed = args.qos == 0 && r.sent > 0 && dropped == 0;
     }
     r
 }

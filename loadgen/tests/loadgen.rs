@@ -538,3 +538,46 @@ fn persistent_exits_non_zero_when_the_broker_drops_queued_messages() {
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("missing at QoS 1"), "{stdout}");
 }
+
+/// A broker that dies mid-run makes the run fail (exit 1, "broker
+/// unusable"), also where QoS 0 loss alone would only be reported: idle
+/// connections and a QoS 0 fan-out.
+#[test]
+fn a_broker_that_dies_mid_run_fails_idle_and_qos0_runs() {
+    for scenario in [
+        &["run", "idle", "--connections", "50", "--duration", "6s"][..],
+        &[
+            "run",
+            "fan-out",
+            "--subscribers",
+            "5",
+            "--qos",
+            "0",
+            "--rate",
+            "2000",
+            "--duration",
+            "6s",
+        ][..],
+    ] {
+        let mut broker = start_broker();
+        let url = format!("mqtt://127.0.0.1:{}", broker.port);
+        let child = Command::new(env!("CARGO_BIN_EXE_fleetmq-loadgen"))
+            .args(scenario)
+            .args(["--url", &url])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("fleetmq-loadgen runs");
+        std::thread::sleep(Duration::from_secs(2));
+        let _ = broker.child.kill();
+        let _ = broker.child.wait();
+        let out = child.wait_with_output().expect("fleetmq-loadgen ends");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{scenario:?} after the broker died:\n{text}"
+        );
+    }
+}

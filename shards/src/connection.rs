@@ -577,6 +577,10 @@ fn drive(
                 }
                 Event::Park => {
                     conn.park_requested.set(false);
+                    // Nothing is queued (checked before parking): give the
+                    // write buffers' memory back.
+                    *conn.out.borrow_mut() = BytesMut::new();
+                    io.writing = BytesMut::new();
                     if let Transport::Tcp(stream) = transport {
                         let Some(fd) = dup(&stream) else {
                             transport = Transport::Tcp(stream);
@@ -699,7 +703,12 @@ impl Io {
                 if out.is_empty() {
                     break;
                 }
-                self.writing = out.split();
+                // Swap the buffers rather than split: each keeps its
+                // allocation, so a busy connection allocates nothing per
+                // write (`clear` on an emptied, unshared buffer lets the
+                // next `reserve` reuse it from the start).
+                self.writing.clear();
+                std::mem::swap(&mut *out, &mut self.writing);
                 if out.capacity() > BUFFER_KEEP {
                     *out = BytesMut::new();
                 }

@@ -48,8 +48,12 @@ fn main() -> ExitCode {
     // Give freed pages back to the system at once rather than after 10 ms
     // of further allocator activity: a shard that goes quiet (connections
     // parked) would otherwise keep the memory its busy phase freed.
-    // SAFETY: sets a process-wide allocator option before any thread starts.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    // MIMALLOC_PURGE_DELAY in the environment (milliseconds) overrides it.
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets a process-wide allocator option before any thread
+        // starts.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(&args),

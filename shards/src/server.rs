@@ -163,6 +163,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         },
         max_offline_sessions: limits.max_offline_sessions as usize,
         max_client_writes_pending: limits.max_client_writes_pending as usize,
+        max_client_write_bytes: limits.max_client_write_bytes,
         shared: settings.shared.clone(),
     };
 

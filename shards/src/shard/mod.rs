@@ -269,6 +269,8 @@ pub(crate) struct ShardLimits {
     pub(crate) session: SessionLimits,
     pub(crate) max_offline_sessions: usize,
     pub(crate) max_client_writes_pending: usize,
+    /// Bytes queued for one client beyond which QoS 0 is dropped.
+    pub(crate) max_client_write_bytes: usize,
     /// Shared subscription strategies.
     pub(crate) shared: Shared,
 }
@@ -794,7 +796,8 @@ impl Shard {
         st.trie.for_each_match(&message.topic, |subscriber, sub| {
             matched.push((*subscriber, *sub))
         });
-        if matched.len() > 1 {
+        // The trie usually yields them in order already (one pass to check).
+        if matched.len() > 1 && !matched.is_sorted_by_key(|(subscriber, _)| *subscriber) {
             matched.sort_unstable_by_key(|(subscriber, _)| *subscriber);
         }
         st.frames.clear();
@@ -849,9 +852,12 @@ impl Shard {
         let client = &mut st.clients[slot as usize];
         if delivery.qos == QoS::AtMostOnce {
             if let Some(conn) = &client.conn {
-                if conn.pending.get() >= self.limits.max_client_writes_pending {
+                if conn.pending.get() >= self.limits.max_client_writes_pending
+                    || conn.out.borrow().len() >= self.limits.max_client_write_bytes
+                {
                     // A subscriber that does not read: drop, never stall
-                    // the publisher (DESIGN.md §9, maxClientWritesPending).
+                    // the publisher (DESIGN.md §9, maxClientWritesPending;
+                    // `limits.max_client_write_bytes` bounds its memory).
                     self.metrics.dropped(DropReason::QueueFull);
                     return;
                 }

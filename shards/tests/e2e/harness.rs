@@ -142,6 +142,13 @@ impl Broker {
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({signal})");
     }
 
+    /// The broker's resident memory (VmRSS), KiB.
+    pub(crate) fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
+        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value")
+    }
+
     /// The MQTT port.
     pub(crate) fn mqtt_port(&self) -> u16 {
         self.mqtt.port()

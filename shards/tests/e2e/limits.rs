@@ -550,3 +550,34 @@ fn out_of_range_limits_refuse_to_start_naming_the_key_and_its_range() {
         );
     }
 }
+
+/// A subscriber that never reads costs the broker at most about twice
+/// `limits.max_client_write_bytes`: QoS 0 messages beyond it are dropped
+/// and counted (`queue_full`), however large they are, and the publisher
+/// is never stalled.
+#[test]
+fn a_subscriber_that_never_reads_holds_bounded_memory_for_large_qos0_messages() {
+    use crate::harness::Broker;
+    use crate::raw::wire;
+    let broker = Broker::start(&["--shards", "1", "--set", "limits.max_client_write_bytes=1MiB"]);
+    let topic = unique("nonreader");
+    let mut sleeper = RawClient::connect(broker.mqtt);
+    assert_eq!(sleeper.handshake(&wire::Connect::v311(&unique("sleeper")).encode()), (0, 0));
+    sleeper.send(&wire::subscribe(1, &topic, 0, false));
+    assert!(matches!(sleeper.read(WAIT), Incoming::Packet { header: 0x90, .. }));
+    let mut publisher = RawClient::connect(broker.mqtt);
+    assert_eq!(publisher.handshake(&wire::Connect::v311(&unique("flood")).encode()), (0, 0));
+    let before = broker.rss_kib();
+    let payload = vec![0x5a; 512 * 1024];
+    let publish = wire::publish_qos0(&topic, &payload, false);
+    // 100 × 512 KiB = 50 MiB published; loopback buffers absorb ~10 MiB.
+    for _ in 0..100 {
+        publisher.send(&publish);
+    }
+    // A PINGREQ answered means every PUBLISH before it was handled.
+    publisher.send(&[0xC0, 0x00]);
+    assert!(matches!(publisher.read(WAIT), Incoming::Packet { header: 0xD0, .. }), "the publisher was stalled");
+    let grown = broker.rss_kib().saturating_sub(before);
+    assert!(grown < 20 * 1024, "the broker grew by {grown} KiB for one subscriber that does not read");
+    assert!(broker.metric_sum("fleetmq_messages_dropped_total") > 0.0, "nothing was dropped");
+}
