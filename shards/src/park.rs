@@ -56,6 +56,42 @@ pub(crate) struct Parker {
     signal: Signal,
     /// The local socket the epoll thread writes tokens to.
     events: RefCell<Option<UnixStream>>,
+    /// The first bytes of a token the last read split.
+    partial: std::cell::Cell<Partial>,
+}
+
+/// Append the whole little-endian `u32` tokens at the front of `bytes` to
+/// `out`; return the bytes of a last, incomplete one.
+fn split_tokens(bytes: &[u8], out: &mut Vec<u32>) -> Partial {
+    let whole = bytes.len() - bytes.len() % 4;
+    out.extend(bytes[..whole].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    Partial::from(&bytes[whole..])
+}
+
+/// Up to 3 bytes of a token split across two reads of the local socket.
+#[derive(Clone, Copy, Default)]
+struct Partial {
+    bytes: [u8; 3],
+    len: u8,
+}
+
+impl Partial {
+    fn from(bytes: &[u8]) -> Partial {
+        let mut partial = Partial { bytes: [0; 3], len: bytes.len() as u8 };
+        partial.bytes[..bytes.len()].copy_from_slice(bytes);
+        partial
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+}
+
+impl std::ops::Deref for Partial {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len()]
+    }
 }
 
 thread_local! {
@@ -104,6 +140,7 @@ impl Parker {
             woken: RefCell::new(Vec::new()),
             signal: Signal::default(),
             events: RefCell::new(Some(near)),
+            partial: std::cell::Cell::new(Partial::default()),
         });
         PARKER.with(|p| *p.borrow_mut() = Some(parker.clone()));
         Ok(parker)
@@ -143,8 +180,11 @@ impl Parker {
                 let Some(stream) = events.as_mut() else {
                     return Vec::new();
                 };
+                // Bytes of a token split by the stream wait at the front.
+                let kept = self.partial.take();
+                tokens[..kept.len()].copy_from_slice(&kept);
                 let read = futures_lite::future::or(
-                    async { Some(stream.read(&mut tokens).await) },
+                    async { Some(stream.read(&mut tokens[kept.len()..]).await) },
                     async {
                         self.signal.wait().await;
                         None
@@ -153,17 +193,12 @@ impl Parker {
                 .await;
                 match read {
                     Some(Ok(n)) if n > 0 => {
-                        // The thread writes whole tokens; a short read keeps
-                        // only whole ones (the rest is lost, which only
-                        // delays those connections until their next event).
-                        all.extend(
-                            tokens[..n - n % 4]
-                                .chunks_exact(4)
-                                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                        );
+                        // A stream may split a token: keep its first bytes
+                        // for the next read.
+                        self.partial.set(split_tokens(&tokens[..kept.len() + n], &mut all));
                     }
                     Some(_) => return Vec::new(),
-                    None => {}
+                    None => self.partial.set(kept),
                 }
                 *self.events.borrow_mut() = events;
                 all.extend(std::mem::take(&mut *self.woken.borrow_mut()));
@@ -274,6 +309,34 @@ fn wait_loop(epoll: OwnedFd, mut to_shard: std::os::unix::net::UnixStream) {
         }
         if to_shard.write_all(&tokens).is_err() {
             return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// However the stream splits the bytes, every token comes out once,
+        /// in order.
+        #[test]
+        fn tokens_survive_any_split(tokens in proptest::collection::vec(any::<u32>(), 0..200), cuts in proptest::collection::vec(1usize..40, 1..50)) {
+            let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let mut out = Vec::new();
+            let mut kept = Partial::default();
+            let mut at = 0;
+            let mut cut = cuts.iter().cycle();
+            while at < bytes.len() {
+                let end = (at + cut.next().copied().unwrap_or(1)).min(bytes.len());
+                let mut buf = kept.to_vec();
+                buf.extend_from_slice(&bytes[at..end]);
+                kept = split_tokens(&buf, &mut out);
+                at = end;
+            }
+            prop_assert_eq!(kept.len(), 0);
+            prop_assert_eq!(out, tokens);
         }
     }
 }
