@@ -16,7 +16,7 @@ use fleetmq_core::packet::{ConnAck, Connect, Packet, ProtocolVersion, ReasonCode
 use fleetmq_core::session::{negotiate, AuthorizeCache, ConnectLimits, Negotiated, Refusal};
 use futures_lite::future::or;
 use futures_lite::io::AsyncWriteExt;
-use futures_lite::{AsyncRead, AsyncWrite};
+use futures_lite::AsyncWrite;
 use glommio::net::{TcpStream, UnixStream};
 use glommio::timer::sleep;
 use std::pin::Pin;
@@ -79,20 +79,24 @@ async fn read_some<R: futures_lite::AsyncRead + Unpin>(
     buf: &mut BytesMut,
     scratch: &std::cell::RefCell<Vec<u8>>,
 ) -> ReadOutcome {
-    let result = std::future::poll_fn(|cx| {
-        let mut scratch = scratch.borrow_mut();
-        match std::pin::Pin::new(&mut *reader).poll_read(cx, &mut scratch[..]) {
-            std::task::Poll::Ready(Ok(n)) => {
-                buf.extend_from_slice(&scratch[..n]);
-                std::task::Poll::Ready(Ok(n))
-            }
-            other => other,
+    std::future::poll_fn(|cx| poll_read_some(cx, reader, buf, scratch)).await
+}
+
+/// Poll form of [`read_some`]: `Ready` with what one read gave.
+fn poll_read_some<R: futures_lite::AsyncRead + Unpin>(
+    cx: &mut Context<'_>,
+    reader: &mut R,
+    buf: &mut BytesMut,
+    scratch: &std::cell::RefCell<Vec<u8>>,
+) -> Poll<ReadOutcome> {
+    let mut scratch = scratch.borrow_mut();
+    match Pin::new(&mut *reader).poll_read(cx, &mut scratch[..]) {
+        Poll::Ready(Ok(n)) if n > 0 => {
+            buf.extend_from_slice(&scratch[..n]);
+            Poll::Ready(ReadOutcome::Data(n))
         }
-    })
-    .await;
-    match result {
-        Ok(n) if n > 0 => ReadOutcome::Data(n),
-        _ => ReadOutcome::Closed,
+        Poll::Ready(_) => Poll::Ready(ReadOutcome::Closed),
+        Poll::Pending => Poll::Pending,
     }
 }
 
@@ -657,16 +661,10 @@ impl Io {
             if let Err(()) = self.poll_write(cx, shard, conn, transport) {
                 return Poll::Ready(Event::WriteFailed);
             }
-            {
-                let mut scratch = shard.scratch.borrow_mut();
-                match Pin::new(&mut *transport).poll_read(cx, &mut scratch[..]) {
-                    Poll::Ready(Ok(n)) if n > 0 => {
-                        buf.extend_from_slice(&scratch[..n]);
-                        return Poll::Ready(Event::Read(n));
-                    }
-                    Poll::Ready(_) => return Poll::Ready(Event::Eof),
-                    Poll::Pending => {}
-                }
+            match poll_read_some(cx, transport, buf, &shard.scratch) {
+                Poll::Ready(ReadOutcome::Data(n)) => return Poll::Ready(Event::Read(n)),
+                Poll::Ready(ReadOutcome::Closed) => return Poll::Ready(Event::Eof),
+                Poll::Pending => {}
             }
             if conn.is_closing() {
                 return Poll::Ready(Event::Close);
