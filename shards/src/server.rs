@@ -348,11 +348,12 @@ async fn run_shard(
             last_expiry = now;
             shard.expire(now, parker.is_some());
             shard.try_flush();
-            // Give memory freed since the last second back to the system
-            // (mimalloc otherwise keeps it until this thread allocates
-            // again, which an idle shard may not do).
+            // Let mimalloc finish frees other threads handed to this heap
+            // and purges that are due, which it otherwise does only when
+            // this thread allocates again (an idle shard may not). Not
+            // forced: a forced collect walks the whole heap every second.
             // SAFETY: a plain call into the allocator for this thread's heap.
-            unsafe { libmimalloc_sys::mi_collect(true) };
+            unsafe { libmimalloc_sys::mi_collect(false) };
         }
     }
     shard.stop_signal.notify();

@@ -57,6 +57,12 @@ const SCRATCH_BYTES: usize = 64 * 1024;
 /// more waits for them to be sent (see [`Shard::flush_soon`]).
 const DEFER_FLUSH_MAX: usize = 4096;
 
+/// Payload bytes a shard may hold for its peers before a connection that
+/// adds more waits for them to be sent (see [`Shard::flush_soon`]): a
+/// publisher whose socket always has data never lets the flusher run, so
+/// without this bound large messages would pile up (4096 × 500 KB = 2 GB).
+const DEFER_FLUSH_BYTES: usize = 1 << 20;
+
 /// Index of a client (session) in its shard's slab.
 pub(crate) type Slot = u32;
 
@@ -287,6 +293,8 @@ struct State {
     applied: u64,
     /// Deliveries for other shards, batched per shard until the next flush.
     outbox: Vec<Vec<Arc<Message>>>,
+    /// Payload bytes added to `outbox` since it was last sent.
+    outbox_bytes: usize,
     /// Control messages for other shards, in order.
     control: Vec<(usize, ShardMsg)>,
     frames: FrameCache,
@@ -354,6 +362,7 @@ impl Shard {
                 retained: Retained::default(),
                 applied: 0,
                 outbox: (0..shards).map(|_| Vec::new()).collect(),
+                outbox_bytes: 0,
                 control: Vec::new(),
                 frames: FrameCache::default(),
                 matched: Vec::new(),
@@ -776,6 +785,7 @@ impl Shard {
             if shard == self.id {
                 self.dispatch_local(st, &message, self.id, now);
             } else {
+                st.outbox_bytes += message.payload.len();
                 st.outbox[shard].push(message.clone());
             }
         }
@@ -988,14 +998,14 @@ impl Shard {
     /// turn travel as one channel message per peer, and the peers wake
     /// once for them rather than once per connection. A connection whose
     /// shard already holds [`DEFER_FLUSH_MAX`] undelivered batches or
-    /// messages waits for the flush instead, which is the backpressure
-    /// [`Shard::flush`] gives.
+    /// messages, or [`DEFER_FLUSH_BYTES`] of payload, waits for the flush
+    /// instead, which is the backpressure [`Shard::flush`] gives.
     pub(crate) async fn flush_soon(&self) {
-        let pending = {
+        let (pending, bytes) = {
             let st = self.state.borrow();
-            st.control.len() + st.outbox.iter().map(Vec::len).sum::<usize>()
+            (st.control.len() + st.outbox.iter().map(Vec::len).sum::<usize>(), st.outbox_bytes)
         };
-        if pending >= DEFER_FLUSH_MAX {
+        if pending >= DEFER_FLUSH_MAX || bytes >= DEFER_FLUSH_BYTES {
             self.flush().await;
         } else if pending > 0 {
             self.flush_signal.notify();
@@ -1016,6 +1026,7 @@ impl Shard {
                 batch.push((peer, ShardMsg::Deliver(std::mem::take(messages))));
             }
         }
+        st.outbox_bytes = 0;
         let mut left = Vec::new();
         let mut blocked = [false; 64];
         for (peer, msg) in batch {

@@ -581,3 +581,36 @@ fn a_subscriber_that_never_reads_holds_bounded_memory_for_large_qos0_messages() 
     assert!(grown < 20 * 1024, "the broker grew by {grown} KiB for one subscriber that does not read");
     assert!(broker.metric_sum("fleetmq_messages_dropped_total") > 0.0, "nothing was dropped");
 }
+
+/// The same across shards: the publisher's shard holds what it routes to
+/// the subscribers' shard only up to a bound in bytes, so large messages
+/// from a fast publisher do not pile up there either. (The client
+/// identifiers are fixed, so the owners are the same on every run: with
+/// two shards, some of the four subscribers live on the other shard.)
+#[test]
+fn large_qos0_messages_to_another_shard_hold_bounded_memory() {
+    use crate::harness::Broker;
+    use crate::raw::wire;
+    let broker = Broker::two_shards(&["--set", "limits.max_client_write_bytes=1MiB"]);
+    let topic = unique("crossflood");
+    let mut sleepers = Vec::new();
+    for i in 0..4 {
+        let mut sleeper = RawClient::connect(broker.mqtt);
+        assert_eq!(sleeper.handshake(&wire::Connect::v311(&format!("cross-sleeper-{i}")).encode()), (0, 0));
+        sleeper.send(&wire::subscribe(1, &topic, 0, false));
+        assert!(matches!(sleeper.read(WAIT), Incoming::Packet { header: 0x90, .. }));
+        sleepers.push(sleeper);
+    }
+    let mut publisher = RawClient::connect(broker.mqtt);
+    assert_eq!(publisher.handshake(&wire::Connect::v311("cross-flood").encode()), (0, 0));
+    let before = broker.rss_kib();
+    let publish = wire::publish_qos0(&topic, &vec![0x5a; 500_000], false);
+    // 400 × 500 KB = 200 MB published.
+    for _ in 0..400 {
+        publisher.send(&publish);
+    }
+    publisher.send(&[0xC0, 0x00]);
+    assert!(matches!(publisher.read(WAIT), Incoming::Packet { header: 0xD0, .. }), "the publisher was stalled");
+    let grown = broker.rss_kib().saturating_sub(before);
+    assert!(grown < 40 * 1024, "the broker grew by {grown} KiB for subscribers that do not read");
+}
