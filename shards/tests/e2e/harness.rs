@@ -34,9 +34,16 @@ impl Broker {
     /// The binary does not start, exits, or is not ready within 20 s; the
     /// panic message carries its stderr.
     pub(crate) fn start(args: &[&str]) -> Broker {
+        Broker::start_with_env(args, &[])
+    }
+
+    /// [`Broker::start`] with `env` (name, value) pairs added to the
+    /// broker's environment.
+    pub(crate) fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Broker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_fleetmq"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(args)
+            .envs(env.iter().copied())
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
@@ -144,9 +151,16 @@ impl Broker {
 
     /// The broker's resident memory (VmRSS), KiB.
     pub(crate) fn rss_kib(&self) -> u64 {
+        let value = self.status_field("VmRSS");
+        value.split_whitespace().next().and_then(|v| v.parse().ok()).expect("VmRSS value")
+    }
+
+    /// A `Name:` line of /proc/PID/status, e.g. `status_field("THP_enabled")`.
+    pub(crate) fn status_field(&self, name: &str) -> String {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
-        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS value")
+        let prefix = format!("{name}:");
+        let line = status.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {name} line"));
+        line[prefix.len()..].trim().to_string()
     }
 
     /// The MQTT port.

@@ -100,6 +100,17 @@ fn wait_parked(broker: &Broker, n: f64) {
     }
 }
 
+/// The broker turns transparent huge pages off for itself (README,
+/// "Memory"): khugepaged would otherwise fill 2 MiB ranges back in around
+/// the pages the allocator gave back. `FLEETMQ_THP=1` keeps them.
+#[test]
+fn the_broker_runs_without_transparent_huge_pages_unless_asked() {
+    let broker = Broker::start(&["--shards", "1"]);
+    assert_eq!(broker.status_field("THP_enabled"), "0");
+    let kept = Broker::start_with_env(&["--shards", "1"], &[("FLEETMQ_THP", "1")]);
+    assert_eq!(kept.status_field("THP_enabled"), "1");
+}
+
 /// Idle TCP connections park (README: no traffic either way for 1–2 s;
 /// `fleetmq_connections_parked` counts them) and wake for whatever comes:
 /// a PUBLISH from a parked publisher, the delivery to a parked subscriber,
