@@ -325,16 +325,26 @@ async fn publisher(
                 if now >= to {
                     break;
                 }
-                let free = shared.window_free(args.window);
-                if free == 0 {
+                let mut most = BATCH.min((args.window / plan.publishers as u64).max(1));
+                if qos != QoS::AtMostOnce {
+                    let room = max_inflight - state.inflight.get();
+                    if room == 0 {
+                        state.acked.wait().await;
+                        continue;
+                    }
+                    most = most.min(u64::from(room));
+                }
+                // Counted as published here (see `Shared::window_reserve`).
+                let taken = shared.window_reserve(args.window, most);
+                if taken == 0 {
                     or(gate.wait(), sleep(Duration::from_millis(5))).await;
                     continue;
                 }
-                free.min(BATCH)
-                    .min((args.window / plan.publishers as u64).max(1))
+                taken
             }
         };
-        let want = if qos == QoS::AtMostOnce {
+        // Closed loop: `want` already fits the in-flight room (taken above).
+        let want = if qos == QoS::AtMostOnce || schedule.is_none() {
             want
         } else {
             let room = max_inflight - state.inflight.get();
@@ -361,7 +371,9 @@ async fn publisher(
         if qos != QoS::AtMostOnce {
             state.inflight.set(state.inflight.get() + want as u32);
         }
-        shared.published.fetch_add(want, Ordering::Relaxed);
+        if schedule.is_some() {
+            shared.published.fetch_add(want, Ordering::Relaxed);
+        }
         shared.sent_measured.fetch_add(measured, Ordering::Relaxed);
         state.write.notify();
         yield_now().await;

@@ -109,7 +109,35 @@ impl Shared {
     /// Closed loop: how many more messages may be published before some
     /// subscriber has `window` outstanding.
     pub fn window_free(&self, window: u64) -> u64 {
-        let published = self.published.load(Ordering::Relaxed);
+        self.free_after(window, self.published.load(Ordering::Relaxed))
+    }
+
+    /// Closed loop: takes up to `most` messages of the window for one
+    /// publisher, counting them as published at once, so publishers on
+    /// other threads never see the same room (together they stay within
+    /// `window`). Returns how many were taken; 0 when the window is full.
+    pub fn window_reserve(&self, window: u64, most: u64) -> u64 {
+        let mut published = self.published.load(Ordering::Relaxed);
+        loop {
+            let n = self.free_after(window, published).min(most);
+            if n == 0 {
+                return 0;
+            }
+            match self.published.compare_exchange_weak(
+                published,
+                published + n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return n,
+                Err(now) => published = now,
+            }
+        }
+    }
+
+    /// Room left in the window of the fullest subscriber once `published`
+    /// messages were published.
+    fn free_after(&self, window: u64, published: u64) -> u64 {
         let mut free = window;
         for (r, f) in self.received.iter().zip(&self.forgiven) {
             let done = r.load(Ordering::Relaxed) + f.load(Ordering::Relaxed);
@@ -319,4 +347,44 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Publishers on several threads take room from one window at once:
+    /// together they never take more than the window (the broker would
+    /// count the excess as a slow subscriber's and drop QoS 0 messages).
+    #[test]
+    fn concurrent_publishers_never_take_more_than_the_window() {
+        for _ in 0..50 {
+            let shared = Arc::new(Shared::new(2));
+            let taken: u64 = std::thread::scope(|s| {
+                let threads: Vec<_> = (0..4)
+                    .map(|_| {
+                        let shared = shared.clone();
+                        s.spawn(move || {
+                            let mut mine = 0;
+                            loop {
+                                match shared.window_reserve(1000, 7) {
+                                    0 => return mine,
+                                    n => mine += n,
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                threads.into_iter().map(|t| t.join().unwrap()).sum()
+            });
+            assert_eq!(taken, 1000);
+            assert_eq!(shared.published.load(Ordering::Relaxed), 1000);
+            assert_eq!(shared.window_free(1000), 0);
+            // One subscriber receives 400: the other still holds the window.
+            shared.received[0].fetch_add(400, Ordering::Relaxed);
+            assert_eq!(shared.window_reserve(1000, 7), 0);
+            shared.received[1].fetch_add(300, Ordering::Relaxed);
+            assert_eq!(shared.window_reserve(1000, 500), 300);
+        }
+    }
 }
