@@ -1,11 +1,12 @@
 //! Fuzz target for the MQTT codec: any bytes, read as a stream of packets
 //! in each protocol version (and before CONNECT), must never panic; every
 //! packet that decodes must re-encode to `encoded_len` bytes and decode
-//! back to itself.
+//! back to itself; `peek_publish` reads every PUBLISH `decode` accepts
+//! the same way, and never panics.
 #![no_main]
 
 use bytes::BytesMut;
-use fleetmq_core::packet::codec::{decode, encode, encoded_len};
+use fleetmq_core::packet::codec::{decode, encode, encoded_len, peek_publish, Peeked};
 use fleetmq_core::packet::{Packet, ProtocolVersion};
 use libfuzzer_sys::fuzz_target;
 
@@ -23,7 +24,23 @@ fuzz_target!(|data: &[u8]| {
     for start in VERSIONS {
         let mut version = start;
         let mut buf = BytesMut::from(data);
-        while let Ok(Some(packet)) = decode(&mut buf, version, MAX_PACKET_SIZE) {
+        loop {
+            let peeked = version.map(|v| peek_publish(&buf, v, MAX_PACKET_SIZE));
+            let before = buf.len();
+            let Ok(Some(packet)) = decode(&mut buf, version, MAX_PACKET_SIZE) else {
+                break;
+            };
+            if let (Some(Ok(Peeked::Publish(view))), Packet::Publish(p)) = (peeked, &packet) {
+                assert_eq!(view.len, before - buf.len(), "peek and decode disagree on the length");
+                assert_eq!(view.payload, &p.payload[..], "peek and decode disagree on the payload");
+                assert_eq!(view.topic, p.topic.as_bytes(), "peek and decode disagree on the topic");
+                assert_eq!(view.packet_id, p.packet_id, "peek and decode disagree on the packet id");
+            } else if let Some(peeked) = peeked {
+                assert!(
+                    matches!((peeked, &packet), (Ok(Peeked::Other), p) if !matches!(p, Packet::Publish(_))),
+                    "decode gave {packet:?} but peek {peeked:?}"
+                );
+            }
             // A CONNECT sets the version, as the session would.
             let v = match &packet {
                 Packet::Connect(c) => c.protocol,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use bytestring::ByteString;
-use fleetmq_core::packet::codec::{decode, encode, DecodeError};
+use fleetmq_core::packet::codec::{decode, encode, peek_publish, DecodeError, Peeked};
 use fleetmq_core::packet::{
     Connect, Packet, PacketId, Properties, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
     SubscriptionOptions,
@@ -281,6 +281,19 @@ impl Conn {
             }
             Err(e) => Err(crate::transport::tls::classify_io(e)),
         }
+    }
+
+    /// Reads the packet at the front of `buf` in place: a PUBLISH's
+    /// fields, or only that another packet (decode it with
+    /// [`Conn::decode_buffered`]) or more bytes are needed. The caller
+    /// advances `buf` past a PUBLISH ([`PublishView::len`]).
+    ///
+    /// # Errors
+    /// [`ClientError::Decode`].
+    ///
+    /// [`PublishView::len`]: fleetmq_core::packet::codec::PublishView::len
+    pub fn peek_publish(&self) -> Result<Peeked<'_>, ClientError> {
+        peek_publish(&self.buf, self.version, MAX_PACKET_BYTES).map_err(ClientError::Decode)
     }
 
     /// Decodes the next complete packet already in `buf`, if any.

@@ -15,7 +15,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
+use fleetmq_core::packet::codec::Peeked;
 use fleetmq_core::packet::{Packet, ProtocolVersion, QoS};
 use futures_lite::future::{or, yield_now};
 use futures_lite::io::{split, AsyncWriteExt, ReadHalf};
@@ -193,11 +194,15 @@ async fn subscriber(
         let (mut all, mut measured) = (0u64, 0u64);
         {
             let mut latency = latency.borrow_mut();
-            while let Some(packet) = conn.decode_buffered()? {
-                match packet {
-                    Packet::Publish(p) => {
+            // PUBLISHes are read in place (no `Packet` built: at millions of
+            // deliveries a second the moves of that value showed as a third
+            // of the loadgen's time); anything else is decoded.
+            loop {
+                match conn.peek_publish()? {
+                    Peeked::Incomplete => break,
+                    Peeked::Publish(p) => {
                         all += 1;
-                        if let Some((sent, _seq)) = stamp(&p.payload) {
+                        if let Some((sent, _seq)) = stamp(p.payload) {
                             if (from..to).contains(&sent) {
                                 measured += 1;
                                 latency.record_ns(now.saturating_sub(sent));
@@ -212,12 +217,16 @@ async fn subscriber(
                             }
                             _ => {}
                         }
+                        let len = p.len;
+                        conn.buf.advance(len);
                     }
-                    Packet::PubRel(r) => {
-                        put_response(&mut out, version, r.packet_id, Packet::PubComp)
-                    }
-                    Packet::Disconnect(_) => return Err(ClientError::Closed),
-                    _ => {}
+                    Peeked::Other => match conn.decode_buffered()? {
+                        Some(Packet::PubRel(r)) => {
+                            put_response(&mut out, version, r.packet_id, Packet::PubComp)
+                        }
+                        Some(Packet::Disconnect(_)) => return Err(ClientError::Closed),
+                        _ => {}
+                    },
                 }
             }
         }

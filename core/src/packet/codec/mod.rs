@@ -10,10 +10,13 @@
 //! One file per packet family: `connect` (CONNECT, CONNACK, DISCONNECT,
 //! AUTH), `publish` (PUBLISH and its acknowledgements),
 //! `subscribe` (SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK); `properties`
-//! holds the MQTT 5 property table and `data` the primitive types of §1.5.
+//! holds the MQTT 5 property table and `data` the primitive types of §1.5;
+//! `peek` reads a PUBLISH in place, for clients that only count what they
+//! receive.
 
 mod connect;
 mod data;
+mod peek;
 mod properties;
 mod publish;
 mod subscribe;
@@ -25,6 +28,7 @@ use bytes::{Buf, BufMut, BytesMut};
 
 use super::{Packet, ProtocolVersion, ReasonCode};
 use data::{put_varint, varint_len, Reader, VARINT_MAX};
+pub use peek::{peek_publish, Peeked, PublishView};
 
 /// Why [`decode`] refused the bytes. After any of these the connection must
 /// be closed (MQTT 5 §4.13); [`DecodeError::reason_code`] gives the reason

@@ -4,11 +4,13 @@
 //! - `incremental`: prefixes need more bytes, packets back to back, sizes;
 //! - `malformed`: every rejection, with its variant and reason code;
 //! - `forms`: short forms, 3.1.x mappings, encode errors;
-//! - `vectors`: byte-for-byte packets assembled from the specifications.
+//! - `vectors`: byte-for-byte packets assembled from the specifications;
+//! - `peek`: `peek_publish` agrees with `decode` on every PUBLISH it accepts.
 
 mod forms;
 mod incremental;
 mod malformed;
+mod peek;
 mod round_trip;
 mod strategies;
 mod vectors;
