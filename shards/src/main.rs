@@ -40,20 +40,7 @@ enum Command {
     Passwd(fleetmq_shards::auth::password::PasswdArgs),
 }
 
-/// mimalloc's `mi_option_purge_delay` (v2 `mimalloc.h`: the option after
-/// `mi_option_eager_commit_delay`, 14); the binding names no constant.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
 fn main() -> ExitCode {
-    // Give freed pages back to the system at once rather than after 10 ms
-    // of further allocator activity: a shard that goes quiet (connections
-    // parked) would otherwise keep the memory its busy phase freed.
-    // MIMALLOC_PURGE_DELAY in the environment (milliseconds) overrides it.
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: sets a process-wide allocator option before any thread
-        // starts.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
-    }
     // No transparent huge pages: mimalloc advises MADV_HUGEPAGE on its
     // arena, and khugepaged then fills 2 MiB ranges back in around the
     // pages a purge gave back, so an idle broker's RSS grows again by
