@@ -25,21 +25,32 @@ fuzz_target!(|data: &[u8]| {
         let mut version = start;
         let mut buf = BytesMut::from(data);
         loop {
-            let peeked = version.map(|v| peek_publish(&buf, v, MAX_PACKET_SIZE));
+            // What peek_publish reads, owned, before decode consumes it.
+            let peeked = version.map(|v| match peek_publish(&buf, v, MAX_PACKET_SIZE) {
+                Ok(Peeked::Publish(view)) => Seen::Publish {
+                    len: view.len,
+                    topic: view.topic.to_vec(),
+                    payload: view.payload.to_vec(),
+                    packet_id: view.packet_id,
+                },
+                Ok(Peeked::Other) => Seen::Other,
+                Ok(Peeked::Incomplete) => Seen::Incomplete,
+                Err(_) => Seen::Refused,
+            });
             let before = buf.len();
             let Ok(Some(packet)) = decode(&mut buf, version, MAX_PACKET_SIZE) else {
                 break;
             };
-            if let (Some(Ok(Peeked::Publish(view))), Packet::Publish(p)) = (peeked, &packet) {
-                assert_eq!(view.len, before - buf.len(), "peek and decode disagree on the length");
-                assert_eq!(view.payload, &p.payload[..], "peek and decode disagree on the payload");
-                assert_eq!(view.topic, p.topic.as_bytes(), "peek and decode disagree on the topic");
-                assert_eq!(view.packet_id, p.packet_id, "peek and decode disagree on the packet id");
-            } else if let Some(peeked) = peeked {
-                assert!(
-                    matches!((peeked, &packet), (Ok(Peeked::Other), p) if !matches!(p, Packet::Publish(_))),
-                    "decode gave {packet:?} but peek {peeked:?}"
-                );
+            match (&peeked, &packet) {
+                (None, _) => {}
+                (Some(Seen::Publish { len, topic, payload, packet_id }), Packet::Publish(p)) => {
+                    assert_eq!(*len, before - buf.len(), "peek and decode disagree on the length");
+                    assert_eq!(&payload[..], &p.payload[..], "peek and decode disagree on the payload");
+                    assert_eq!(&topic[..], p.topic.as_bytes(), "peek and decode disagree on the topic");
+                    assert_eq!(*packet_id, p.packet_id, "peek and decode disagree on the packet id");
+                }
+                (Some(Seen::Other), p) if !matches!(p, Packet::Publish(_)) => {}
+                (Some(seen), _) => panic!("decode gave {packet:?} but peek {seen:?}"),
             }
             // A CONNECT sets the version, as the session would.
             let v = match &packet {
@@ -58,3 +69,12 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// What `peek_publish` read, owned.
+#[derive(Debug)]
+enum Seen {
+    Publish { len: usize, topic: Vec<u8>, payload: Vec<u8>, packet_id: Option<fleetmq_core::packet::PacketId> },
+    Other,
+    Incomplete,
+    Refused,
+}
