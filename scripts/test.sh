@@ -73,3 +73,7 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --workspace --no-fail-fast "$@"
 fi
+
+# The fuzz targets (fuzz/, a workspace of its own, run by perf/fuzz.sh with
+# cargo-fuzz and nightly) must at least still compile against the codec.
+cargo check --manifest-path fuzz/Cargo.toml --bins
