@@ -115,7 +115,7 @@ pub fn run(args: RunArgs, transport: TransportOptions) -> Result<Report, RunErro
     r.measured_s = connected_in_s;
     r.throughput_per_s = figures.connect_per_s;
     r.errors = shared.errors();
-    let dropped = crate::report::broker_dropped(&r.errors);
+    let dropped = crate::report::failed_mid_run(&r.errors);
     if figures.connected < target {
         r.check = format!(
             "{} of {target} connections failed",
@@ -123,7 +123,7 @@ pub fn run(args: RunArgs, transport: TransportOptions) -> Result<Report, RunErro
         );
         r.passed = false;
     } else if dropped > 0 {
-        r.check = format!("{dropped} connections closed by the broker or failed while held");
+        r.check = format!("{dropped} connections failed while held (closed by the broker, socket errors, malformed or unexpected packets)");
         r.passed = false;
     }
     r.connections = Some(figures);
@@ -163,12 +163,12 @@ async fn executor(
                     shared.connected.fetch_add(1, Ordering::AcqRel);
                     if hold {
                         if let Err(e) = hold_idle(conn, &shared, opts.keep_alive).await {
-                            shared.error(e.kind(), 1);
+                            shared.client_error(&e);
                         }
                     }
                 }
                 Err(e) => {
-                    shared.error(e.kind(), 1);
+                    shared.client_error(&e);
                     shared.fail_setup(format!("{}: {e}", url.text));
                     shared.failed.fetch_add(1, Ordering::AcqRel);
                 }

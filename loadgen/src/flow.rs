@@ -145,7 +145,7 @@ pub async fn executor(plan: Arc<Plan>, shared: Arc<Shared>, thread: usize) -> Th
             };
             if let Err(e) = result {
                 if !shared.stopped() {
-                    shared.error(e.kind(), 1);
+                    shared.client_error(&e);
                 }
             }
         }));
@@ -423,7 +423,7 @@ async fn read_acks(
             Err(ClientError::Timeout(_)) => continue,
             Err(e) => {
                 if !state.done.get() && !shared.stopped() {
-                    shared.error(e.kind(), 1);
+                    shared.client_error(&e);
                 }
                 state.failed.set(true);
                 state.acked.notify();

@@ -78,6 +78,18 @@ impl Shared {
         *errors.entry(kind.to_string()).or_default() += n;
     }
 
+    /// Counts a client's error by its kind, and prints the first error of
+    /// each kind in full on stderr (the summary shows only counts by
+    /// kind; the text says what was wrong, e.g. which field of a packet).
+    pub fn client_error(&self, e: &crate::client::ClientError) {
+        let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        let count = errors.entry(e.kind().to_string()).or_default();
+        if *count == 0 {
+            eprintln!("fleetmq-loadgen: {}: {e}", e.kind());
+        }
+        *count += 1;
+    }
+
     /// Errors by kind so far.
     pub fn errors(&self) -> BTreeMap<String, u64> {
         self.errors

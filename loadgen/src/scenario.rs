@@ -230,16 +230,19 @@ fn flow_report(
             r.expected
         ));
     }
-    let dropped = crate::report::broker_dropped(&r.errors);
-    if dropped > 0 {
+    let failed = crate::report::failed_mid_run(&r.errors);
+    if failed > 0 {
         problems.push(format!(
-            "{dropped} connections closed by the broker or failed mid-run"
+            "{failed} connections failed mid-run (closed by the broker, socket errors, malformed or unexpected packets)"
         ));
+    }
+    if r.sent > 0 && r.received == 0 {
+        problems.push("nothing was delivered".to_string());
     }
     if !problems.is_empty() {
         r.check = problems.join("; ");
-        // QoS 0 loss alone is reported, not fatal.
-        r.passed = args.qos == 0 && r.sent > 0 && dropped == 0;
+        // QoS 0 loss alone is reported, not fatal; losing everything is.
+        r.passed = args.qos == 0 && r.sent > 0 && r.received > 0 && failed == 0;
     }
     r
 }

@@ -581,3 +581,84 @@ fn a_broker_that_dies_mid_run_fails_idle_and_qos0_runs() {
         );
     }
 }
+
+/// A fake MQTT 3.1.1 broker on a free port: it answers CONNECT with
+/// CONNACK, SUBSCRIBE with SUBACK (QoS 0 granted) followed by `after_suback`
+/// (raw bytes), PINGREQ with PINGRESP, and reads and drops the rest. It
+/// runs on threads that end with the test process.
+fn fake_broker(after_suback: &'static [u8]) -> u16 {
+    use std::io::{Read, Write};
+    fn read_packet(s: &mut std::net::TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+        let mut first = [0u8; 1];
+        s.read_exact(&mut first)?;
+        let (mut len, mut shift) = (0usize, 0);
+        loop {
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b)?;
+            len |= usize::from(b[0] & 0x7F) << shift;
+            shift += 7;
+            if b[0] & 0x80 == 0 {
+                break;
+            }
+        }
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body)?;
+        Ok((first[0], body))
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            std::thread::spawn(move || -> std::io::Result<()> {
+                read_packet(&mut s)?; // CONNECT
+                s.write_all(&[0x20, 0x02, 0x00, 0x00])?;
+                loop {
+                    let (first, body) = read_packet(&mut s)?;
+                    match first >> 4 {
+                        8 => {
+                            s.write_all(&[0x90, 0x03, body[0], body[1], 0x00])?;
+                            s.write_all(after_suback)?;
+                        }
+                        12 => s.write_all(&[0xD0, 0x00])?,
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A broker that sends a malformed PUBLISH fails even a QoS 0 run (where
+/// loss alone is not fatal): exit 1, and stderr says what was wrong with
+/// the packet.
+#[test]
+fn a_malformed_publish_from_the_broker_fails_a_qos0_run_and_says_why() {
+    // PUBLISH QoS 0 whose Topic Name (9 bytes) runs past its 3-byte body.
+    let port = fake_broker(&[0x30, 0x03, 0x00, 0x09, b'a']);
+    let out = loadgen(&[
+        "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
+        "--subscribers", "2", "--duration", "1s", "--warmup", "0s",
+    ]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(
+        stderr.contains("malformed packet: PUBLISH field runs past the end of the packet"),
+        "stderr: {stderr}"
+    );
+    assert!(stdout.contains("failed mid-run"), "stdout: {stdout}");
+}
+
+/// A broker that accepts everything and delivers nothing fails a QoS 0 run.
+#[test]
+fn a_qos0_run_in_which_nothing_is_delivered_fails() {
+    let port = fake_broker(&[]);
+    let out = loadgen(&[
+        "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
+        "--subscribers", "2", "--duration", "1s", "--warmup", "0s",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "stdout: {stdout}");
+    assert!(stdout.contains("nothing was delivered"), "stdout: {stdout}");
+}
