@@ -825,12 +825,36 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 }
 
 /// A string or integer in a settings file, as the duration and size
-/// deserializers accept.
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// deserializers accept. Anything else (a negative number, a float, a
+/// table) is refused with what is expected.
 enum TextOrInt {
     Int(u64),
     Text(String),
+}
+
+impl<'de> Deserialize<'de> for TextOrInt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        const EXPECTED: &str = "a whole number, or a string with units such as \"30s\" or \"64KiB\"";
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = TextOrInt;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TextOrInt, E> {
+                Ok(TextOrInt::Int(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TextOrInt, E> {
+                u64::try_from(v)
+                    .map(TextOrInt::Int)
+                    .map_err(|_| E::custom(format!("{v} is negative; expected {EXPECTED}")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TextOrInt, E> {
+                Ok(TextOrInt::Text(v.to_owned()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// Serde helpers for durations: a string with units or integer seconds in,

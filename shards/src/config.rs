@@ -331,6 +331,16 @@ mod tests {
 
         let e = load_err(&args(), &[("FLEETMQ_SERVER__SHARDS", "many")]);
         assert!(e.contains("server.shards"), "{e}");
+
+        // A negative or fractional duration says what is expected.
+        let mut a = args();
+        a.set = vec!["limits.max_keep_alive=-1".into()];
+        let e = load_err(&a, &[]);
+        assert!(e.contains("limits.max_keep_alive") && e.contains("-1 is negative"), "{e}");
+        assert!(e.contains(r#"such as "30s""#), "{e}");
+        a.set = vec!["limits.max_keep_alive=1.5".into()];
+        let e = load_err(&a, &[]);
+        assert!(e.contains("limits.max_keep_alive") && e.contains("expected a whole number"), "{e}");
     }
 
     #[test]

@@ -109,6 +109,15 @@ fn the_broker_runs_without_transparent_huge_pages_unless_asked() {
     assert_eq!(broker.status_field("THP_enabled"), "0");
     let kept = Broker::start_with_env(&["--shards", "1"], &[("FLEETMQ_THP", "1")]);
     assert_eq!(kept.status_field("THP_enabled"), "1");
+    // Any other value stops the start, naming the variable and its values.
+    let out = run_with_timeout(
+        Command::new(env!("CARGO_BIN_EXE_fleetmq"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", ""])
+            .env("FLEETMQ_THP", "maybe"),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("FLEETMQ_THP must be 1/true/yes"));
 }
 
 /// Idle TCP connections park (README: no traffic either way for 1–2 s;
