@@ -835,7 +835,8 @@ enum TextOrInt {
 impl<'de> Deserialize<'de> for TextOrInt {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Visitor;
-        const EXPECTED: &str = "a whole number, or a string with units such as \"30s\" or \"64KiB\"";
+        const EXPECTED: &str =
+            "a whole number, or a string with units (a duration such as \"30s\", a size such as \"64KiB\")";
         impl serde::de::Visitor<'_> for Visitor {
             type Value = TextOrInt;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {

@@ -454,8 +454,8 @@ async fn read_acks(
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => break,
-                Err(_) => {
-                    shared.error("malformed packet", 1);
+                Err(e) => {
+                    shared.client_error(&ClientError::Decode(e));
                     state.failed.set(true);
                     break;
                 }

@@ -227,12 +227,19 @@ impl Report {
     }
 }
 
-/// Connections that failed mid-run: the broker closed them, their socket
-/// failed, or the broker sent a malformed or unexpected packet (errors of
-/// those kinds in `errors`). A broker that drops its clients or breaks the
-/// protocol is unusable, whatever the QoS (exit status 1).
+/// Connections that failed mid-run: the broker closed them or sent
+/// DISCONNECT, their socket failed, or the broker sent a malformed or
+/// unexpected packet (errors of those kinds in `errors`). A broker that
+/// drops its clients or breaks the protocol is unusable, whatever the QoS
+/// (exit status 1).
 pub fn failed_mid_run(errors: &BTreeMap<String, u64>) -> u64 {
-    ["closed by broker", "socket error", "malformed packet", "unexpected packet"]
+    [
+        "closed by broker",
+        "disconnected by broker",
+        "socket error",
+        "malformed packet",
+        "unexpected packet",
+    ]
         .iter()
         .filter_map(|kind| errors.get(*kind))
         .sum()

@@ -85,7 +85,7 @@ impl Shared {
         let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
         let count = errors.entry(e.kind().to_string()).or_default();
         if *count == 0 {
-            eprintln!("fleetmq-loadgen: {}: {e}", e.kind());
+            eprintln!("fleetmq-loadgen: {e}");
         }
         *count += 1;
     }

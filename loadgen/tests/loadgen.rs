@@ -584,9 +584,10 @@ fn a_broker_that_dies_mid_run_fails_idle_and_qos0_runs() {
 
 /// A fake MQTT 3.1.1 broker on a free port: it answers CONNECT with
 /// CONNACK, SUBSCRIBE with SUBACK (QoS 0 granted) followed by `after_suback`
-/// (raw bytes), PINGREQ with PINGRESP, and reads and drops the rest. It
-/// runs on threads that end with the test process.
-fn fake_broker(after_suback: &'static [u8]) -> u16 {
+/// (raw bytes), each PUBLISH with `after_publish`, PINGREQ with PINGRESP,
+/// and reads and drops the rest. It runs on threads that end with the test
+/// process.
+fn fake_broker(after_suback: &'static [u8], after_publish: &'static [u8]) -> u16 {
     use std::io::{Read, Write};
     fn read_packet(s: &mut std::net::TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
         let mut first = [0u8; 1];
@@ -620,6 +621,7 @@ fn fake_broker(after_suback: &'static [u8]) -> u16 {
                             s.write_all(&[0x90, 0x03, body[0], body[1], 0x00])?;
                             s.write_all(after_suback)?;
                         }
+                        3 => s.write_all(after_publish)?,
                         12 => s.write_all(&[0xD0, 0x00])?,
                         _ => {}
                     }
@@ -636,7 +638,7 @@ fn fake_broker(after_suback: &'static [u8]) -> u16 {
 #[test]
 fn a_malformed_publish_from_the_broker_fails_a_qos0_run_and_says_why() {
     // PUBLISH QoS 0 whose Topic Name (9 bytes) runs past its 3-byte body.
-    let port = fake_broker(&[0x30, 0x03, 0x00, 0x09, b'a']);
+    let port = fake_broker(&[0x30, 0x03, 0x00, 0x09, b'a'], &[]);
     let out = loadgen(&[
         "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
         "--subscribers", "2", "--duration", "1s", "--warmup", "0s",
@@ -653,7 +655,7 @@ fn a_malformed_publish_from_the_broker_fails_a_qos0_run_and_says_why() {
 /// A broker that accepts everything and delivers nothing fails a QoS 0 run.
 #[test]
 fn a_qos0_run_in_which_nothing_is_delivered_fails() {
-    let port = fake_broker(&[]);
+    let port = fake_broker(&[], &[]);
     let out = loadgen(&[
         "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
         "--subscribers", "2", "--duration", "1s", "--warmup", "0s",
@@ -661,4 +663,19 @@ fn a_qos0_run_in_which_nothing_is_delivered_fails() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "stdout: {stdout}");
     assert!(stdout.contains("nothing was delivered"), "stdout: {stdout}");
+}
+
+/// A malformed acknowledgement fails a QoS 1 run, and stderr says what was
+/// wrong with it (the publisher's acknowledgement reader has its own decode).
+#[test]
+fn a_malformed_puback_fails_the_run_and_says_why() {
+    // PUBACK with fixed-header flags 0b0010: reserved bits must be 0.
+    let port = fake_broker(&[], &[0x42, 0x02, 0x00, 0x01]);
+    let out = loadgen(&[
+        "run", "fan-in", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
+        "--publishers", "2", "--subscribers", "1", "--qos", "1", "--duration", "1s", "--warmup", "0s",
+    ]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stderr.contains("reserved fixed header flags"), "stderr: {stderr}");
 }

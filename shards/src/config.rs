@@ -337,7 +337,7 @@ mod tests {
         a.set = vec!["limits.max_keep_alive=-1".into()];
         let e = load_err(&a, &[]);
         assert!(e.contains("limits.max_keep_alive") && e.contains("-1 is negative"), "{e}");
-        assert!(e.contains(r#"such as "30s""#), "{e}");
+        assert!(e.contains(r#"a duration such as "30s""#), "{e}");
         a.set = vec!["limits.max_keep_alive=1.5".into()];
         let e = load_err(&a, &[]);
         assert!(e.contains("limits.max_keep_alive") && e.contains("expected a whole number"), "{e}");
