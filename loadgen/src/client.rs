@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use bytestring::ByteString;
 use fleetmq_core::packet::codec::{decode, encode, peek_publish, DecodeError, Peeked};
+use fleetmq_core::topic::{validate_topic_name, TopicLimits};
 use fleetmq_core::packet::{
     Connect, Packet, PacketId, Properties, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
     SubscriptionOptions,
@@ -50,6 +51,9 @@ pub enum ClientError {
     Io(std::io::Error),
     /// The broker sent bytes the codec refused.
     Decode(DecodeError),
+    /// The broker sent a PUBLISH whose Topic Name breaks the specification
+    /// (not UTF-8, empty, U+0000, a wildcard; MQTT 5 §4.7.3).
+    BadTopic(String),
     /// The broker sent a packet that makes no sense here.
     Unexpected(&'static str),
 }
@@ -68,6 +72,7 @@ impl std::fmt::Display for ClientError {
             ClientError::Closed => write!(f, "the broker closed the connection"),
             ClientError::Io(e) => write!(f, "socket error: {e}"),
             ClientError::Decode(e) => write!(f, "bad packet from the broker: {e}"),
+            ClientError::BadTopic(why) => write!(f, "bad PUBLISH Topic Name from the broker: {why}"),
             ClientError::Unexpected(what) => write!(f, "unexpected packet: {what}"),
         }
     }
@@ -85,7 +90,7 @@ impl ClientError {
             ClientError::Timeout(_) => "timeout",
             ClientError::Closed => "closed by broker",
             ClientError::Io(_) => "socket error",
-            ClientError::Decode(_) => "malformed packet",
+            ClientError::Decode(_) | ClientError::BadTopic(_) => "malformed packet",
             ClientError::Unexpected(_) => "unexpected packet",
         }
     }
@@ -293,7 +298,11 @@ impl Conn {
     ///
     /// [`PublishView::len`]: fleetmq_core::packet::codec::PublishView::len
     pub fn peek_publish(&self) -> Result<Peeked<'_>, ClientError> {
-        peek_publish(&self.buf, self.version, MAX_PACKET_BYTES).map_err(ClientError::Decode)
+        let peeked = peek_publish(&self.buf, self.version, MAX_PACKET_BYTES).map_err(ClientError::Decode)?;
+        if let Peeked::Publish(p) = &peeked {
+            check_topic(p.topic)?;
+        }
+        Ok(peeked)
     }
 
     /// Decodes the next complete packet already in `buf`, if any.
@@ -303,6 +312,20 @@ impl Conn {
     pub fn decode_buffered(&mut self) -> Result<Option<Packet>, ClientError> {
         decode(&mut self.buf, Some(self.version), MAX_PACKET_BYTES).map_err(ClientError::Decode)
     }
+}
+
+/// Checks a received Topic Name as MQTT requires (UTF-8, not empty, no
+/// U+0000, no wildcard, at most 65,535 bytes; MQTT 5 §4.7.3, §1.5.4); the
+/// in-place read leaves that to the client. Empty is an error too: the
+/// loadgen allows no Topic Alias, so a PUBLISH must name its topic.
+///
+/// # Errors
+/// [`ClientError::BadTopic`] saying which rule.
+pub fn check_topic(topic: &[u8]) -> Result<(), ClientError> {
+    let name = std::str::from_utf8(topic)
+        .map_err(|_| ClientError::BadTopic("not UTF-8 [MQTT-1.5.4-1]".into()))?;
+    let limits = TopicLimits { max_levels: usize::MAX, max_bytes: usize::from(u16::MAX) };
+    validate_topic_name(name, &limits).map_err(|e| ClientError::BadTopic(e.to_string()))
 }
 
 /// Writes all of `bytes` to `w`, then flushes it when `flush` (TLS and

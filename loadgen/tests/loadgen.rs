@@ -679,3 +679,24 @@ fn a_malformed_puback_fails_the_run_and_says_why() {
     assert_eq!(out.status.code(), Some(1), "stdout: {stdout}\nstderr: {stderr}");
     assert!(stderr.contains("reserved fixed header flags"), "stderr: {stderr}");
 }
+
+/// A PUBLISH whose Topic Name breaks the rules (a wildcard
+/// `[MQTT-3.3.2-2]`, bytes that are not UTF-8 `[MQTT-1.5.4-1]`) fails the
+/// run and stderr says which rule.
+#[test]
+fn a_publish_with_a_bad_topic_name_fails_the_run_and_says_why() {
+    for (packet, why) in [
+        (&[0x30u8, 0x05, 0x00, 0x03, b'a', b'/', b'#'][..], "wildcard"),
+        (&[0x30u8, 0x04, 0x00, 0x02, 0xFF, 0xFE][..], "not UTF-8"),
+    ] {
+        let packet: &'static [u8] = Box::leak(packet.to_vec().into_boxed_slice());
+        let port = fake_broker(packet, &[]);
+        let out = loadgen(&[
+            "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
+            "--subscribers", "1", "--duration", "1s", "--warmup", "0s",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+        assert!(stderr.contains("bad PUBLISH Topic Name") && stderr.contains(why), "stderr: {stderr}");
+    }
+}
