@@ -433,6 +433,14 @@ pub enum SettingsError {
         /// The allowed range, e.g. `64B..=256MiB`.
         range: String,
     },
+    /// A duration counted in whole seconds on the wire (Keep Alive, MQTT
+    /// 5 §3.1.2.10) was given with a fraction of a second.
+    NotWholeSeconds {
+        /// Dotted key, e.g. `limits.max_keep_alive`.
+        key: &'static str,
+        /// The value, formatted with its unit.
+        value: String,
+    },
     /// An address is not a `HOST:PORT` socket address.
     BadAddress {
         /// Dotted key, e.g. `listeners.tcp[0]`.
@@ -462,6 +470,10 @@ impl fmt::Display for SettingsError {
             SettingsError::OutOfRange { key, value, range } => {
                 write!(f, "{key} = {value} is out of range {range}")
             }
+            SettingsError::NotWholeSeconds { key, value } => write!(
+                f,
+                "{key} = {value} must be whole seconds (MQTT counts Keep Alive in seconds)"
+            ),
             SettingsError::BadAddress { key, value } => write!(
                 f,
                 "{key} = {value:?} is not a socket address HOST:PORT (e.g. \"127.0.0.1:1883\", \"[::1]:1883\")"
@@ -638,6 +650,12 @@ impl Settings {
             secs(65_535),
             format_duration,
         )?;
+        if l.max_keep_alive.subsec_nanos() != 0 {
+            return Err(SettingsError::NotWholeSeconds {
+                key: "limits.max_keep_alive",
+                value: format_duration(l.max_keep_alive),
+            });
+        }
         check(
             "limits.max_subscriptions_per_client",
             l.max_subscriptions_per_client,
@@ -975,6 +993,12 @@ mod tests {
         assert_eq!(
             err(&s),
             "limits.max_keep_alive = 18h 12m 16s is out of range 1s..=18h 12m 15s"
+        );
+        let mut s = Settings::default();
+        s.limits.max_keep_alive = Duration::from_millis(1500);
+        assert_eq!(
+            err(&s),
+            "limits.max_keep_alive = 1s 500ms must be whole seconds (MQTT counts Keep Alive in seconds)"
         );
     }
 
