@@ -314,6 +314,12 @@ async fn publisher(
     let mut next_id = 0u16;
     while !shared.stopped() && !state.failed.get() {
         let now = now_ns();
+        // Acknowledgements this publisher may still await (QoS 1/2).
+        let room = if qos == QoS::AtMostOnce {
+            u64::MAX
+        } else {
+            u64::from(max_inflight - state.inflight.get())
+        };
         let want = match (schedule, last) {
             (Some(s), Some(last)) => {
                 if k >= last {
@@ -328,41 +334,26 @@ async fn publisher(
                     sleep(Duration::from_nanos(t0 + s.due_at(k) - now)).await;
                     continue;
                 }
-                (due - k).min(BATCH)
+                (due - k).min(BATCH).min(room)
             }
             _ => {
                 if now >= to {
                     break;
                 }
-                let mut most = BATCH.min((args.window / plan.publishers as u64).max(1));
-                if qos != QoS::AtMostOnce {
-                    let room = max_inflight - state.inflight.get();
-                    if room == 0 {
-                        state.acked.wait().await;
-                        continue;
-                    }
-                    most = most.min(u64::from(room));
-                }
+                let most = BATCH.min((args.window / plan.publishers as u64).max(1)).min(room);
                 // Counted as published here (see `Shared::window_reserve`).
-                let taken = shared.window_reserve(args.window, most);
-                if taken == 0 {
-                    or(gate.wait(), sleep(Duration::from_millis(5))).await;
-                    continue;
-                }
-                taken
+                shared.window_reserve(args.window, most)
             }
         };
-        // Closed loop: `want` already fits the in-flight room (taken above).
-        let want = if qos == QoS::AtMostOnce || schedule.is_none() {
-            want
-        } else {
-            let room = max_inflight - state.inflight.get();
+        if want == 0 {
             if room == 0 {
                 state.acked.wait().await;
-                continue;
+            } else {
+                // Closed loop: the window is full.
+                or(gate.wait(), sleep(Duration::from_millis(5))).await;
             }
-            want.min(u64::from(room))
-        };
+            continue;
+        }
         let mut measured = 0;
         {
             let mut out = state.out.borrow_mut();
