@@ -25,7 +25,7 @@ fn publish(payload: usize) -> Packet {
         retain: false,
         topic: "sensors/site42/dev1234/temp".into(),
         packet_id: NonZeroU16::new(7),
-        properties,
+        properties: properties.into(),
         payload: Bytes::from(vec![0x5a; payload]),
     })
 }
@@ -48,11 +48,11 @@ fn connect() -> Packet {
             payload: Bytes::from_static(b"offline"),
             qos: QoS::AtLeastOnce,
             retain: true,
-            properties: will_properties,
+            properties: will_properties.into(),
         }),
         username: Some("device-000123456".into()),
         password: Some(Bytes::from_static(b"correct horse battery staple")),
-        properties,
+        properties: properties.into(),
     }))
 }
 

@@ -205,7 +205,7 @@ mod tests {
             payload: Bytes::from_static(b"p"),
             qos,
             retain: false,
-            properties: Properties::default(),
+            properties: Properties::default().into(),
             received_at: Instant::now(),
             origin: 1,
         })

@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
         will: None,
         username: None,
         password: None,
-        properties,
+        properties: properties.into(),
     };
     let Ok(negotiated) = negotiate(&connect, &ConnectLimits::default(), || "x".into()) else { return };
     let limits = SessionLimits { max_queue: 8, receive_maximum: 4, topic_alias_maximum: 4, ..SessionLimits::default() };
@@ -60,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
             payload: Bytes::from_static(b"p"),
             qos,
             retain: false,
-            properties: Properties::default(),
+            properties: Default::default(),
             received_at: now,
             origin: 1,
         });

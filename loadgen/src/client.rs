@@ -10,7 +10,7 @@ use bytestring::ByteString;
 use fleetmq_core::packet::codec::{decode, encode, peek_publish, DecodeError, Peeked};
 use fleetmq_core::topic::{validate_topic_name, TopicLimits};
 use fleetmq_core::packet::{
-    Connect, Packet, PacketId, Properties, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
+    Connect, Packet, PacketId, Props, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
     SubscriptionOptions,
 };
 use futures_lite::future::or;
@@ -100,7 +100,7 @@ impl ClientError {
 pub fn subscribe_packet(filter: &str, qos: QoS) -> Packet {
     Packet::Subscribe(Subscribe {
         packet_id: PacketId::MIN,
-        properties: Properties::default(),
+        properties: Props::default(),
         filters: vec![(
             ByteString::from(filter),
             SubscriptionOptions {
@@ -176,7 +176,7 @@ impl Conn {
                 .password
                 .as_ref()
                 .map(|p| bytes::Bytes::from(p.clone().into_bytes())),
-            properties: Properties::default(),
+            properties: Props::default(),
         };
         conn.send(&Packet::Connect(Box::new(connect))).await?;
         match conn.next_packet_within(o.timeout, "CONNACK").await? {
@@ -389,7 +389,7 @@ impl PublishTemplate {
             retain: false,
             topic: ByteString::from(topic),
             packet_id: (qos != QoS::AtMostOnce).then_some(PacketId::MIN),
-            properties: Properties::default(),
+            properties: Props::default(),
             payload: bytes::Bytes::from(vec![0x5A; payload_size]),
         };
         let mut out = BytesMut::new();

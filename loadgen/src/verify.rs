@@ -305,7 +305,7 @@ impl SyncConn {
                 .password
                 .as_ref()
                 .map(|p| bytes::Bytes::from(p.clone().into_bytes())),
-            properties,
+            properties: properties.into(),
         };
         conn.send(&Packet::Connect(Box::new(connect)))?;
         match conn.next_within(o.timeout, "CONNACK")? {

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use fleetmq_core::packet::codec::encode;
-use fleetmq_core::packet::{Packet, PacketId, Properties, ProtocolVersion, Publish, QoS};
+use fleetmq_core::packet::{Packet, PacketId, Props, ProtocolVersion, Publish, QoS};
 use fleetmq_core::session::Delivery;
 
 /// An encoded PUBLISH and where its packet identifier sits (QoS > 0).
@@ -87,7 +87,7 @@ fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant, al
         return encode_plain(&message.topic[strip..], delivery.qos, delivery.retain, protocol.is_v5(), &message.payload);
     }
     let properties = if protocol.is_v5() {
-        let mut p: Properties = message.properties.clone();
+        let mut p: Props = message.properties.clone();
         // The forwarded Message Expiry Interval is what is left of it
         // (MQTT 5 §3.3.2.3.3, `[MQTT-3.3.2-6]`).
         p.message_expiry_interval = message.expiry_left(now).map(|left| left.max(1));
@@ -95,7 +95,7 @@ fn encode_frame(delivery: &Delivery, protocol: ProtocolVersion, now: Instant, al
         p.topic_alias = alias.map(|(a, _)| a);
         p
     } else {
-        Properties::default()
+        Props::default()
     };
     let packet_id = (delivery.qos != QoS::AtMostOnce).then_some(NonZeroU16::MIN);
     let topic = match alias {
@@ -161,6 +161,7 @@ mod tests {
 
     use bytes::Bytes;
     use fleetmq_core::packet::codec::decode;
+    use fleetmq_core::packet::Properties;
     use fleetmq_core::session::Message;
 
     use super::*;
@@ -172,7 +173,7 @@ mod tests {
                 payload: Bytes::from(vec![7u8; payload]),
                 qos,
                 retain,
-                properties,
+                properties: properties.into(),
                 received_at: Instant::now(),
                 origin: 1,
             }),

@@ -21,7 +21,7 @@ use std::num::NonZeroU16;
 use bytes::Bytes;
 use bytestring::ByteString;
 
-pub use properties::{Properties, UserProperty};
+pub use properties::{Properties, Props, UserProperty};
 pub use reason::ReasonCode;
 
 /// A packet identifier: never 0 on the wire `[MQTT-2.2.1-3]`.
@@ -154,7 +154,7 @@ pub struct Connect {
     /// Password, when its flag is set (binary data).
     pub password: Option<Bytes>,
     /// CONNECT properties (MQTT 5 only; default otherwise).
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// The Will Message of a CONNECT.
@@ -169,7 +169,7 @@ pub struct Will {
     /// Will Retain.
     pub retain: bool,
     /// Will properties (MQTT 5): Will Delay Interval, Message Expiry, ...
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// CONNACK (MQTT 5 §3.2).
@@ -181,7 +181,7 @@ pub struct ConnAck {
     /// with [`ReasonCode::to_v3_connack`].
     pub reason: ReasonCode,
     /// CONNACK properties (MQTT 5 only).
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// PUBLISH (MQTT 5 §3.3).
@@ -198,7 +198,7 @@ pub struct Publish {
     /// Packet Identifier: present exactly when QoS > 0.
     pub packet_id: Option<PacketId>,
     /// PUBLISH properties (MQTT 5 only).
-    pub properties: Properties,
+    pub properties: Props,
     /// Application payload, a slice of the receive buffer.
     pub payload: Bytes,
 }
@@ -211,13 +211,13 @@ pub struct PubResponse {
     /// Reason Code (MQTT 5; `SUCCESS` on 3.1.x).
     pub reason: ReasonCode,
     /// Properties (MQTT 5): Reason String, User Properties.
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 impl PubResponse {
     /// A successful response for `packet_id` with no properties.
     pub fn success(packet_id: PacketId) -> PubResponse {
-        PubResponse { packet_id, reason: ReasonCode::SUCCESS, properties: Properties::default() }
+        PubResponse { packet_id, reason: ReasonCode::SUCCESS, properties: Props::default() }
     }
 }
 
@@ -252,7 +252,7 @@ pub struct Subscribe {
     /// Packet Identifier.
     pub packet_id: PacketId,
     /// Properties (MQTT 5): Subscription Identifier, User Properties.
-    pub properties: Properties,
+    pub properties: Props,
     /// At least one (topic filter, options) pair `[MQTT-3.8.3-2]`.
     pub filters: Vec<(ByteString, SubscriptionOptions)>,
 }
@@ -263,7 +263,7 @@ pub struct SubAck {
     /// Packet Identifier of the SUBSCRIBE.
     pub packet_id: PacketId,
     /// Properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
     /// One reason code per filter, in order; 3.1.x encodes granted QoS 0–2
     /// and failure as 0x80.
     pub reasons: Vec<ReasonCode>,
@@ -275,7 +275,7 @@ pub struct Unsubscribe {
     /// Packet Identifier.
     pub packet_id: PacketId,
     /// Properties (MQTT 5): User Properties.
-    pub properties: Properties,
+    pub properties: Props,
     /// At least one topic filter `[MQTT-3.10.3-2]`.
     pub filters: Vec<ByteString>,
 }
@@ -286,7 +286,7 @@ pub struct UnsubAck {
     /// Packet Identifier of the UNSUBSCRIBE.
     pub packet_id: PacketId,
     /// Properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
     /// One reason code per filter (MQTT 5 only; empty for 3.1.x).
     pub reasons: Vec<ReasonCode>,
 }
@@ -297,7 +297,7 @@ pub struct Disconnect {
     /// Disconnect Reason Code (MQTT 5; `NORMAL_DISCONNECTION` on 3.1.x).
     pub reason: ReasonCode,
     /// Properties (MQTT 5): Session Expiry Interval, Reason String, ...
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// AUTH (MQTT 5 §3.15).
@@ -306,5 +306,5 @@ pub struct Auth {
     /// Authenticate Reason Code.
     pub reason: ReasonCode,
     /// Properties: Authentication Method and Data, Reason String, ...
-    pub properties: Properties,
+    pub properties: Props,
 }

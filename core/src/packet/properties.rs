@@ -112,3 +112,105 @@ impl Properties {
         *self == Properties::default()
     }
 }
+
+/// A packet's [`Properties`], kept out of line: one pointer (8 bytes) in the
+/// packet, null when there are none, rather than 400 bytes inline.
+///
+/// Packets move by value through the decoder and the session state machine,
+/// and most carry no property at all (every MQTT 3.1.x packet, most MQTT 5
+/// PUBLISH packets), so keeping the properties inline made every move copy
+/// them. Reading through `Deref` sees an empty [`Properties`] when there are
+/// none; the first write through `DerefMut` allocates them.
+#[derive(Clone, Default)]
+pub struct Props(Option<Box<Properties>>);
+
+impl Props {
+    /// Take the properties out (empty when there were none).
+    pub fn into_inner(self) -> Properties {
+        self.0.map(|p| *p).unwrap_or_default()
+    }
+}
+
+impl From<Properties> for Props {
+    /// Empty properties take no allocation.
+    fn from(p: Properties) -> Props {
+        if p.is_empty() {
+            Props(None)
+        } else {
+            Props(Some(Box::new(p)))
+        }
+    }
+}
+
+impl From<Box<Properties>> for Props {
+    fn from(p: Box<Properties>) -> Props {
+        Props(Some(p))
+    }
+}
+
+impl std::ops::Deref for Props {
+    type Target = Properties;
+    fn deref(&self) -> &Properties {
+        static EMPTY: std::sync::LazyLock<Properties> = std::sync::LazyLock::new(Properties::default);
+        self.0.as_deref().unwrap_or(&EMPTY)
+    }
+}
+
+impl std::ops::DerefMut for Props {
+    fn deref_mut(&mut self) -> &mut Properties {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl PartialEq for Props {
+    fn eq(&self, other: &Props) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Props {}
+
+impl std::fmt::Debug for Props {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::{Packet, Publish};
+
+    #[test]
+    fn empty_properties_take_no_allocation_and_read_as_empty() {
+        let p = Props::from(Properties::default());
+        assert!(p.0.is_none());
+        assert!(p.is_empty());
+        assert_eq!(p.topic_alias, None);
+        assert_eq!(p.into_inner(), Properties::default());
+    }
+
+    #[test]
+    fn a_write_allocates_and_equality_ignores_where_they_live() {
+        let mut p = Props::default();
+        p.topic_alias = Some(3);
+        assert!(p.0.is_some());
+        assert_eq!(p.topic_alias, Some(3));
+        let q = Props::from(Properties { topic_alias: Some(3), ..Properties::default() });
+        assert_eq!(p, q);
+        // Emptied in place (allocated) still equals never allocated.
+        let mut r = Props::default();
+        r.topic_alias = None;
+        assert!(r.0.is_some());
+        assert_eq!(r, Props::default());
+        assert_eq!(format!("{r:?}"), format!("{:?}", Properties::default()));
+    }
+
+    #[test]
+    fn packets_stay_small_enough_to_move_cheaply() {
+        // Properties inline (400 bytes) made a PUBLISH 472 bytes; every move of a
+        // decoded packet (decoder, session state machine) copied them.
+        assert!(std::mem::size_of::<Publish>() <= 128, "{}", std::mem::size_of::<Publish>());
+        assert!(std::mem::size_of::<Packet>() <= 136, "{}", std::mem::size_of::<Packet>());
+    }
+}

@@ -81,7 +81,7 @@ impl Refusal {
         if protocol.is_v5() {
             properties.reason_string = Some(ByteString::from_static(self.detail));
         }
-        ConnAck { session_present: false, reason: self.reason, properties }
+        ConnAck { session_present: false, reason: self.reason, properties: properties.into() }
     }
 }
 
@@ -194,6 +194,6 @@ pub fn negotiate(
             .properties
             .maximum_packet_size
             .map_or(PROTOCOL_MAX_PACKET_SIZE, |m| m as usize),
-        connack: ConnAck { session_present: false, reason: ReasonCode::SUCCESS, properties: props },
+        connack: ConnAck { session_present: false, reason: ReasonCode::SUCCESS, properties: props.into() },
     })
 }

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 
 use crate::packet::{
-    Disconnect, Packet, PacketId, Properties, ProtocolVersion, PubResponse, Publish, QoS,
+    Disconnect, Packet, PacketId, Props, ProtocolVersion, PubResponse, Publish, QoS,
     ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
 use crate::topic::{parse_shared, validate_topic_filter, validate_topic_name, TopicError, TopicLimits};
@@ -47,7 +47,7 @@ pub struct Message {
     /// Payload Format Indicator, Message Expiry Interval, Content Type,
     /// Response Topic, Correlation Data, User Properties. Topic Alias and
     /// Subscription Identifiers are never kept here.
-    pub properties: Properties,
+    pub properties: Props,
     /// When the broker received it; the Message Expiry Interval counts from
     /// here (MQTT 5 §3.3.2.3.3).
     pub received_at: Instant,
@@ -676,7 +676,7 @@ impl Session {
                         out.push(Output::Send(Packet::PubRel(PubResponse {
                             packet_id: rec.packet_id,
                             reason,
-                            properties: Properties::default(),
+                            properties: Props::default(),
                         })));
                     }
                 }
@@ -692,7 +692,7 @@ impl Session {
                 out.push(Output::Send(Packet::PubComp(PubResponse {
                     packet_id: rel.packet_id,
                     reason,
-                    properties: Properties::default(),
+                    properties: Props::default(),
                 })));
             }
             Packet::Subscribe(subscribe) => self.handle_subscribe(subscribe, out),
@@ -802,7 +802,7 @@ impl Session {
                 out.push(Output::Send(Packet::PubAck(PubResponse {
                     packet_id,
                     reason: ack_reason,
-                    properties: Properties::default(),
+                    properties: Props::default(),
                 })));
             }
             QoS::ExactlyOnce => {
@@ -828,7 +828,7 @@ impl Session {
                 out.push(Output::Send(Packet::PubRec(PubResponse {
                     packet_id,
                     reason: ack_reason,
-                    properties: Properties::default(),
+                    properties: Props::default(),
                 })));
             }
         }
@@ -872,7 +872,7 @@ impl Session {
         }
         out.push(Output::Send(Packet::SubAck(SubAck {
             packet_id: subscribe.packet_id,
-            properties: Properties::default(),
+            properties: Props::default(),
             reasons,
         })));
         out.extend(changes);
@@ -896,7 +896,7 @@ impl Session {
         out.extend(changes);
         out.push(Output::Send(Packet::UnsubAck(UnsubAck {
             packet_id: unsubscribe.packet_id,
-            properties: Properties::default(),
+            properties: Props::default(),
             reasons,
         })));
     }
@@ -927,8 +927,12 @@ impl Session {
 /// Alias and Subscription Identifiers are not forwarded (MQTT 5 §3.3.4).
 fn into_message(publish: Publish, now: Instant) -> Message {
     let mut properties = publish.properties;
-    properties.topic_alias = None;
-    properties.subscription_identifiers.clear();
+    // Only through `DerefMut` when there is something to clear: that
+    // would allocate empty properties (see `Props`).
+    if properties.topic_alias.is_some() || !properties.subscription_identifiers.is_empty() {
+        properties.topic_alias = None;
+        properties.subscription_identifiers.clear();
+    }
     Message {
         topic: publish.topic,
         payload: publish.payload,

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 
 use super::*;
-use crate::packet::{Connect, Will};
+use crate::packet::{Connect, Properties, Will};
 
 fn pid(n: u16) -> PacketId {
     NonZeroU16::new(n).unwrap()
@@ -24,7 +24,7 @@ fn connect(protocol: ProtocolVersion, client_id: &str, clean: bool) -> Connect {
         will: None,
         username: None,
         password: None,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
     }
 }
 
@@ -41,7 +41,7 @@ fn message(topic: &str, qos: QoS, t: Instant) -> Arc<Message> {
         payload: Bytes::from_static(b"x"),
         qos,
         retain: false,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
         received_at: t,
         origin: 7,
     })
@@ -67,7 +67,7 @@ fn publish(topic: &str, qos: QoS, packet_id: Option<u16>) -> Packet {
         retain: false,
         topic: ByteString::from(topic),
         packet_id: packet_id.map(pid),
-        properties: Properties::default(),
+        properties: Properties::default().into(),
         payload: Bytes::from_static(b"hello"),
     })
 }
@@ -224,7 +224,7 @@ fn normal_disconnect_discards_the_will_and_0x04_publishes_it() {
     s.handle(Packet::Disconnect(Disconnect::default()), t0, &mut out);
     assert_eq!(out, vec![Output::Close { reason: None, publish_will: false }]);
     out.clear();
-    let d = Disconnect { reason: ReasonCode::DISCONNECT_WITH_WILL, properties: Properties::default() };
+    let d = Disconnect { reason: ReasonCode::DISCONNECT_WITH_WILL, properties: Properties::default().into() };
     s.handle(Packet::Disconnect(d), t0, &mut out);
     assert_eq!(out, vec![Output::Close { reason: None, publish_will: true }]);
 }
@@ -237,7 +237,7 @@ fn session_expiry_cannot_go_from_zero_to_non_zero_at_disconnect() {
     assert_eq!(s.session_expiry(), 0);
     let props = Properties { session_expiry_interval: Some(30), ..Properties::default() };
     let mut out = vec![];
-    s.handle(Packet::Disconnect(Disconnect { reason: ReasonCode::SUCCESS, properties: props }), t0, &mut out);
+    s.handle(Packet::Disconnect(Disconnect { reason: ReasonCode::SUCCESS, properties: props.into() }), t0, &mut out);
     assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::PROTOCOL_ERROR), publish_will: true }]);
 }
 
@@ -248,7 +248,7 @@ fn subscribe_grants_requested_qos_and_rejects_invalid_filters() {
     let opts = |q| SubscriptionOptions { qos: q, ..SubscriptionOptions::default() };
     let sub = Subscribe {
         packet_id: pid(3),
-        properties: Properties::default(),
+        properties: Properties::default().into(),
         filters: vec![
             (ByteString::from("a/#"), opts(QoS::ExactlyOnce)),
             (ByteString::from("a/#/b"), opts(QoS::AtMostOnce)),
@@ -271,7 +271,7 @@ fn subscriptions_beyond_the_limit_get_quota_exceeded() {
     let mut s = session_with(ProtocolVersion::V5, 10, limits);
     let mut out = vec![];
     let filters = vec![("a".into(), SubscriptionOptions::default()), ("b".into(), SubscriptionOptions::default())];
-    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default(), filters }), t0, &mut out);
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters }), t0, &mut out);
     let Output::Send(Packet::SubAck(ack)) = &out[0] else { panic!() };
     assert_eq!(ack.reasons, vec![ReasonCode::GRANTED_QOS_0, ReasonCode::QUOTA_EXCEEDED]);
 }
@@ -282,9 +282,9 @@ fn unsubscribe_reports_which_subscriptions_existed() {
     let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
     let mut out = vec![];
     let filters = vec![("a".into(), SubscriptionOptions::default())];
-    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default(), filters }), t0, &mut out);
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters }), t0, &mut out);
     out.clear();
-    let u = Unsubscribe { packet_id: pid(2), properties: Properties::default(), filters: vec!["a".into(), "b".into()] };
+    let u = Unsubscribe { packet_id: pid(2), properties: Properties::default().into(), filters: vec!["a".into(), "b".into()] };
     s.handle(Packet::Unsubscribe(u), t0, &mut out);
     assert_eq!(out[0], Output::Unsubscribed { filter: "a".into() });
     let Output::Send(Packet::UnsubAck(ack)) = &out[1] else { panic!() };
@@ -358,7 +358,7 @@ fn invalid_will_topic_is_refused() {
         payload: Bytes::new(),
         qos: QoS::AtMostOnce,
         retain: false,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
     });
     assert_eq!(negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap_err().reason, ReasonCode::TOPIC_NAME_INVALID);
 }
@@ -463,7 +463,7 @@ fn no_local_on_a_shared_subscription_is_a_protocol_error() {
     let options = SubscriptionOptions { no_local: true, ..SubscriptionOptions::default() };
     let filters = vec![(ByteString::from("$share/g/a"), options)];
     let mut out = vec![];
-    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default(), filters }), t0, &mut out);
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters }), t0, &mut out);
     assert_eq!(out, vec![Output::Close { reason: Some(ReasonCode::PROTOCOL_ERROR), publish_will: true }]);
 }
 
@@ -532,7 +532,7 @@ fn an_invalid_filter_closes_a_3_1_1_connection() {
     let mut s = session_with(ProtocolVersion::V3_1_1, 10, SessionLimits::default());
     let filters = vec![(ByteString::from("a/#/b"), SubscriptionOptions::default())];
     let mut out = vec![];
-    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default(), filters }), t0, &mut out);
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters }), t0, &mut out);
     assert_eq!(out, vec![Output::Close { reason: None, publish_will: true }]);
 }
 

@@ -123,7 +123,7 @@ mod tests {
             payload: Bytes::from_static(payload),
             qos: QoS::AtMostOnce,
             retain: true,
-            properties: Properties::default(),
+            properties: Properties::default().into(),
             received_at: Instant::now(),
             origin: 0,
         })

@@ -29,7 +29,7 @@ use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use fleetmq_core::packet::codec::encode;
 use fleetmq_core::packet::{
-    Connect, Disconnect, Packet, Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, Will,
+    Connect, Disconnect, Packet, Props, ProtocolVersion, QoS, ReasonCode, RetainHandling, Will,
 };
 use fleetmq_core::route::RouteTable;
 use fleetmq_core::session::timing::{keep_alive_deadline, session_expires_at, will_due_at};
@@ -241,7 +241,7 @@ impl ConnShared {
         if let (Some(reason), true) = (reason, self.protocol.is_v5()) {
             self.send(&Packet::Disconnect(Disconnect {
                 reason,
-                properties: Properties::default(),
+                properties: Props::default(),
             }));
         }
         self.close.set(Some(CloseRequest { publish_will }));
@@ -1168,7 +1168,7 @@ impl Shard {
                 payload: Bytes::from(value),
                 qos: QoS::AtMostOnce,
                 retain: true,
-                properties: Properties::default(),
+                properties: Props::default(),
                 received_at: now,
                 origin: u64::MAX,
             };

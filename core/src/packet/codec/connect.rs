@@ -7,7 +7,7 @@ use super::data::{binary_len, put_binary, put_string, Reader};
 use super::properties::{self, Scope};
 use super::{reason, DecodeError, EncodeError};
 use crate::packet::{
-    Auth, ConnAck, Connect, Disconnect, Properties, ProtocolVersion, QoS, ReasonCode, Will,
+    Auth, ConnAck, Connect, Disconnect, Properties, Props, ProtocolVersion, QoS, ReasonCode, Will,
 };
 
 /// CONNACK reason codes (MQTT 5 §3.2.2.2).
@@ -82,14 +82,14 @@ pub(super) fn decode_connect(r: &mut Reader) -> Result<Connect, DecodeError> {
         }
         p
     } else {
-        Properties::default()
+        Props::default()
     };
     let client_id = r.string()?;
     let will = if flags & WILL != 0 {
         let properties = if protocol.is_v5() {
             properties::decode(r, Scope::Will)?
         } else {
-            Properties::default()
+            Props::default()
         };
         let topic = r.string()?;
         let payload = r.binary()?;
@@ -210,7 +210,7 @@ pub(super) fn decode_connack(r: &mut Reader, v: ProtocolVersion) -> Result<ConnA
         return Ok(ConnAck {
             session_present,
             reason,
-            properties: Properties::default(),
+            properties: Props::default(),
         });
     }
     let reason = reason(r, CONNACK_REASONS)?;
@@ -257,7 +257,7 @@ pub(super) fn decode_disconnect(
     }
     let reason = reason(r, DISCONNECT_REASONS)?;
     let properties = if r.is_empty() {
-        Properties::default()
+        Props::default()
     } else {
         properties::decode(r, Scope::Disconnect)?
     };
@@ -292,7 +292,7 @@ pub(super) fn decode_auth(r: &mut Reader) -> Result<Auth, DecodeError> {
     }
     let reason = reason(r, AUTH_REASONS)?;
     let properties = if r.is_empty() {
-        Properties::default()
+        Props::default()
     } else {
         properties::decode(r, Scope::Auth)?
     };

@@ -23,7 +23,7 @@ use bytes::{BufMut, BytesMut};
 use super::data::{binary_len, put_binary, put_varint, varint_len, Reader, VARINT_MAX};
 use super::{DecodeError, EncodeError};
 use crate::packet::properties::id;
-use crate::packet::Properties;
+use crate::packet::{Properties, Props};
 
 /// Which packet (or the Will) a property list belongs to: selects the
 /// allowed-property set of MQTT 5 §2.2.2.2.
@@ -97,13 +97,17 @@ const fn allowed(scope: Scope) -> u64 {
     }
 }
 
-/// Reads a Property Length and the properties it covers.
-pub(super) fn decode(r: &mut Reader, scope: Scope) -> Result<Properties, DecodeError> {
+/// Reads a Property Length and the properties it covers; a zero Property
+/// Length takes no allocation (see [`Props`]).
+pub(super) fn decode(r: &mut Reader, scope: Scope) -> Result<Props, DecodeError> {
     let len = r.varint()? as usize;
     let mut r = Reader::new(r.take(len)?);
+    if r.is_empty() {
+        return Ok(Props::default());
+    }
     let mask = allowed(scope);
     let mut seen = 0u64;
-    let mut p = Properties::default();
+    let mut p = Box::<Properties>::default();
     while !r.is_empty() {
         // The identifier is a Variable Byte Integer (§2.2.2.2); every
         // assigned one fits in a single byte.
@@ -126,7 +130,7 @@ pub(super) fn decode(r: &mut Reader, scope: Scope) -> Result<Properties, DecodeE
         }
         decode_one(&mut r, ident, &mut p)?;
     }
-    Ok(p)
+    Ok(Props::from(p))
 }
 
 /// A one-byte property that may only be 0 or 1.

@@ -7,7 +7,7 @@ use bytes::{BufMut, BytesMut};
 use super::data::{binary_len, put_string, Reader};
 use super::properties::{self, Scope};
 use super::{reason, DecodeError, EncodeError};
-use crate::packet::{Properties, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode};
+use crate::packet::{Props, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode};
 
 /// PUBACK and PUBREC reason codes (MQTT 5 §3.4.2.1, §3.5.2.1).
 pub(super) const ACK_REASONS: &[u8] = &[0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99];
@@ -60,7 +60,7 @@ pub(super) fn decode_publish(
     let properties = if v.is_v5() {
         properties::decode(r, Scope::Publish)?
     } else {
-        Properties::default()
+        Props::default()
     };
     Ok(Publish {
         dup: first & DUP != 0,
@@ -121,7 +121,7 @@ pub(super) fn decode_response(
     }
     let reason = reason(r, allowed)?;
     let properties = if r.is_empty() {
-        Properties::default()
+        Props::default()
     } else {
         properties::decode(r, Scope::PubResponse)?
     };

@@ -7,7 +7,7 @@ use super::data::{binary_len, put_string, Reader};
 use super::properties::{self, Scope};
 use super::{reason, DecodeError, EncodeError};
 use crate::packet::{
-    Properties, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe,
+    Properties, Props, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe,
     SubscriptionOptions, UnsubAck, Unsubscribe,
 };
 
@@ -80,11 +80,11 @@ fn decode_properties(
     r: &mut Reader,
     v: ProtocolVersion,
     scope: Scope,
-) -> Result<Properties, DecodeError> {
+) -> Result<Props, DecodeError> {
     if v.is_v5() {
         properties::decode(r, scope)
     } else {
-        Ok(Properties::default())
+        Ok(Props::default())
     }
 }
 
@@ -260,7 +260,7 @@ pub(super) fn decode_unsuback(r: &mut Reader, v: ProtocolVersion) -> Result<Unsu
     if !v.is_v5() {
         return Ok(UnsubAck {
             packet_id,
-            properties: Properties::default(),
+            properties: Props::default(),
             reasons: Vec::new(),
         });
     }

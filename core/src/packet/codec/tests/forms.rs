@@ -18,7 +18,7 @@ fn puback(reason: ReasonCode) -> Packet {
     Packet::PubAck(PubResponse {
         packet_id: id(1),
         reason,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
     })
 }
 
@@ -61,7 +61,7 @@ fn mqtt5_normal_disconnect_without_properties_has_no_body() {
 fn mqtt5_disconnect_of_one_byte_is_a_reason_code_without_properties() {
     let d = Disconnect {
         reason: ReasonCode::DISCONNECT_WITH_WILL,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
     };
     assert_eq!(
         decode_one(packet(0xE0, "04"), V5).unwrap(),
@@ -77,7 +77,7 @@ fn mqtt5_auth_success_without_properties_has_no_body() {
     );
     let a = Auth {
         reason: ReasonCode::CONTINUE_AUTHENTICATION,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
     };
     assert_eq!(decode_one(packet(0xF0, "18"), V5).unwrap(), Packet::Auth(a));
 }
@@ -119,7 +119,7 @@ fn a_311_connack_carries_the_return_code_of_its_reason() {
         Packet::ConnAck(ConnAck {
             session_present: false,
             reason,
-            properties: Properties::default(),
+            properties: Properties::default().into(),
         })
     };
     assert_eq!(
@@ -146,7 +146,7 @@ fn a_311_suback_keeps_granted_qos_and_writes_any_failure_as_0x80() {
         properties: Properties {
             reason_string: Some("no".into()),
             ..Properties::default()
-        },
+        }.into(),
         reasons: vec![
             ReasonCode::GRANTED_QOS_1,
             ReasonCode::QUOTA_EXCEEDED,
@@ -174,7 +174,7 @@ fn a_311_puback_is_only_the_packet_id() {
 fn a_311_unsuback_has_no_payload() {
     let u = Packet::UnsubAck(UnsubAck {
         packet_id: id(1),
-        properties: Properties::default(),
+        properties: Properties::default().into(),
         reasons: vec![ReasonCode::NO_SUBSCRIPTION_EXISTED],
     });
     assert_eq!(encoded(&u, ProtocolVersion::V3_1_1), hex("b0 02 00 01"));
@@ -184,7 +184,7 @@ fn a_311_unsuback_has_no_payload() {
 fn a_311_disconnect_has_no_body() {
     let d = Packet::Disconnect(Disconnect {
         reason: ReasonCode::SERVER_SHUTTING_DOWN,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
     });
     assert_eq!(encoded(&d, ProtocolVersion::V3_1_1), hex("e0 00"));
     assert_eq!(
@@ -204,7 +204,7 @@ fn a_311_publish_leaves_out_properties() {
         properties: Properties {
             message_expiry_interval: Some(10),
             ..Properties::default()
-        },
+        }.into(),
         payload: Bytes::from_static(b"x"),
     });
     assert_eq!(
@@ -236,7 +236,7 @@ fn a_qos1_publish_without_a_packet_id_is_refused_and_nothing_is_appended() {
         retain: false,
         topic: "t".into(),
         packet_id: None,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
         payload: Bytes::new(),
     });
     let mut out = BytesMut::from(&b"before"[..]);
@@ -270,7 +270,7 @@ fn a_body_over_268435455_bytes_is_too_large() {
         retain: false,
         topic: "t".into(),
         packet_id: None,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
         payload,
     });
     let mut out = BytesMut::new();

@@ -27,7 +27,7 @@ fn samples() -> Vec<Packet> {
         properties: Properties {
             will_delay_interval: Some(5),
             ..Properties::default()
-        },
+        }.into(),
     };
     vec![
         Packet::Connect(Box::new(Connect {
@@ -38,7 +38,7 @@ fn samples() -> Vec<Packet> {
             will: Some(will),
             username: Some("u".into()),
             password: Some(Bytes::from_static(b"p")),
-            properties: props,
+            properties: props.into(),
         })),
         Packet::Publish(Publish {
             dup: false,
@@ -49,7 +49,7 @@ fn samples() -> Vec<Packet> {
             properties: Properties {
                 topic_alias: Some(3),
                 ..Properties::default()
-            },
+            }.into(),
             // Over 127 bytes: a two-byte Remaining Length.
             payload: Bytes::from(vec![0xAB; 300]),
         }),
@@ -58,7 +58,7 @@ fn samples() -> Vec<Packet> {
             properties: Properties {
                 subscription_identifiers: vec![200_000],
                 ..Properties::default()
-            },
+            }.into(),
             filters: vec![(
                 ByteString::from("a/#"),
                 SubscriptionOptions {

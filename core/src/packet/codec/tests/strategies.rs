@@ -215,7 +215,7 @@ fn will(v: ProtocolVersion) -> impl Strategy<Value = Will> {
             payload,
             qos,
             retain,
-            properties,
+            properties: properties.into(),
         })
 }
 
@@ -243,7 +243,7 @@ fn connect(v: ProtocolVersion) -> impl Strategy<Value = Packet> {
                 will,
                 username,
                 password,
-                properties,
+                properties: properties.into(),
             }))
         },
     )
@@ -265,7 +265,7 @@ fn connack(v: ProtocolVersion) -> impl Strategy<Value = Packet> {
             Packet::ConnAck(ConnAck {
                 session_present,
                 reason,
-                properties,
+                properties: properties.into(),
             })
         },
     )
@@ -289,7 +289,7 @@ fn publish(v: ProtocolVersion) -> impl Strategy<Value = Packet> {
                 retain,
                 topic,
                 packet_id: (!qos0).then_some(id),
-                properties,
+                properties: properties.into(),
                 payload,
             })
         })
@@ -310,7 +310,7 @@ fn response(v: ProtocolVersion, kind: u8) -> impl Strategy<Value = Packet> {
             let r = PubResponse {
                 packet_id,
                 reason,
-                properties,
+                properties: properties.into(),
             };
             match kind {
                 4 => Packet::PubAck(r),
@@ -357,7 +357,7 @@ fn subscribe(v: ProtocolVersion) -> impl Strategy<Value = Packet> {
         .prop_map(|(packet_id, properties, filters)| {
             Packet::Subscribe(Subscribe {
                 packet_id,
-                properties,
+                properties: properties.into(),
                 filters,
             })
         })
@@ -376,7 +376,7 @@ fn suback(v: ProtocolVersion) -> impl Strategy<Value = Packet> {
         |(packet_id, properties, reasons)| {
             Packet::SubAck(SubAck {
                 packet_id,
-                properties,
+                properties: properties.into(),
                 reasons,
             })
         },
@@ -392,7 +392,7 @@ fn unsubscribe(v: ProtocolVersion) -> impl Strategy<Value = Packet> {
         .prop_map(|(packet_id, properties, filters)| {
             Packet::Unsubscribe(Unsubscribe {
                 packet_id,
-                properties,
+                properties: properties.into(),
                 filters,
             })
         })
@@ -413,7 +413,7 @@ fn unsuback(v: ProtocolVersion) -> impl Strategy<Value = Packet> {
         |(packet_id, properties, reasons)| {
             Packet::UnsubAck(UnsubAck {
                 packet_id,
-                properties,
+                properties: properties.into(),
                 reasons,
             })
         },
@@ -429,7 +429,7 @@ fn disconnect(v: ProtocolVersion) -> impl Strategy<Value = Packet> {
         reason(v, codes, ReasonCode::NORMAL_DISCONNECTION),
         properties(v, On::Disconnect),
     )
-        .prop_map(|(reason, properties)| Packet::Disconnect(Disconnect { reason, properties }))
+        .prop_map(|(reason, properties)| Packet::Disconnect(Disconnect { reason, properties: properties.into() }))
 }
 
 fn auth() -> impl Strategy<Value = Packet> {
@@ -441,7 +441,7 @@ fn auth() -> impl Strategy<Value = Packet> {
         ),
         properties(ProtocolVersion::V5, On::Auth),
     )
-        .prop_map(|(reason, properties)| Packet::Auth(Auth { reason, properties }))
+        .prop_map(|(reason, properties)| Packet::Auth(Auth { reason, properties: properties.into() }))
 }
 
 /// Any packet valid in `v`: every packet type, every property it may carry.

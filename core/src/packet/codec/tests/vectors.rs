@@ -59,7 +59,7 @@ fn connect(protocol: ProtocolVersion, client_id: &'static str) -> Connect {
         will: None,
         username: None,
         password: None,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
     }
 }
 
@@ -110,7 +110,7 @@ fn a_311_connect_with_will_user_name_and_password() {
         payload: Bytes::from_static(b"m"),
         qos: QoS::AtLeastOnce,
         retain: true,
-        properties: Properties::default(),
+        properties: Properties::default().into(),
     });
     c.username = Some("u".into());
     c.password = Some(Bytes::from_static(b"p"));
@@ -150,7 +150,7 @@ fn an_mqtt5_qos1_publish() {
         retain: false,
         topic: "a/b".into(),
         packet_id: Some(id(10)),
-        properties: Properties::default(),
+        properties: Properties::default().into(),
         payload: Bytes::from_static(b"hi"),
     };
     check(PUBLISH_5_QOS1, V5, Packet::Publish(p));
@@ -169,7 +169,7 @@ fn a_311_pubrel() {
 fn a_311_subscribe_and_an_mqtt5_suback() {
     let s = Subscribe {
         packet_id: id(1),
-        properties: Properties::default(),
+        properties: Properties::default().into(),
         filters: vec![(
             "a/#".into(),
             SubscriptionOptions {
@@ -181,7 +181,7 @@ fn a_311_subscribe_and_an_mqtt5_suback() {
     check(SUBSCRIBE_311, V3_1_1, Packet::Subscribe(s));
     let a = SubAck {
         packet_id: id(1),
-        properties: Properties::default(),
+        properties: Properties::default().into(),
         reasons: vec![ReasonCode::GRANTED_QOS_1],
     };
     check(SUBACK_5, V5, Packet::SubAck(a));
