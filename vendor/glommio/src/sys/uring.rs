@@ -1222,6 +1222,8 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
+    // fleetmq patch: when the latency timer above fires.
+    latency_preemption_deadline: Cell<Option<Instant>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1353,6 +1355,7 @@ impl Reactor {
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
+            latency_preemption_deadline: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1814,22 +1817,23 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // Cancel the old timer regardless of whether we can sleep:
-        // if we won't sleep, we will register the new timer with its new
-        // value.
-        //
-        // But if we will sleep, there might be a timer registered that needs
-        // to be removed otherwise we'll wake up when it expires.
-        drop(self.latency_preemption_timeout_src.take());
-
-        // Schedule the throughput-based timeout immediately: it won't matter if we end
-        // up sleeping.
-        self.throughput_preemption_timeout_src.replace(Some(
-            main_ring.prepare_throughput_preemption_timer(
+        // fleetmq patch (see vendor/glommio/FLEETMQ-PATCH.md): upstream
+        // cancels the latency timer and replaces the throughput timer here
+        // on every call, which is two to four submissions and one or two
+        // more `io_uring_enter` on every turn of the executor and on every
+        // wake-up. A timer still pending is kept instead: the latency timer
+        // while it fires no later than wanted (see `keep_latency_timer`),
+        // the throughput timer until it fires. A timer kept from earlier
+        // fires early at worst: one extra turn of the loop, or one extra
+        // wake-up of an idle executor per preempt period (100 ms by default).
+        let throughput = match self.throughput_preemption_timeout_src.take() {
+            Some(src) if src.result().is_none() => src,
+            _ => main_ring.prepare_throughput_preemption_timer(
                 self.ring_depth() as u32,
                 self.eventfd_src.raw(),
             ),
-        ));
+        };
+        self.throughput_preemption_timeout_src.set(Some(throughput));
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1851,9 +1855,10 @@ impl Reactor {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
             if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
+                if !self.keep_latency_timer(dur) {
+                    self.set_latency_timer(&mut lat_ring, dur);
+                    assert!(flush_rings!(lat_ring)? > 0);
+                }
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
@@ -1880,8 +1885,9 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+            if !self.keep_latency_timer(preempt) {
+                self.set_latency_timer(&mut lat_ring, preempt);
+            }
             flush_rings!(lat_ring, main_ring)?;
         }
 
@@ -1893,6 +1899,28 @@ impl Reactor {
         // need_preempt() should be false at this point. As soon as the next event
         // in the preempt ring completes, though, then it will be true.
         Ok(should_sleep)
+    }
+
+    /// fleetmq patch: true when the latency timer armed earlier is still
+    /// pending and fires within `within` from now, so that it can stand in
+    /// for a new one.
+    fn keep_latency_timer(&self, within: Duration) -> bool {
+        let src = self.latency_preemption_timeout_src.take();
+        let pending = src.as_ref().is_some_and(|s| s.result().is_none());
+        self.latency_preemption_timeout_src.set(src);
+        pending
+            && self
+                .latency_preemption_deadline
+                .get()
+                .is_some_and(|at| at <= Instant::now() + within)
+    }
+
+    /// fleetmq patch: arm the latency timer to fire in `dur`, cancelling
+    /// the one armed before (dropping its source cancels it).
+    fn set_latency_timer(&self, lat_ring: &mut SleepableRing, dur: Duration) {
+        self.latency_preemption_deadline.set(Some(Instant::now() + dur));
+        self.latency_preemption_timeout_src
+            .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
     }
 
     pub(crate) fn flush_syscall_thread(&self) -> usize {
