@@ -10,7 +10,7 @@ use bytestring::ByteString;
 use fleetmq_core::packet::codec::{decode, encode, peek_publish, DecodeError, Peeked};
 use fleetmq_core::topic::{validate_topic_name, TopicLimits};
 use fleetmq_core::packet::{
-    Connect, Packet, PacketId, Props, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
+    Connect, Packet, PacketId, Properties, Props, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
     SubscriptionOptions,
 };
 use futures_lite::future::or;
@@ -21,8 +21,23 @@ use crate::options::{BrokerUrl, PAYLOAD_HEADER_BYTES};
 use crate::transport::async_stream::{self, Stream};
 use crate::transport::TransportOptions;
 
-/// Largest packet accepted from the broker, bytes.
+/// Largest packet any run accepts from the broker, bytes (MQTT's largest:
+/// a Remaining Length of 268,435,455 plus the fixed header).
 pub const MAX_PACKET_BYTES: usize = 256 * 1024 * 1024 + 1024;
+
+/// The largest packet a run with `payload_size`-byte payloads accepts from
+/// the broker, bytes: the payload, the longest Topic Name (65,535 bytes and
+/// its length), and 1 KiB for the fixed header, Packet Identifier and
+/// properties; at most [`MAX_PACKET_BYTES`]. A broker announcing a larger
+/// packet fails the connection at its fixed header ("packet too large")
+/// instead of having the loadgen buffer up to 256 MiB per connection. MQTT 5
+/// CONNECTs announce it as Maximum Packet Size (MQTT 5 §3.1.2.11.4), so a
+/// compliant broker never sends one.
+pub fn max_packet_for(payload_size: usize) -> usize {
+    payload_size
+        .saturating_add(2 + 65_535 + 1024)
+        .min(MAX_PACKET_BYTES)
+}
 
 /// Bytes read from the socket at most per read.
 const READ_CHUNK: usize = 64 * 1024;
@@ -127,6 +142,9 @@ pub struct ConnectOptions {
     pub timeout: Duration,
     /// TLS configuration and WebSocket path for non-`mqtt://` URLs.
     pub transport: TransportOptions,
+    /// Largest packet accepted from the broker, bytes (see
+    /// [`max_packet_for`]).
+    pub max_packet_size: usize,
 }
 
 /// A connected client: the stream, what was read but not yet decoded, and
@@ -139,6 +157,8 @@ pub struct Conn {
     scratch: Vec<u8>,
     /// The protocol version.
     pub version: ProtocolVersion,
+    /// Largest packet accepted from the broker, bytes.
+    pub max_packet_size: usize,
     /// Receive Maximum announced by the broker (MQTT 5), else 65,535.
     pub receive_maximum: u16,
 }
@@ -163,6 +183,7 @@ impl Conn {
             buf: BytesMut::with_capacity(256),
             scratch: vec![0; 512],
             version: o.version,
+            max_packet_size: o.max_packet_size,
             receive_maximum: u16::MAX,
         };
         let connect = Connect {
@@ -176,7 +197,7 @@ impl Conn {
                 .password
                 .as_ref()
                 .map(|p| bytes::Bytes::from(p.clone().into_bytes())),
-            properties: Props::default(),
+            properties: connect_properties(o, None),
         };
         conn.send(&Packet::Connect(Box::new(connect))).await?;
         match conn.next_packet_within(o.timeout, "CONNACK").await? {
@@ -259,7 +280,7 @@ impl Conn {
     /// [`ClientError::Decode`].
     pub async fn next_packet(&mut self) -> Result<Packet, ClientError> {
         loop {
-            if let Some(p) = decode(&mut self.buf, Some(self.version), MAX_PACKET_BYTES)
+            if let Some(p) = decode(&mut self.buf, Some(self.version), self.max_packet_size)
                 .map_err(ClientError::Decode)?
             {
                 return Ok(p);
@@ -298,7 +319,7 @@ impl Conn {
     ///
     /// [`PublishView::len`]: fleetmq_core::packet::codec::PublishView::len
     pub fn peek_publish(&self) -> Result<Peeked<'_>, ClientError> {
-        let peeked = peek_publish(&self.buf, self.version, MAX_PACKET_BYTES).map_err(ClientError::Decode)?;
+        let peeked = peek_publish(&self.buf, self.version, self.max_packet_size).map_err(ClientError::Decode)?;
         if let Peeked::Publish(p) = &peeked {
             check_topic(p.topic)?;
         }
@@ -310,8 +331,19 @@ impl Conn {
     /// # Errors
     /// [`ClientError::Decode`].
     pub fn decode_buffered(&mut self) -> Result<Option<Packet>, ClientError> {
-        decode(&mut self.buf, Some(self.version), MAX_PACKET_BYTES).map_err(ClientError::Decode)
+        decode(&mut self.buf, Some(self.version), self.max_packet_size).map_err(ClientError::Decode)
     }
+}
+
+/// The CONNECT properties of a loadgen client: on MQTT 5, Maximum Packet
+/// Size from `o` and `session_expiry` (seconds) when given; none on 3.1.x.
+pub fn connect_properties(o: &ConnectOptions, session_expiry: Option<u32>) -> Props {
+    let mut properties = Properties::default();
+    if o.version.is_v5() {
+        properties.maximum_packet_size = Some(u32::try_from(o.max_packet_size).unwrap_or(u32::MAX));
+        properties.session_expiry_interval = session_expiry;
+    }
+    properties.into()
 }
 
 /// Checks a received Topic Name as MQTT requires (UTF-8, not empty, no
@@ -438,6 +470,34 @@ pub fn stamp(payload: &[u8]) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn options(version: ProtocolVersion) -> ConnectOptions {
+        ConnectOptions {
+            version,
+            keep_alive: 60,
+            username: None,
+            password: None,
+            timeout: Duration::from_secs(1),
+            transport: TransportOptions::default(),
+            max_packet_size: max_packet_for(64),
+        }
+    }
+
+    #[test]
+    fn the_packet_limit_covers_payload_longest_topic_and_headers_and_is_capped() {
+        assert_eq!(max_packet_for(64), 64 + 2 + 65_535 + 1024);
+        assert_eq!(max_packet_for(usize::MAX), MAX_PACKET_BYTES);
+    }
+
+    #[test]
+    fn mqtt5_connects_announce_the_limit_as_maximum_packet_size() {
+        // MQTT 5 §3.1.2.11.4: the broker must not send a larger packet.
+        let p = connect_properties(&options(ProtocolVersion::V5), Some(30));
+        assert_eq!(p.maximum_packet_size, Some((64 + 2 + 65_535 + 1024) as u32));
+        assert_eq!(p.session_expiry_interval, Some(30));
+        // MQTT 3.1.1 has no properties.
+        assert!(connect_properties(&options(ProtocolVersion::V3_1_1), Some(30)).is_empty());
+    }
 
     fn decode_one(buf: &mut BytesMut, v: ProtocolVersion) -> Publish {
         match decode(buf, Some(v), MAX_PACKET_BYTES).unwrap().unwrap() {

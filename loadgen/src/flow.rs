@@ -276,12 +276,15 @@ async fn publisher(
         version: conn.version,
     });
     let Conn {
-        mut stream, buf, ..
+        mut stream,
+        buf,
+        max_packet_size,
+        ..
     } = conn;
     let _ = stream.set_read_timeout(Some(POLL_STOP));
     let flush = stream.needs_flush();
     let (reader, mut writer) = split(stream);
-    let reader_task = glommio::spawn_local(read_acks(state.clone(), reader, buf, shared.clone()));
+    let reader_task = glommio::spawn_local(read_acks(state.clone(), reader, buf, max_packet_size, shared.clone()));
     let writer_state = state.clone();
     let writer_task = glommio::spawn_local(async move {
         loop {
@@ -399,6 +402,7 @@ async fn read_acks(
     state: Rc<PubState>,
     mut reader: ReadHalf<Stream>,
     buf: BytesMut,
+    max_packet_size: usize,
     shared: Arc<Shared>,
 ) {
     let mut conn = AckReader {
@@ -426,7 +430,7 @@ async fn read_acks(
             match fleetmq_core::packet::codec::decode(
                 &mut conn.buf,
                 Some(state.version),
-                crate::client::MAX_PACKET_BYTES,
+                max_packet_size,
             ) {
                 Ok(Some(Packet::PubAck(_) | Packet::PubComp(_))) => acked += 1,
                 Ok(Some(Packet::PubRec(r))) => {

@@ -356,6 +356,7 @@ impl SoakArgs {
             password: self.password.clone(),
             timeout: self.connect_timeout,
             transport: transport.clone(),
+            max_packet_size: crate::client::max_packet_for(self.payload_size),
         }
     }
 
@@ -437,6 +438,7 @@ impl RunArgs {
             password: self.password.clone(),
             timeout: self.connect_timeout,
             transport: transport.clone(),
+            max_packet_size: crate::client::max_packet_for(self.payload_size),
         }
     }
 

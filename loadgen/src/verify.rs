@@ -26,11 +26,11 @@ use std::time::Duration;
 use bytes::BytesMut;
 use bytestring::ByteString;
 use fleetmq_core::packet::codec::{decode, encode};
-use fleetmq_core::packet::{Connect, Disconnect, Packet, Properties, ProtocolVersion, QoS};
+use fleetmq_core::packet::{Connect, Disconnect, Packet, ProtocolVersion, QoS};
 use serde::{Deserialize, Serialize};
 
 use crate::client::{
-    put_response, stamp, ClientError, ConnectOptions, PublishTemplate, MAX_PACKET_BYTES,
+    connect_properties, put_response, stamp, ClientError, ConnectOptions, PublishTemplate,
 };
 use crate::latency::Latency;
 use crate::options::{BrokerUrl, Rate};
@@ -261,6 +261,7 @@ pub struct SyncConn {
     scratch: Vec<u8>,
     out: BytesMut,
     version: ProtocolVersion,
+    max_packet_size: usize,
     /// CONNACK's Session Present.
     pub session_present: bool,
     /// Receive Maximum announced by the broker.
@@ -287,13 +288,10 @@ impl SyncConn {
             scratch: vec![0; 64 * 1024],
             out: BytesMut::new(),
             version: o.version,
+            max_packet_size: o.max_packet_size,
             session_present: false,
             receive_maximum: u16::MAX,
         };
-        let mut properties = Properties::default();
-        if o.version.is_v5() {
-            properties.session_expiry_interval = session_expiry;
-        }
         let connect = Connect {
             protocol: o.version,
             clean_start,
@@ -305,7 +303,7 @@ impl SyncConn {
                 .password
                 .as_ref()
                 .map(|p| bytes::Bytes::from(p.clone().into_bytes())),
-            properties: properties.into(),
+            properties: connect_properties(o, session_expiry),
         };
         conn.send(&Packet::Connect(Box::new(connect)))?;
         match conn.next_within(o.timeout, "CONNACK")? {
@@ -396,7 +394,7 @@ impl SyncConn {
     /// # Errors
     /// Malformed bytes.
     pub fn decode(&mut self) -> Result<Option<Packet>, ClientError> {
-        decode(&mut self.buf, Some(self.version), MAX_PACKET_BYTES).map_err(ClientError::Decode)
+        decode(&mut self.buf, Some(self.version), self.max_packet_size).map_err(ClientError::Decode)
     }
 
     /// Reads once, waiting at most `timeout`; false when nothing came.

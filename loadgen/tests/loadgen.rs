@@ -700,3 +700,20 @@ fn a_publish_with_a_bad_topic_name_fails_the_run_and_says_why() {
         assert!(stderr.contains("bad PUBLISH Topic Name") && stderr.contains(why), "stderr: {stderr}");
     }
 }
+
+/// A broker announcing a PUBLISH far larger than the run's payloads (here
+/// the largest Remaining Length MQTT allows, 256 MiB) fails the run at its
+/// fixed header, saying so, rather than having every subscriber buffer up
+/// to 256 MiB waiting for it.
+#[test]
+fn a_publish_announced_far_larger_than_the_payloads_fails_the_run_at_once() {
+    let port = fake_broker(&[0x30, 0xFF, 0xFF, 0xFF, 0x7F], &[]);
+    let out = loadgen(&[
+        "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
+        "--subscribers", "2", "--duration", "1s", "--warmup", "0s",
+    ]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stderr.contains("bad packet from the broker: packet of 268435460 bytes exceeds the maximum of"), "stderr: {stderr}");
+    assert!(stdout.contains("failed mid-run"), "stdout: {stdout}");
+}
