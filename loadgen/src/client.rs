@@ -322,6 +322,9 @@ impl Conn {
         let peeked = peek_publish(&self.buf, self.version, self.max_packet_size).map_err(ClientError::Decode)?;
         if let Peeked::Publish(p) = &peeked {
             check_topic(p.topic)?;
+            if !p.properties.is_empty() {
+                check_properties(&self.buf[..p.len], self.version)?;
+            }
         }
         Ok(peeked)
     }
@@ -358,6 +361,25 @@ pub fn check_topic(topic: &[u8]) -> Result<(), ClientError> {
         .map_err(|_| ClientError::BadTopic("not UTF-8 [MQTT-1.5.4-1]".into()))?;
     let limits = TopicLimits { max_levels: usize::MAX, max_bytes: usize::from(u16::MAX) };
     validate_topic_name(name, &limits).map_err(|e| ClientError::BadTopic(e.to_string()))
+}
+
+/// Checks the properties of one whole MQTT 5 PUBLISH `packet`, which the
+/// in-place read leaves unparsed: the full decoder's checks (identifiers
+/// allowed on PUBLISH, no repeats, lengths), and no Topic Alias, since the
+/// loadgen's CONNECT announces no Topic Alias Maximum, so 0 `[MQTT-3.1.2-26]`.
+/// Decodes a copy of the packet: only PUBLISH packets with properties pay.
+///
+/// # Errors
+/// [`ClientError::Decode`], or [`ClientError::Unexpected`] for a Topic
+/// Alias.
+pub fn check_properties(packet: &[u8], version: ProtocolVersion) -> Result<(), ClientError> {
+    let mut one = BytesMut::from(packet);
+    match decode(&mut one, Some(version), packet.len()).map_err(ClientError::Decode)? {
+        Some(Packet::Publish(p)) if p.properties.topic_alias.is_some() => Err(ClientError::Unexpected(
+            "a PUBLISH with a Topic Alias, which the loadgen's CONNECT does not allow (Topic Alias Maximum 0) [MQTT-3.1.2-26]",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Writes all of `bytes` to `w`, then flushes it when `flush` (TLS and
@@ -481,6 +503,48 @@ mod tests {
             transport: TransportOptions::default(),
             max_packet_size: max_packet_for(64),
         }
+    }
+
+    fn v5_publish(properties: Properties) -> BytesMut {
+        let publish = Publish {
+            dup: false,
+            qos: QoS::AtMostOnce,
+            retain: false,
+            topic: ByteString::from("a/b"),
+            packet_id: None,
+            properties: properties.into(),
+            payload: bytes::Bytes::from_static(&[0x5A; 16]),
+        };
+        let mut buf = BytesMut::new();
+        encode(&Packet::Publish(publish), ProtocolVersion::V5, &mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn a_received_topic_alias_is_refused_as_the_connect_allowed_none() {
+        // [MQTT-3.1.2-26]: no Topic Alias Maximum in CONNECT means 0.
+        let with_alias = v5_publish(Properties { topic_alias: Some(1), ..Properties::default() });
+        let err = check_properties(&with_alias, ProtocolVersion::V5).unwrap_err();
+        assert!(err.to_string().contains("Topic Alias"), "{err}");
+        assert_eq!(err.kind(), "unexpected packet");
+        let expiry = v5_publish(Properties { message_expiry_interval: Some(5), ..Properties::default() });
+        check_properties(&expiry, ProtocolVersion::V5).unwrap();
+    }
+
+    #[test]
+    fn malformed_publish_properties_are_reported() {
+        // Message Expiry Interval twice: a Protocol Error (MQTT 5 §2.2.2.2).
+        let mut bad = v5_publish(Properties::default());
+        // Fixed header (2) + topic (2 + 3); the Property Length byte is 0.
+        assert_eq!(bad[7], 0);
+        let props = [0x02, 0, 0, 0, 5, 0x02, 0, 0, 0, 5];
+        bad[7] = props.len() as u8;
+        let tail = bad.split_off(8);
+        bad.extend_from_slice(&props);
+        bad.extend_from_slice(&tail);
+        bad[1] += props.len() as u8;
+        let err = check_properties(&bad, ProtocolVersion::V5).unwrap_err();
+        assert_eq!(err.kind(), "malformed packet", "{err}");
     }
 
     #[test]
