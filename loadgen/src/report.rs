@@ -140,8 +140,11 @@ impl Report {
     pub fn summary(&self) -> String {
         let mut s = String::new();
         let l = &self.latency_us;
+        // Connection scenarios measure their connect phase (then `idle`
+        // holds the connections for --duration); the others, --duration.
+        let measured = if self.connections.is_some() { "to connect" } else { "measured" };
         s += &format!(
-            "scenario {}  ({:.1} s measured)\n",
+            "scenario {}  ({:.1} s {measured})\n",
             self.scenario, self.measured_s
         );
         if let Some(c) = &self.connections {

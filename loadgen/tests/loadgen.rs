@@ -717,3 +717,17 @@ fn a_publish_announced_far_larger_than_the_payloads_fails_the_run_at_once() {
     assert!(stderr.contains("bad packet from the broker: packet of 268435460 bytes exceeds the maximum of"), "stderr: {stderr}");
     assert!(stdout.contains("failed mid-run"), "stdout: {stdout}");
 }
+
+/// `run idle` says that its timed phase is the connect phase (the
+/// connections are then held for --duration), not a measured interval.
+#[test]
+fn idle_reports_its_connect_phase_as_such() {
+    let broker = start_broker();
+    let out = loadgen(&[
+        "run", "idle", "--url", &format!("mqtt://127.0.0.1:{}", broker.port),
+        "--connections", "20", "--duration", "1s",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.starts_with("scenario idle  (") && stdout.contains(" s to connect)"), "{stdout}");
+}
