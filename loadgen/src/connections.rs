@@ -80,7 +80,7 @@ pub fn run(args: RunArgs, transport: TransportOptions) -> Result<Report, RunErro
         ..Default::default()
     };
     if args.scenario == Scenario::Idle && figures.connected > 0 {
-        std::thread::sleep(args.duration.max(SETTLE));
+        hold(&shared, args.duration.max(SETTLE));
         if let (Some(pid), Some(before)) = (args.broker_pid, rss_before) {
             let after = rss_kib(pid);
             figures.broker_rss_before_kib = Some(before);
@@ -180,6 +180,29 @@ async fn executor(
     }
     let latency = latency.take();
     ThreadResult { latency }
+}
+
+/// How long `idle` keeps holding once a held connection failed, so that
+/// the failures of the others (a broker that died closes them all) are
+/// counted before the run ends.
+const FAILURE_GRACE: Duration = Duration::from_secs(1);
+
+/// Waits `duration` while the connections are held, or until
+/// [`FAILURE_GRACE`] after the first held connection failed: the check
+/// fails then anyway, and waiting out a long `--duration` would only hide
+/// it.
+fn hold(shared: &Shared, duration: Duration) {
+    let until = std::time::Instant::now() + duration;
+    let mut failing_since = None;
+    while std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        if crate::report::failed_mid_run(&shared.errors()) > 0 {
+            let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= FAILURE_GRACE {
+                return;
+            }
+        }
+    }
 }
 
 /// Holds an idle connection until the run stops: PINGREQ every half

@@ -731,3 +731,26 @@ fn idle_reports_its_connect_phase_as_such() {
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.starts_with("scenario idle  (") && stdout.contains(" s to connect)"), "{stdout}");
 }
+
+/// `run idle` ends soon after its held connections fail (the broker died)
+/// rather than waiting out --duration, and fails (exit 1).
+#[test]
+fn idle_ends_soon_after_the_broker_dies() {
+    let mut broker = start_broker();
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let started = std::time::Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_fleetmq-loadgen"))
+        .args(["run", "idle", "--connections", "50", "--duration", "60s", "--url", &url])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("fleetmq-loadgen runs");
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = broker.child.kill();
+    let _ = broker.child.wait();
+    let out = child.wait_with_output().expect("fleetmq-loadgen ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("failed while held"), "{stdout}");
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+}
