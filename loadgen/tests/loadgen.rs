@@ -541,11 +541,12 @@ fn persistent_exits_non_zero_when_the_broker_drops_queued_messages() {
 
 /// A broker that dies mid-run makes the run fail (exit 1, "broker
 /// unusable"), also where QoS 0 loss alone would only be reported: idle
-/// connections and a QoS 0 fan-out.
+/// connections and a QoS 0 fan-out. `idle` ends about a second after its
+/// held connections fail rather than waiting out --duration.
 #[test]
 fn a_broker_that_dies_mid_run_fails_idle_and_qos0_runs() {
     for scenario in [
-        &["run", "idle", "--connections", "50", "--duration", "6s"][..],
+        &["run", "idle", "--connections", "50", "--duration", "60s"][..],
         &[
             "run",
             "fan-out",
@@ -561,6 +562,7 @@ fn a_broker_that_dies_mid_run_fails_idle_and_qos0_runs() {
     ] {
         let mut broker = start_broker();
         let url = format!("mqtt://127.0.0.1:{}", broker.port);
+        let started = std::time::Instant::now();
         let child = Command::new(env!("CARGO_BIN_EXE_fleetmq-loadgen"))
             .args(scenario)
             .args(["--url", &url])
@@ -579,6 +581,9 @@ fn a_broker_that_dies_mid_run_fails_idle_and_qos0_runs() {
             Some(1),
             "{scenario:?} after the broker died:\n{text}"
         );
+        if scenario[1] == "idle" {
+            assert!(started.elapsed() < Duration::from_secs(15), "idle took {:?}", started.elapsed());
+        }
     }
 }
 
@@ -732,25 +737,3 @@ fn idle_reports_its_connect_phase_as_such() {
     assert!(stdout.starts_with("scenario idle  (") && stdout.contains(" s to connect)"), "{stdout}");
 }
 
-/// `run idle` ends soon after its held connections fail (the broker died)
-/// rather than waiting out --duration, and fails (exit 1).
-#[test]
-fn idle_ends_soon_after_the_broker_dies() {
-    let mut broker = start_broker();
-    let url = format!("mqtt://127.0.0.1:{}", broker.port);
-    let started = std::time::Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_fleetmq-loadgen"))
-        .args(["run", "idle", "--connections", "50", "--duration", "60s", "--url", &url])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("fleetmq-loadgen runs");
-    std::thread::sleep(Duration::from_secs(2));
-    let _ = broker.child.kill();
-    let _ = broker.child.wait();
-    let out = child.wait_with_output().expect("fleetmq-loadgen ends");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{stdout}");
-    assert!(stdout.contains("failed while held"), "{stdout}");
-    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
-}
