@@ -103,6 +103,10 @@ fn poll_read_some<R: futures_lite::AsyncRead + Unpin>(
 /// Why a connection ended before its CONNECT was accepted.
 enum Early {
     Handshake(String),
+    /// The CONNECT's fixed header announced `size` bytes, more than
+    /// `max_connect_packet_bytes`; `v5`: its protocol level, if already
+    /// read, is 5.
+    TooLarge { size: usize, v5: bool },
     Decode(DecodeError),
     NotConnect,
     Closed,
@@ -125,6 +129,10 @@ async fn open_and_read_connect(
             }
             Ok(Some(_)) => return Err((Some(transport), Early::NotConnect)),
             Ok(None) => {}
+            Err(DecodeError::TooLarge { size, .. }) => {
+                let v5 = connect_protocol_level(&buf) == Some(5);
+                return Err((Some(transport), Early::TooLarge { size, v5 }));
+            }
             Err(e) => return Err((Some(transport), Early::Decode(e))),
         }
         match read_some(&mut transport, &mut buf, &shard.scratch).await {
@@ -134,6 +142,53 @@ async fn open_and_read_connect(
             ReadOutcome::Closed => return Err((Some(transport), Early::Closed)),
         }
     }
+}
+
+/// The protocol level of the CONNECT at the front of `buf` (MQTT 5
+/// §3.1.2.2: after the fixed header and the Protocol Name), when that much
+/// has arrived.
+fn connect_protocol_level(buf: &[u8]) -> Option<u8> {
+    let mut at = 1;
+    while *buf.get(at)? & 0x80 != 0 {
+        at += 1;
+        if at > 4 {
+            return None;
+        }
+    }
+    let name_at = at + 1;
+    let name_len = usize::from(u16::from_be_bytes([*buf.get(name_at)?, *buf.get(name_at + 1)?]));
+    buf.get(name_at + 2 + name_len).copied()
+}
+
+/// At most this much of a refused CONNECT is read and dropped before the
+/// socket is closed (see [`linger`]).
+const LINGER_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+/// At most this long is spent reading the rest of a refused CONNECT.
+const LINGER_MAX_TIME: Duration = Duration::from_secs(2);
+
+/// Read and drop what the client still sends of a packet the broker
+/// refused (up to `expected` bytes, [`LINGER_MAX_BYTES`] and
+/// [`LINGER_MAX_TIME`]) before the socket is closed. Closing with unread
+/// bytes makes the kernel answer with a TCP reset, and a reset can make
+/// the client drop the CONNACK that says why before reading it.
+async fn linger(transport: &mut Transport, expected: usize) {
+    use futures_lite::io::AsyncReadExt;
+    let budget = expected.min(LINGER_MAX_BYTES);
+    let _ = or(
+        async {
+            let mut scratch = [0u8; 4096];
+            let mut read = 0;
+            while read < budget {
+                match transport.read(&mut scratch).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => read += n,
+                }
+            }
+        },
+        sleep(LINGER_MAX_TIME),
+    )
+    .await;
 }
 
 fn refused(shard: &Shard, settings: &ConnSettings, reason: &'static str) {
@@ -192,6 +247,20 @@ pub(crate) async fn accepted(
             .await;
             return refused(&shard, &settings, "unsupported_protocol_version");
         }
+        Some(Err((Some(mut transport), Early::TooLarge { size, v5 }))) => {
+            // MQTT 5 has a reason code for it (§3.2.2.2, 0x95 Packet too
+            // large); MQTT 3.1.1 has none: the connection is only closed.
+            if v5 {
+                let connack = ConnAck {
+                    reason: ReasonCode::PACKET_TOO_LARGE,
+                    ..ConnAck::default()
+                };
+                write_packet(&shard, &mut transport, &Packet::ConnAck(connack), ProtocolVersion::V5)
+                    .await;
+            }
+            linger(&mut transport, size).await;
+            return refused(&shard, &settings, "max_connect_packet_bytes");
+        }
         Some(Err((_, early))) => {
             // A failed handshake, a malformed CONNECT, another packet first
             // [MQTT-3.1.0-1], or EOF: close without CONNACK.
@@ -200,7 +269,7 @@ pub(crate) async fn accepted(
                     debug!(target: "broker", error = %e, "handshake failed");
                     "handshake_failed"
                 }
-                Early::Decode(DecodeError::TooLarge { .. }) => "max_connect_packet_bytes",
+                Early::TooLarge { .. } => "max_connect_packet_bytes",
                 Early::Decode(_) | Early::NotConnect => "malformed_connect",
                 Early::Closed => "closed_before_connect",
             };
@@ -748,5 +817,24 @@ impl Io {
             Poll::Pending
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connect_protocol_level;
+
+    #[test]
+    fn the_protocol_level_is_read_from_a_connect_prefix() {
+        // Remaining Length 200,000 (3 bytes), "MQTT", level 5.
+        let v5 = [0x10, 0xC0, 0x9A, 0x0C, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x05, 0x02];
+        assert_eq!(connect_protocol_level(&v5), Some(5));
+        // MQTT 3.1: "MQIsdp", level 3.
+        let v31 = [0x10, 0x7F, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03];
+        assert_eq!(connect_protocol_level(&v31), Some(3));
+        // Not there yet.
+        assert_eq!(connect_protocol_level(&v5[..10]), None);
+        assert_eq!(connect_protocol_level(&[0x10, 0x80, 0x80, 0x80, 0x80, 0x01]), None);
+        assert_eq!(connect_protocol_level(&[]), None);
     }
 }
