@@ -124,13 +124,6 @@ impl Properties {
 #[derive(Clone, Default)]
 pub struct Props(Option<Box<Properties>>);
 
-impl Props {
-    /// Take the properties out (empty when there were none).
-    pub fn into_inner(self) -> Properties {
-        self.0.map(|p| *p).unwrap_or_default()
-    }
-}
-
 impl From<Properties> for Props {
     /// Empty properties take no allocation.
     fn from(p: Properties) -> Props {
@@ -187,7 +180,7 @@ mod tests {
         assert!(p.0.is_none());
         assert!(p.is_empty());
         assert_eq!(p.topic_alias, None);
-        assert_eq!(p.into_inner(), Properties::default());
+        assert_eq!(*p, Properties::default());
     }
 
     #[test]
