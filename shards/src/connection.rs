@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Buf;
 use bytes::{Bytes, BytesMut};
-use fleetmq_core::packet::codec::{decode, encode, DecodeError};
+use fleetmq_core::packet::codec::{connect_protocol_level, decode, encode, DecodeError};
 use fleetmq_core::packet::{ConnAck, Connect, Packet, ProtocolVersion, ReasonCode};
 use fleetmq_core::session::{negotiate, AuthorizeCache, ConnectLimits, Negotiated, Refusal};
 use futures_lite::future::or;
@@ -104,9 +104,9 @@ fn poll_read_some<R: futures_lite::AsyncRead + Unpin>(
 enum Early {
     Handshake(String),
     /// The CONNECT's fixed header announced `size` bytes, more than
-    /// `max_connect_packet_bytes`; `v5`: its protocol level, if already
-    /// read, is 5.
-    TooLarge { size: usize, v5: bool },
+    /// `max_connect_packet_bytes`, of which `buffered` were read; `v5`: its
+    /// protocol level is 5.
+    TooLarge { size: usize, buffered: usize, v5: bool },
     Decode(DecodeError),
     NotConnect,
     Closed,
@@ -130,8 +130,29 @@ async fn open_and_read_connect(
             Ok(Some(_)) => return Err((Some(transport), Early::NotConnect)),
             Ok(None) => {}
             Err(DecodeError::TooLarge { size, .. }) => {
+                // The fixed header alone may have come: read on to the
+                // protocol level (at most 14 bytes in), which says whether
+                // the refusal can be a CONNACK 0x95.
+                // A client that sends no more within LINGER_IDLE is not
+                // waited for.
+                while connect_protocol_level(&buf).is_none() && buf.len() < 16 {
+                    let read = or(
+                        async { Some(read_some(&mut transport, &mut buf, &shard.scratch).await) },
+                        async {
+                            sleep(LINGER_IDLE).await;
+                            None
+                        },
+                    )
+                    .await;
+                    match read {
+                        Some(ReadOutcome::Data(n)) => {
+                            shard.metrics.bytes_in.inc_by(n as u64);
+                        }
+                        Some(ReadOutcome::Closed) | None => break,
+                    }
+                }
                 let v5 = connect_protocol_level(&buf) == Some(5);
-                return Err((Some(transport), Early::TooLarge { size, v5 }));
+                return Err((Some(transport), Early::TooLarge { size, buffered: buf.len(), v5 }));
             }
             Err(e) => return Err((Some(transport), Early::Decode(e))),
         }
@@ -144,22 +165,6 @@ async fn open_and_read_connect(
     }
 }
 
-/// The protocol level of the CONNECT at the front of `buf` (MQTT 5
-/// §3.1.2.2: after the fixed header and the Protocol Name), when that much
-/// has arrived.
-fn connect_protocol_level(buf: &[u8]) -> Option<u8> {
-    let mut at = 1;
-    while *buf.get(at)? & 0x80 != 0 {
-        at += 1;
-        if at > 4 {
-            return None;
-        }
-    }
-    let name_at = at + 1;
-    let name_len = usize::from(u16::from_be_bytes([*buf.get(name_at)?, *buf.get(name_at + 1)?]));
-    buf.get(name_at + 2 + name_len).copied()
-}
-
 /// At most this much of a refused CONNECT is read and dropped before the
 /// socket is closed (see [`linger`]).
 const LINGER_MAX_BYTES: usize = 4 * 1024 * 1024;
@@ -167,28 +172,38 @@ const LINGER_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// At most this long is spent reading the rest of a refused CONNECT.
 const LINGER_MAX_TIME: Duration = Duration::from_secs(2);
 
-/// Read and drop what the client still sends of a packet the broker
-/// refused (up to `expected` bytes, [`LINGER_MAX_BYTES`] and
-/// [`LINGER_MAX_TIME`]) before the socket is closed. Closing with unread
-/// bytes makes the kernel answer with a TCP reset, and a reset can make
-/// the client drop the CONNACK that says why before reading it.
+/// Reading the rest of a refused CONNECT stops after this long without
+/// data: a client that announced more than it sends does not hold the
+/// connection (and its `max_pending_connections` slot) any longer.
+const LINGER_IDLE: Duration = Duration::from_millis(200);
+
+/// Read and drop the rest of a packet the broker refused, `expected`
+/// bytes (at most [`LINGER_MAX_BYTES`], [`LINGER_MAX_TIME`], and until
+/// [`LINGER_IDLE`] passes without data), before the socket is closed.
+/// Closing with unread bytes makes the kernel answer with a TCP reset, and
+/// a reset can make the client drop the CONNACK that says why before
+/// reading it.
 async fn linger(transport: &mut Transport, expected: usize) {
     use futures_lite::io::AsyncReadExt;
     let budget = expected.min(LINGER_MAX_BYTES);
-    let _ = or(
-        async {
-            let mut scratch = [0u8; 4096];
-            let mut read = 0;
-            while read < budget {
-                match transport.read(&mut scratch).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => read += n,
-                }
-            }
-        },
-        sleep(LINGER_MAX_TIME),
-    )
-    .await;
+    let until = Instant::now() + LINGER_MAX_TIME;
+    let mut scratch = [0u8; 4096];
+    let mut read = 0;
+    while read < budget {
+        let wait = until.saturating_duration_since(Instant::now()).min(LINGER_IDLE);
+        if wait.is_zero() {
+            break;
+        }
+        let got = or(async { Some(transport.read(&mut scratch).await) }, async {
+            sleep(wait).await;
+            None
+        })
+        .await;
+        match got {
+            Some(Ok(n)) if n > 0 => read += n,
+            _ => break, // end of stream, an error, or LINGER_IDLE without data
+        }
+    }
 }
 
 fn refused(shard: &Shard, settings: &ConnSettings, reason: &'static str) {
@@ -247,7 +262,7 @@ pub(crate) async fn accepted(
             .await;
             return refused(&shard, &settings, "unsupported_protocol_version");
         }
-        Some(Err((Some(mut transport), Early::TooLarge { size, v5 }))) => {
+        Some(Err((Some(mut transport), Early::TooLarge { size, buffered, v5 }))) => {
             // MQTT 5 has a reason code for it (§3.2.2.2, 0x95 Packet too
             // large); MQTT 3.1.1 has none: the connection is only closed.
             if v5 {
@@ -258,7 +273,7 @@ pub(crate) async fn accepted(
                 write_packet(&shard, &mut transport, &Packet::ConnAck(connack), ProtocolVersion::V5)
                     .await;
             }
-            linger(&mut transport, size).await;
+            Box::pin(linger(&mut transport, size.saturating_sub(buffered))).await;
             return refused(&shard, &settings, "max_connect_packet_bytes");
         }
         Some(Err((_, early))) => {
@@ -817,24 +832,5 @@ impl Io {
             Poll::Pending
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::connect_protocol_level;
-
-    #[test]
-    fn the_protocol_level_is_read_from_a_connect_prefix() {
-        // Remaining Length 200,000 (3 bytes), "MQTT", level 5.
-        let v5 = [0x10, 0xC0, 0x9A, 0x0C, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x05, 0x02];
-        assert_eq!(connect_protocol_level(&v5), Some(5));
-        // MQTT 3.1: "MQIsdp", level 3.
-        let v31 = [0x10, 0x7F, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03];
-        assert_eq!(connect_protocol_level(&v31), Some(3));
-        // Not there yet.
-        assert_eq!(connect_protocol_level(&v5[..10]), None);
-        assert_eq!(connect_protocol_level(&[0x10, 0x80, 0x80, 0x80, 0x80, 0x01]), None);
-        assert_eq!(connect_protocol_level(&[]), None);
     }
 }

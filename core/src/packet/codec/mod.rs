@@ -209,6 +209,19 @@ fn check_flags(flags: u8, expected: u8) -> Result<(), DecodeError> {
     }
 }
 
+/// The protocol level of the CONNECT at the front of `buf` (MQTT 5
+/// §3.1.2.2: 4 for 3.1.1, 5 for MQTT 5; after the fixed header and the
+/// Protocol Name), when that much has arrived: how to answer a CONNECT
+/// refused before it is whole, such as one over the size limit
+/// ([`DecodeError::TooLarge`]). `None` when the bytes are not there yet or
+/// the fixed header is malformed.
+pub fn connect_protocol_level(buf: &[u8]) -> Option<u8> {
+    let (_, header_len) = remaining_length(buf).ok()??;
+    let name = buf.get(header_len..header_len + 2)?;
+    let name_len = usize::from(u16::from_be_bytes([name[0], name[1]]));
+    buf.get(header_len + 2 + name_len).copied()
+}
+
 /// Parses the Remaining Length (MQTT 5 §2.1.4) after the first byte:
 /// `Some((remaining length, fixed header length))`, or `None` when more
 /// bytes are needed. A fourth byte with the continuation bit is Malformed at

@@ -94,3 +94,18 @@ fn packet_identifier_zero_and_a_topic_past_the_end_are_malformed() {
         Err(DecodeError::TooLarge { size: 131, max: 100 })
     );
 }
+
+#[test]
+fn the_protocol_level_is_read_from_a_connect_prefix() {
+    use crate::packet::codec::connect_protocol_level;
+    // Remaining Length 200,000 (3 bytes), "MQTT", level 5.
+    let v5 = [0x10, 0xC0, 0x9A, 0x0C, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x05, 0x02];
+    assert_eq!(connect_protocol_level(&v5), Some(5));
+    // MQTT 3.1: "MQIsdp", level 3.
+    let v31 = [0x10, 0x7F, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03];
+    assert_eq!(connect_protocol_level(&v31), Some(3));
+    // Not there yet, or a malformed Remaining Length.
+    assert_eq!(connect_protocol_level(&v5[..10]), None);
+    assert_eq!(connect_protocol_level(&[0x10, 0x80, 0x80, 0x80, 0x80, 0x01]), None);
+    assert_eq!(connect_protocol_level(&[]), None);
+}
