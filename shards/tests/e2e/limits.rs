@@ -168,12 +168,23 @@ fn connections_beyond_max_pending_connections_are_closed() {
 
 /// Writes `bytes` on a fresh connection and asserts the broker answers
 /// exactly `answer` and then closes the connection cleanly (end of stream,
-/// not a reset, which could make a client lose the answer) within 5 s.
+/// not a reset, which could make a client lose the answer) within 1 s.
 fn answered_then_closed(addr: SocketAddr, bytes: &[u8], answer: &[u8], what: &str) {
+    answered_then_closed_in_parts(addr, &[bytes], answer, what);
+}
+
+/// [`answered_then_closed`] for bytes written in `parts`, 100 ms apart.
+fn answered_then_closed_in_parts(addr: SocketAddr, parts: &[&[u8]], answer: &[u8], what: &str) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_write_timeout(Some(WAIT)).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
-    stream.write_all(bytes).unwrap_or_else(|e| panic!("{what}: writing the CONNECT: {e}"));
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            thread::sleep(Duration::from_millis(100));
+        }
+        stream.write_all(part).unwrap_or_else(|e| panic!("{what}: writing the CONNECT: {e}"));
+    }
+    let written = Instant::now();
     let mut got = Vec::new();
     let mut buf = [0u8; 64];
     loop {
@@ -187,13 +198,17 @@ fn answered_then_closed(addr: SocketAddr, bytes: &[u8], answer: &[u8], what: &st
         }
     }
     assert_eq!(got, answer, "{what}");
+    assert!(written.elapsed() < Duration::from_secs(1), "{what}: closed {:?} after the last write", written.elapsed());
 }
 
 /// `max_connect_packet_bytes` (64 KiB by default; it also bounds the
 /// will): a CONNECT of 1 MiB, and one whose will makes it 71 KB, get
 /// CONNACK 0x95 Packet too large on MQTT 5 (§3.2.2.2) and nothing on
 /// MQTT 3.1.1, which has no such code; either way the connection then
-/// ends cleanly. A 60 KB will is fine, and connected clients never notice.
+/// ends cleanly and at once. The same when the fixed header comes in a
+/// write of its own; a header announcing 256 MiB and then nothing is
+/// closed within a second. A 60 KB will is fine, and connected clients
+/// never notice.
 #[test]
 fn a_connect_larger_than_max_connect_packet_bytes_is_refused() {
     let broker = start(&[]);
@@ -227,6 +242,10 @@ fn a_connect_larger_than_max_connect_packet_bytes_is_refused() {
         ..Login::v5(&id)
     };
     answered_then_closed(addr, &login.encode(), &[], "a 71 KB will over MQTT 3.1.1");
+    // The fixed header of the 1 MiB CONNECT (first byte and a 3-byte
+    // Remaining Length) in a write of its own, the rest 100 ms later.
+    answered_then_closed_in_parts(addr, &[&huge[..4], &huge[4..]], CONNACK_0X95, "a 1 MiB CONNECT, header first");
+    answered_then_closed(addr, &[0x10, 0xFF, 0xFF, 0xFF, 0x7F], &[], "a 256 MiB CONNECT header alone");
     let fine_will = vec![b'w'; 60_000];
     let id = unique("fine-will");
     Login {
@@ -241,7 +260,7 @@ fn a_connect_larger_than_max_connect_packet_bytes_is_refused() {
         0
     );
     assert_eq!(bystander.expect_publish().text(), "unaffected");
-    assert_refused(&broker, "max_connect_packet_bytes", 3.0);
+    assert_refused(&broker, "max_connect_packet_bytes", 5.0);
 }
 
 /// `connect_timeout = 1s`: a connection that sends nothing, or half a
@@ -625,6 +644,14 @@ fn large_qos0_messages_to_another_shard_hold_bounded_memory() {
     }
     publisher.send(&[0xC0, 0x00]);
     assert!(matches!(publisher.read(WAIT), Incoming::Packet { header: 0xD0, .. }), "the publisher was stalled");
-    let grown = broker.rss_kib().saturating_sub(before);
+    // Dropped messages' pages go back to the system after mimalloc's purge
+    // delay (10 ms of allocator activity), later on a loaded machine: what
+    // counts is that memory settles under the bound, not the instant.
+    let settle_by = Instant::now() + Duration::from_secs(2);
+    let mut grown = broker.rss_kib().saturating_sub(before);
+    while grown >= 40 * 1024 && Instant::now() < settle_by {
+        thread::sleep(Duration::from_millis(50));
+        grown = broker.rss_kib().saturating_sub(before);
+    }
     assert!(grown < 40 * 1024, "the broker grew by {grown} KiB for subscribers that do not read");
 }
