@@ -6,7 +6,7 @@
 #![no_main]
 
 use bytes::BytesMut;
-use fleetmq_core::packet::codec::{decode, encode, encoded_len, peek_publish, Peeked};
+use fleetmq_core::packet::codec::{connect_protocol_level, decode, encode, encoded_len, peek_publish, Peeked};
 use fleetmq_core::packet::{Packet, ProtocolVersion};
 use libfuzzer_sys::fuzz_target;
 
@@ -38,9 +38,13 @@ fuzz_target!(|data: &[u8]| {
                 Err(_) => Seen::Refused,
             });
             let before = buf.len();
+            let level = connect_protocol_level(&buf);
             let Ok(Some(packet)) = decode(&mut buf, version, MAX_PACKET_SIZE) else {
                 break;
             };
+            if let Packet::Connect(c) = &packet {
+                assert_eq!(level, Some(c.protocol.level()), "connect_protocol_level disagrees with decode");
+            }
             match (&peeked, &packet) {
                 (None, _) => {}
                 (Some(Seen::Publish { len, topic, payload, packet_id }), Packet::Publish(p)) => {

@@ -5,7 +5,7 @@ use bytes::BytesMut;
 use proptest::prelude::*;
 
 use super::strategies::packet;
-use crate::packet::codec::{decode, encode, peek_publish, DecodeError, Peeked};
+use crate::packet::codec::{connect_protocol_level, decode, encode, peek_publish, DecodeError, Peeked};
 use crate::packet::{Packet, ProtocolVersion};
 
 const VERSIONS: [ProtocolVersion; 3] =
@@ -52,6 +52,9 @@ proptest! {
         let mut out = BytesMut::new();
         encode(&p, v, &mut out).map_err(|e| TestCaseError::fail(format!("encode: {e}")))?;
         agree(&out, v, usize::MAX)?;
+        if let Packet::Connect(c) = &p {
+            prop_assert_eq!(connect_protocol_level(&out), Some(c.protocol.level()));
+        }
         // Every proper prefix needs more bytes, as for decode.
         for cut in [0, 1, out.len() / 2, out.len() - 1] {
             prop_assert_eq!(peek_publish(&out[..cut], v, usize::MAX), Ok(Peeked::Incomplete));
@@ -97,7 +100,6 @@ fn packet_identifier_zero_and_a_topic_past_the_end_are_malformed() {
 
 #[test]
 fn the_protocol_level_is_read_from_a_connect_prefix() {
-    use crate::packet::codec::connect_protocol_level;
     // Remaining Length 200,000 (3 bytes), "MQTT", level 5.
     let v5 = [0x10, 0xC0, 0x9A, 0x0C, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x05, 0x02];
     assert_eq!(connect_protocol_level(&v5), Some(5));
