@@ -267,7 +267,10 @@ pub struct Limits {
     #[serde(with = "duration")]
     pub auth_failure_backoff_max: Duration,
     /// Largest CONNECT packet, and so the largest will, in bytes. Default
-    /// 64 KiB, range 1 KiB..=16 MiB.
+    /// 64 KiB, range 1 KiB..=16 MiB. A larger CONNECT is refused as soon as
+    /// its fixed header shows its size: CONNACK 0x95 Packet too large on
+    /// MQTT 5, a close on MQTT 3.1.x (`fleetmq_connect_refused_total`,
+    /// reason `max_connect_packet_bytes`).
     #[serde(with = "size")]
     pub max_connect_packet_bytes: usize,
     /// Time from accept to a complete CONNECT. Default 5 s, range
