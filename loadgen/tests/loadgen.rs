@@ -587,6 +587,19 @@ fn a_broker_that_dies_mid_run_fails_idle_and_qos0_runs() {
     }
 }
 
+/// A 1-second MQTT 3.1.1 `run fan-out` with `subscribers` subscribers
+/// against a [`fake_broker`] that sends `after_suback` after each SUBACK:
+/// the exit code, stdout and stderr.
+fn fan_out_from_fake_broker(after_suback: &'static [u8], subscribers: &str) -> (Option<i32>, String, String) {
+    let port = fake_broker(after_suback, &[]);
+    let out = loadgen(&[
+        "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
+        "--subscribers", subscribers, "--duration", "1s", "--warmup", "0s",
+    ]);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
 /// A fake MQTT 3.1.1 broker on a free port: it answers CONNECT with
 /// CONNACK, SUBSCRIBE with SUBACK (QoS 0 granted) followed by `after_suback`
 /// (raw bytes), each PUBLISH with `after_publish`, PINGREQ with PINGRESP,
@@ -643,13 +656,8 @@ fn fake_broker(after_suback: &'static [u8], after_publish: &'static [u8]) -> u16
 #[test]
 fn a_malformed_publish_from_the_broker_fails_a_qos0_run_and_says_why() {
     // PUBLISH QoS 0 whose Topic Name (9 bytes) runs past its 3-byte body.
-    let port = fake_broker(&[0x30, 0x03, 0x00, 0x09, b'a'], &[]);
-    let out = loadgen(&[
-        "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
-        "--subscribers", "2", "--duration", "1s", "--warmup", "0s",
-    ]);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(1), "stdout: {stdout}\nstderr: {stderr}");
+    let (code, stdout, stderr) = fan_out_from_fake_broker(&[0x30, 0x03, 0x00, 0x09, b'a'], "2");
+    assert_eq!(code, Some(1), "stdout: {stdout}\nstderr: {stderr}");
     assert!(
         stderr.contains("malformed packet: PUBLISH field runs past the end of the packet"),
         "stderr: {stderr}"
@@ -660,13 +668,8 @@ fn a_malformed_publish_from_the_broker_fails_a_qos0_run_and_says_why() {
 /// A broker that accepts everything and delivers nothing fails a QoS 0 run.
 #[test]
 fn a_qos0_run_in_which_nothing_is_delivered_fails() {
-    let port = fake_broker(&[], &[]);
-    let out = loadgen(&[
-        "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
-        "--subscribers", "2", "--duration", "1s", "--warmup", "0s",
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "stdout: {stdout}");
+    let (code, stdout, _) = fan_out_from_fake_broker(&[], "2");
+    assert_eq!(code, Some(1), "stdout: {stdout}");
     assert!(stdout.contains("nothing was delivered"), "stdout: {stdout}");
 }
 
@@ -695,13 +698,8 @@ fn a_publish_with_a_bad_topic_name_fails_the_run_and_says_why() {
         (&[0x30u8, 0x04, 0x00, 0x02, 0xFF, 0xFE][..], "not UTF-8"),
     ] {
         let packet: &'static [u8] = Box::leak(packet.to_vec().into_boxed_slice());
-        let port = fake_broker(packet, &[]);
-        let out = loadgen(&[
-            "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
-            "--subscribers", "1", "--duration", "1s", "--warmup", "0s",
-        ]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+        let (code, _, stderr) = fan_out_from_fake_broker(packet, "1");
+        assert_eq!(code, Some(1), "stderr: {stderr}");
         assert!(stderr.contains("bad PUBLISH Topic Name") && stderr.contains(why), "stderr: {stderr}");
     }
 }
@@ -712,13 +710,8 @@ fn a_publish_with_a_bad_topic_name_fails_the_run_and_says_why() {
 /// to 256 MiB waiting for it.
 #[test]
 fn a_publish_announced_far_larger_than_the_payloads_fails_the_run_at_once() {
-    let port = fake_broker(&[0x30, 0xFF, 0xFF, 0xFF, 0x7F], &[]);
-    let out = loadgen(&[
-        "run", "fan-out", "--url", &format!("mqtt://127.0.0.1:{port}"), "--protocol", "3.1.1",
-        "--subscribers", "2", "--duration", "1s", "--warmup", "0s",
-    ]);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(1), "stdout: {stdout}\nstderr: {stderr}");
+    let (code, stdout, stderr) = fan_out_from_fake_broker(&[0x30, 0xFF, 0xFF, 0xFF, 0x7F], "2");
+    assert_eq!(code, Some(1), "stdout: {stdout}\nstderr: {stderr}");
     assert!(stderr.contains("bad packet from the broker: packet of 268435460 bytes exceeds the maximum of"), "stderr: {stderr}");
     assert!(stdout.contains("failed mid-run"), "stdout: {stdout}");
 }
