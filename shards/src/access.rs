@@ -14,8 +14,8 @@ use crate::auth::{Authenticator, Identity};
 /// `auth.acl_cache_ttl`, the session's cache of decisions).
 pub(crate) struct AclAuthorizer {
     auth: Arc<Authenticator>,
-    username: Option<String>,
-    workspace: String,
+    username: Option<Arc<str>>,
+    workspace: Arc<str>,
     client_id: String,
 }
 

@@ -36,6 +36,14 @@ use fleetmq_core::session::AuthorizeCache;
 /// batch of deliveries or one control message).
 const SHARD_CHANNEL_CAPACITY: usize = 1024;
 
+/// Bytes of io_uring registered buffers per shard (glommio's `io_memory`).
+/// glommio draws them only for file reads and DMA buffers, which the
+/// broker does not use (sockets read into their own buffers, the wake-up
+/// `eventfd` into its source); its default of 10 MiB was registered with
+/// the rings, so pinned and resident, on every shard. When the pool is
+/// used up glommio takes buffers from the heap instead.
+const SHARD_IO_MEMORY: usize = 64 << 10;
+
 /// How often a shard checks the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
 
@@ -153,14 +161,14 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         },
     };
     let shard_limits = ShardLimits {
-        session: SessionLimits {
+        session: Arc::new(SessionLimits {
             receive_maximum: limits.receive_maximum,
             max_queue: limits.max_subscriber_queue as usize,
             max_subscriptions: limits.max_subscriptions_per_client as usize,
             topic,
             max_inflight: limits.max_client_writes_pending.min(u32::from(u16::MAX)) as u16,
             topic_alias_maximum: limits.topic_alias_maximum,
-        },
+        }),
         max_offline_sessions: limits.max_offline_sessions as usize,
         max_client_writes_pending: limits.max_client_writes_pending as usize,
         max_client_write_bytes: limits.max_client_write_bytes,
@@ -181,6 +189,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         let sys = (id == 0).then(|| (metrics_all.clone(), settings.server.sys_interval));
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("fleetmq-shard-{id}"))
+            .io_memory(SHARD_IO_MEMORY)
             .spawn(move || async move {
                 let (senders, receivers) = mesh.join().await.expect("the shard mesh forms");
                 let shard = Rc::new(Shard::new(

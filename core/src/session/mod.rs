@@ -274,7 +274,8 @@ struct Access {
 pub struct Session {
     client_id: ByteString,
     protocol: ProtocolVersion,
-    limits: SessionLimits,
+    /// The broker's limits, shared by every session of a shard.
+    limits: Arc<SessionLimits>,
     online: bool,
     /// Session Expiry Interval in force, seconds.
     session_expiry: u32,
@@ -286,7 +287,9 @@ pub struct Session {
     /// QoS 1/2 state and queued messages, allocated on first use: a
     /// session that never receives a message holds none (DESIGN.md §3).
     flight: Option<Box<Flight>>,
-    drops: DropCounts,
+    /// Messages dropped since the broker last took the counts, allocated on
+    /// the first drop.
+    drops: Option<Box<DropCounts>>,
     /// Topic aliases of this connection, allocated on first use: most
     /// clients use none, and an idle session should cost little.
     aliases: Option<Box<Aliases>>,
@@ -336,11 +339,19 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// A new, empty session for a connection that negotiated `negotiated`.
-    /// It starts online.
-    pub fn new(protocol: ProtocolVersion, negotiated: &Negotiated, limits: SessionLimits) -> Session {
+    /// A new, empty session for a connection that negotiated `negotiated`,
+    /// under `limits` (one `Arc` for every session of a shard). It starts
+    /// online.
+    pub fn new(
+        protocol: ProtocolVersion,
+        negotiated: &Negotiated,
+        limits: Arc<SessionLimits>,
+    ) -> Session {
         Session {
-            client_id: negotiated.client_id.clone(),
+            // A copy: the negotiated identifier is usually a slice of the
+            // CONNECT's read buffer, which it would keep alive (with the
+            // buffer's shared header) for as long as the session lives.
+            client_id: ByteString::from(negotiated.client_id.to_string()),
             protocol,
             limits,
             online: true,
@@ -351,7 +362,7 @@ impl Session {
             next_packet_id: 1,
             next_seq: 0,
             flight: None,
-            drops: DropCounts::default(),
+            drops: None,
             aliases: None,
             client_topic_alias_maximum: negotiated.client_topic_alias_maximum,
             access: None,
@@ -436,7 +447,12 @@ impl Session {
 
     /// Take the drop counters, resetting them.
     pub fn take_drops(&mut self) -> DropCounts {
-        std::mem::take(&mut self.drops)
+        self.drops.as_deref_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The drop counters, allocated on the first drop.
+    fn dropped(&mut self) -> &mut DropCounts {
+        self.drops.get_or_insert_with(Box::default)
     }
 
     /// The connection went away. The session keeps its state for the
@@ -510,11 +526,11 @@ impl Session {
     /// the queue (oldest dropped beyond `max_queue`).
     pub fn deliver(&mut self, delivery: Delivery, now: Instant, out: &mut Vec<Output>) {
         if delivery.message.expiry_left(now) == Some(0) {
-            self.drops.expired += 1;
+            self.dropped().expired += 1;
             return;
         }
         if !self.may_receive(&delivery.message.topic, now) {
-            self.drops.not_authorized += 1;
+            self.dropped().not_authorized += 1;
             return;
         }
         if delivery.qos == QoS::AtMostOnce {
@@ -529,7 +545,7 @@ impl Session {
         }
         if self.fl().queue.len() >= self.limits.max_queue {
             self.fl().queue.pop_front();
-            self.drops.queue_full += 1;
+            self.dropped().queue_full += 1;
         }
         self.fl().queue.push_back(delivery);
     }
@@ -545,7 +561,7 @@ impl Session {
     /// identifier is released, as the spec asks (MQTT 5 §3.1.2.11.4: the
     /// server acts as if it completed sending).
     pub fn dropped_too_large(&mut self, packet_id: Option<PacketId>, now: Instant, out: &mut Vec<Output>) {
-        self.drops.too_large += 1;
+        self.dropped().too_large += 1;
         if let Some(pid) = packet_id {
             if let Some(entry) = self.fl().inflight.remove(&pid.get()) {
                 self.fl().inflight_order.remove(&entry.seq);
@@ -602,7 +618,7 @@ impl Session {
         while self.online && self.has_send_quota() {
             let Some(delivery) = self.fl().queue.pop_front() else { break };
             if delivery.message.expiry_left(now) == Some(0) {
-                self.drops.expired += 1;
+                self.dropped().expired += 1;
                 continue;
             }
             self.send_new(delivery, out);
@@ -783,7 +799,7 @@ impl Session {
         };
         let forward = !denied && (!v5 || !format_invalid);
         if denied {
-            self.drops.not_authorized += 1;
+            self.dropped().not_authorized += 1;
         }
         if !self.namespace.is_empty() {
             publish.topic = ByteString::from(format!("{}{}", self.namespace, publish.topic));

@@ -32,7 +32,7 @@ fn session_with(protocol: ProtocolVersion, receive_maximum: u16, limits: Session
     let mut c = connect(protocol, "c1", false);
     c.properties.receive_maximum = Some(receive_maximum);
     let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
-    Session::new(protocol, &n, limits)
+    Session::new(protocol, &n, Arc::new(limits))
 }
 
 fn message(topic: &str, qos: QoS, t: Instant) -> Arc<Message> {
@@ -432,7 +432,7 @@ fn outbound_aliases_are_assigned_per_topic_up_to_the_clients_maximum_and_reset_o
     c.properties.topic_alias_maximum = Some(2);
     c.properties.session_expiry_interval = Some(60);
     let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
-    let mut s = Session::new(ProtocolVersion::V5, &n, SessionLimits::default());
+    let mut s = Session::new(ProtocolVersion::V5, &n, Arc::default());
     let (a, b, x) = (ByteString::from("a"), ByteString::from("b"), ByteString::from("x"));
     assert_eq!(s.outbound_topic_alias(&a), Some((1, true)));
     assert_eq!(s.outbound_topic_alias(&a), Some((1, false)));
@@ -448,7 +448,7 @@ fn an_alias_undone_after_a_dropped_publish_is_handed_out_again() {
     let mut c = connect(ProtocolVersion::V5, "c1", true);
     c.properties.topic_alias_maximum = Some(5);
     let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
-    let mut s = Session::new(ProtocolVersion::V5, &n, SessionLimits::default());
+    let mut s = Session::new(ProtocolVersion::V5, &n, Arc::default());
     let a = ByteString::from("a");
     assert_eq!(s.outbound_topic_alias(&a), Some((1, true)));
     s.forget_outbound_topic_alias(&a);
@@ -605,4 +605,33 @@ mod properties {
             prop_assert_eq!(sent, acked + s.inflight() as u64 + s.queued() as u64 + dropped);
         }
     }
+}
+
+#[test]
+fn a_session_keeps_its_own_copy_of_the_client_identifier() {
+    // The decoder hands out the client identifier as a slice of the
+    // CONNECT's buffer; the session must not keep that buffer alive.
+    let frame = Bytes::from_static(b"\x00\x04MQTTconnect-frame-with-device-17");
+    let id = ByteString::try_from(frame.slice(18..)).unwrap();
+    let mut c = connect(ProtocolVersion::V5, "x", false);
+    c.client_id = id.clone();
+    let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
+    let s = Session::new(ProtocolVersion::V5, &n, Arc::default());
+    assert_eq!(s.client_id(), &id);
+    let (kept, frame_bytes) = (s.client_id().as_bytes().as_ptr_range(), frame.as_ptr_range());
+    assert!(kept.end <= frame_bytes.start || kept.start >= frame_bytes.end, "the session points into the CONNECT");
+}
+
+#[test]
+fn drop_counters_start_at_zero_and_reset_when_taken() {
+    let t = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits { max_queue: 1, ..SessionLimits::default() });
+    assert_eq!(s.take_drops(), DropCounts::default());
+    s.go_offline();
+    let mut out = vec![];
+    for _ in 0..3 {
+        s.deliver(delivery(&message("a/b", QoS::AtLeastOnce, t), QoS::AtLeastOnce), t, &mut out);
+    }
+    assert_eq!(s.take_drops().queue_full, 2);
+    assert_eq!(s.take_drops(), DropCounts::default());
 }

@@ -15,6 +15,7 @@
 //! `workspace_claim` set, that claim is required and names the workspace.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
@@ -179,8 +180,8 @@ impl JwtVerifier {
                 .to_owned(),
         };
         Ok(Identity {
-            username: Some(name.to_owned()),
-            workspace,
+            username: Some(Arc::from(name)),
+            workspace: super::workspace_name(&workspace),
             expires_at: Some(expires_at),
         })
     }
@@ -401,7 +402,7 @@ mod tests {
         assert!(looks_like_jwt(token.as_bytes()));
         let id = v.verify(&token, Some("dev1"), now()).unwrap();
         assert_eq!(id.username.as_deref(), Some("dev1"));
-        assert_eq!(id.workspace, "default");
+        assert_eq!(&*id.workspace, "default");
         assert_eq!(
             id.expires_at,
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(NOW + 60))
@@ -493,7 +494,7 @@ mod tests {
             "s3cret",
             json!({ "sub": "d", "tenant": "acme", "exp": NOW + 60 }),
         );
-        assert_eq!(v.verify(&token, None, now()).unwrap().workspace, "acme");
+        assert_eq!(&*v.verify(&token, None, now()).unwrap().workspace, "acme");
         let token = hs256("s3cret", claims("d", NOW + 60));
         assert_eq!(
             v.verify(&token, None, now()),

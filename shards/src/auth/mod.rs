@@ -30,20 +30,34 @@ use self::throttle::{Throttle, ThrottleConfig};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     /// The verified user name; `None` for anonymous clients.
-    pub username: Option<String>,
-    /// The user's workspace; `"default"` when none is set.
-    pub workspace: String,
+    pub username: Option<Arc<str>>,
+    /// The user's workspace; `"default"` when none is set (see
+    /// [`workspace_name`]).
+    pub workspace: Arc<str>,
     /// When the credential stops being valid (a JWT's `exp`): the
     /// connection is closed then (MQTT 5: DISCONNECT 0xA0, Maximum connect
     /// time). `None`: never.
     pub expires_at: Option<SystemTime>,
 }
 
+/// `name` as an [`Identity`]'s workspace: every client of the default
+/// workspace shares one allocation, so a connection holds only a count on
+/// it (an idle connection should cost little, DESIGN.md §3).
+pub fn workspace_name(name: &str) -> Arc<str> {
+    static DEFAULT: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from(DEFAULT_WORKSPACE));
+    if name == DEFAULT_WORKSPACE {
+        DEFAULT.clone()
+    } else {
+        Arc::from(name)
+    }
+}
+
 impl Identity {
     fn anonymous(username: Option<&str>) -> Identity {
         Identity {
-            username: username.map(str::to_owned),
-            workspace: DEFAULT_WORKSPACE.to_owned(),
+            username: username.map(Arc::from),
+            workspace: workspace_name(DEFAULT_WORKSPACE),
             expires_at: None,
         }
     }
@@ -225,8 +239,8 @@ impl Authenticator {
                     .and_then(|p| p.workspace_of(name))
                     .unwrap_or(DEFAULT_WORKSPACE);
                 return Ok(Identity {
-                    username: Some(name.to_owned()),
-                    workspace: workspace.to_owned(),
+                    username: Some(Arc::from(name)),
+                    workspace: workspace_name(workspace),
                     expires_at: None,
                 });
             }
@@ -244,8 +258,8 @@ impl Authenticator {
             if let (Some(user), Some(password)) = (creds.username, creds.password) {
                 return match passwords.verify(user, password) {
                     Some(workspace) => Ok(Identity {
-                        username: Some(user.to_owned()),
-                        workspace,
+                        username: Some(Arc::from(user)),
+                        workspace: workspace_name(&workspace),
                         expires_at: None,
                     }),
                     None => Err(AuthError::BadCredentials),
@@ -440,7 +454,7 @@ mod tests {
             .authenticate(&creds(Some("alice"), Some(b"pw")), t(0))
             .unwrap();
         assert_eq!(id.username.as_deref(), Some("alice"));
-        assert_eq!(id.workspace, "acme");
+        assert_eq!(&*id.workspace, "acme");
         let err = auth
             .authenticate(&creds(Some("alice"), Some(b"no")), t(0))
             .unwrap_err();
@@ -481,11 +495,11 @@ mod tests {
         c.tls_identity = Some("alice");
         let id = auth.authenticate(&c, t(0)).unwrap();
         assert_eq!(
-            (id.username.as_deref(), id.workspace.as_str()),
+            (id.username.as_deref(), &*id.workspace),
             (Some("alice"), "acme")
         );
         c.tls_identity = Some("device-7");
-        assert_eq!(auth.authenticate(&c, t(0)).unwrap().workspace, "default");
+        assert_eq!(&*auth.authenticate(&c, t(0)).unwrap().workspace, "default");
 
         s.tls.use_identity_as_username = false;
         let auth = Authenticator::from_settings(&s).unwrap();

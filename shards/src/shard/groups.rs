@@ -178,7 +178,7 @@ impl Shard {
         message: Arc<Message>,
         now: Instant,
     ) {
-        let slot = st.by_id.get(client_id).copied().filter(|slot| st.clients[*slot as usize].session.is_online());
+        let slot = st.by_id.get(&st.clients, client_id).filter(|slot| st.clients[*slot as usize].session.is_online());
         match slot {
             Some(slot) => {
                 let delivery = Delivery {
