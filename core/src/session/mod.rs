@@ -351,7 +351,9 @@ impl Session {
             // A copy: the negotiated identifier is usually a slice of the
             // CONNECT's read buffer, which it would keep alive (with the
             // buffer's shared header) for as long as the session lives.
-            client_id: ByteString::from(negotiated.client_id.to_string()),
+            // (`From<&str>` copies into an allocation of exactly its length,
+            // which `Bytes` then owns with no separate header.)
+            client_id: ByteString::from(&*negotiated.client_id),
             protocol,
             limits,
             online: true,
