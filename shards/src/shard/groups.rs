@@ -19,7 +19,7 @@ use fleetmq_core::shared::{Member, SharedGroup};
 use fleetmq_core::topic::parse_shared;
 
 use super::inbox::Control;
-use super::{owner_of, Shard, ShardMsg, Slot, State, Subscriber};
+use super::{owner_of, Shard, ShardMsg, SharedDelivery, Slot, State, Subscriber};
 use crate::metrics::DropReason;
 
 /// A change to a group, sent to the group's owner shard.
@@ -153,7 +153,8 @@ impl Shard {
                 self.deliver_shared_local(st, key, &client_id, subscription, message, now);
             }
             Some((client_id, shard, subscription)) => {
-                st.control.push((shard, ShardMsg::DeliverShared { key, client_id, subscription, message }));
+                let shared = SharedDelivery { key, client_id, subscription, message };
+                st.control.push((shard, ShardMsg::DeliverShared(Box::new(shared))));
             }
             None => {
                 if !entry.group.enqueue(message) {

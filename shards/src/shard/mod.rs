@@ -109,14 +109,20 @@ pub(crate) enum ShardMsg {
     Deliver(Vec<Arc<Message>>),
     /// A connection whose client identifier the receiving shard owns.
     Handoff(Box<Handoff>),
-    /// A message a group chose the member `client_id` (owned by the
-    /// receiving shard) for.
-    DeliverShared {
-        key: ByteString,
-        client_id: ByteString,
-        subscription: Subscription,
-        message: Arc<Message>,
-    },
+    /// A message a group chose a member (owned by the receiving shard)
+    /// for. Boxed: it is rare and large, and every slot of a cross-shard
+    /// channel is as large as the largest message (`SHARD_CHANNEL_CAPACITY`
+    /// slots per channel, one channel per pair of shards).
+    DeliverShared(Box<SharedDelivery>),
+}
+
+/// A shared subscription's message for one member (see
+/// [`ShardMsg::DeliverShared`]).
+pub(crate) struct SharedDelivery {
+    pub(crate) key: ByteString,
+    pub(crate) client_id: ByteString,
+    pub(crate) subscription: Subscription,
+    pub(crate) message: Arc<Message>,
 }
 
 /// A connection moving to the shard that owns its client identifier.
@@ -1016,12 +1022,8 @@ impl Shard {
                     self.dispatch_local(st, message, from, now);
                 }
             }
-            ShardMsg::DeliverShared {
-                key,
-                client_id,
-                subscription,
-                message,
-            } => {
+            ShardMsg::DeliverShared(shared) => {
+                let SharedDelivery { key, client_id, subscription, message } = *shared;
                 self.deliver_shared_local(st, key, &client_id, subscription, message, now);
             }
             ShardMsg::Handoff(_) => unreachable!("handoffs are taken by the connection module"),
@@ -1270,6 +1272,12 @@ mod tests {
             pending_will: None,
             offline_since: None,
         }
+    }
+
+    #[test]
+    fn a_cross_shard_message_fits_in_four_words() {
+        // Each cross-shard channel holds SHARD_CHANNEL_CAPACITY of these.
+        assert!(std::mem::size_of::<ShardMsg>() <= 32, "{}", std::mem::size_of::<ShardMsg>());
     }
 
     #[test]
