@@ -220,8 +220,10 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     if let Some(admin) = &admin {
         println!("fleetmq: listening admin {}", admin.local_addr);
     }
-    println!("fleetmq: ready");
+    // Ready for the admin endpoint first: whoever saw the line may ask
+    // `/health/ready` at once (found as a 503 in an e2e test).
     ready.store(true, Ordering::Release);
+    println!("fleetmq: ready");
 
     let mut failed = false;
     for handle in handles {
