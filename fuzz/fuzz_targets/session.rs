@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let Ok(negotiated) = negotiate(&connect, &ConnectLimits::default(), || "x".into()) else { return };
     let limits = SessionLimits { max_queue: 8, receive_maximum: 4, topic_alias_maximum: 4, ..SessionLimits::default() };
-    let mut session = Session::new(protocol, &negotiated, limits);
+    let mut session = Session::new(protocol, &negotiated, std::sync::Arc::new(limits));
     let t0 = Instant::now();
     let mut buf = BytesMut::from(rest);
     let mut out = Vec::new();
