@@ -112,7 +112,7 @@ pub(crate) enum ShardMsg {
     /// A message a group chose a member (owned by the receiving shard)
     /// for. Boxed: it is rare and large, and every slot of a cross-shard
     /// channel is as large as the largest message (`SHARD_CHANNEL_CAPACITY`
-    /// slots per channel, one channel per pair of shards).
+    /// slots per channel, one channel per ordered pair of shards).
     DeliverShared(Box<SharedDelivery>),
 }
 
@@ -299,14 +299,9 @@ struct ClientIndex {
 }
 
 impl ClientIndex {
-    fn hash(&self, client_id: &str) -> u64 {
-        use std::hash::BuildHasher;
-        self.hasher.hash_one(client_id)
-    }
-
     /// The slot of the session `client_id`, if `clients` holds one.
     fn get(&self, clients: &Slab<Client>, client_id: &str) -> Option<Slot> {
-        let hash = self.hash(client_id);
+        let hash = hash_id(&self.hasher, client_id);
         self.table
             .find(hash, |&slot| clients[slot as usize].session.client_id() == client_id)
             .copied()
@@ -315,23 +310,24 @@ impl ClientIndex {
     /// Index `slot`, whose session is in `clients` and whose client
     /// identifier is not indexed yet.
     fn insert(&mut self, clients: &Slab<Client>, slot: Slot) {
-        use std::hash::BuildHasher;
-        let hasher = &self.hasher;
-        let hash_of = |slot: Slot| {
-            let client_id: &str = clients[slot as usize].session.client_id();
-            hasher.hash_one(client_id)
-        };
+        let hash_of = |slot: Slot| hash_id(&self.hasher, clients[slot as usize].session.client_id());
         self.table.insert_unique(hash_of(slot), slot, |&slot| hash_of(slot));
     }
 
     /// Forget `slot`, indexed under `client_id` (the session may already
     /// be out of the slab).
     fn remove(&mut self, client_id: &str, slot: Slot) {
-        let hash = self.hash(client_id);
+        let hash = hash_id(&self.hasher, client_id);
         if let Ok(entry) = self.table.find_entry(hash, |&s| s == slot) {
             entry.remove();
         }
     }
+}
+
+/// The [`ClientIndex`] hash of `client_id`.
+fn hash_id(hasher: &std::hash::RandomState, client_id: &str) -> u64 {
+    use std::hash::BuildHasher;
+    hasher.hash_one(client_id)
 }
 
 struct State {
