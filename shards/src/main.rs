@@ -41,12 +41,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // No transparent huge pages: mimalloc advises MADV_HUGEPAGE on its
-    // arena, and khugepaged then fills 2 MiB ranges back in around the
-    // pages a purge gave back, so an idle broker's RSS grows again by
-    // megabytes (measured: +7 MiB with 10,000 parked connections, at a
-    // random moment). Huge pages buy a broker little: its hot data is
-    // small per connection. FLEETMQ_THP=1 keeps them.
+    // No transparent huge pages: with them khugepaged fills 2 MiB ranges
+    // back in around the pages a purge gave back, so an idle broker's RSS
+    // grows again by megabytes (measured: +7 MiB with 10,000 parked
+    // connections, at a random moment). Huge pages buy a broker little:
+    // its hot data is small per connection. mimalloc is built with
+    // `no_thp`, so it does not advise MADV_HUGEPAGE: it maps its first
+    // arena before `main`, and a 4 MiB huge page taken then stayed after
+    // the prctl below (found by a fresh-user pass). The prctl covers
+    // systems whose THP mode is `always`. FLEETMQ_THP=1 skips it.
     let keep_huge_pages = match std::env::var("FLEETMQ_THP").as_deref() {
         Err(std::env::VarError::NotPresent) | Ok("" | "0" | "false" | "no") => false,
         Ok("1" | "true" | "yes") => true,
