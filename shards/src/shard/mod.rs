@@ -332,9 +332,15 @@ impl ClientIndex {
 /// last quarter hour (found by a fresh-user pass: RSS grew about 300 KiB
 /// per 10,000 connections opened and closed). O(entries), at most once a
 /// second (from [`Shard::expire`]).
-fn compact_deadlines(deadlines: &mut BinaryHeap<Reverse<(Instant, Slot, u64)>>, clients: &Slab<Client>) {
-    let live = clients.iter().filter(|(_, c)| c.conn.is_some()).count();
-    if deadlines.len() <= 2 * live + 64 {
+///
+/// `connected`: the clients in `clients` with a connection (counted by
+/// the caller's own pass over them).
+fn compact_deadlines(
+    deadlines: &mut BinaryHeap<Reverse<(Instant, Slot, u64)>>,
+    clients: &Slab<Client>,
+    connected: usize,
+) {
+    if deadlines.len() <= 2 * connected + 64 {
         return;
     }
     deadlines.retain(|&Reverse((_, slot, key))| {
@@ -1157,11 +1163,12 @@ impl Shard {
         let st = &mut *st;
         self.catch_up(st);
         st.retained.prune(now);
-        compact_deadlines(&mut st.deadlines, &st.clients);
         let mut due_wills = Vec::new();
         let mut expired = Vec::new();
+        let mut connected = 0;
         for (slot, client) in st.clients.iter_mut() {
             if let Some(conn) = &client.conn {
+                connected += 1;
                 // No traffic either way since the last look (1-2 s): ask
                 // the connection to park (see `crate::park`).
                 if !conn.active.replace(false)
@@ -1185,6 +1192,7 @@ impl Shard {
                 }
             }
         }
+        compact_deadlines(&mut st.deadlines, &st.clients, connected);
         for slot in expired {
             if let Some(pending) = st.clients[slot as usize].pending_will.take() {
                 due_wills.push(pending.1);
@@ -1310,12 +1318,12 @@ mod tests {
         for slot in 10..60 {
             deadlines.push(Reverse((now, slot, 2000 + u64::from(slot))));
         }
-        compact_deadlines(&mut deadlines, &clients);
+        compact_deadlines(&mut deadlines, &clients, 10);
         assert_eq!(deadlines.len(), 61, "few stale entries are left alone");
         for slot in 60..500 {
             deadlines.push(Reverse((now, slot, 2000 + u64::from(slot))));
         }
-        compact_deadlines(&mut deadlines, &clients);
+        compact_deadlines(&mut deadlines, &clients, 10);
         let mut left: Vec<(Slot, u64)> = deadlines.iter().map(|Reverse((_, s, k))| (*s, *k)).collect();
         left.sort();
         assert_eq!(left, (0..10).map(|i| (i as Slot, i)).collect::<Vec<_>>());
