@@ -20,6 +20,8 @@
 #                        on each CPU it is allowed, round-robin
 #   LOAD_THREADS [1]     loadgen executors, pinned round-robin over LOAD_CPU
 #   FLEETMQ_SHARDS [1]   fleetmq --shards
+#   FLEETMQ_ARGS [""]    more `fleetmq serve` arguments, e.g.
+#                        "--set server.move_publishers=false"
 #   KEEP_ALIVE [600]     Keep Alive (s) the loadgen's clients announce; rumqttd
 #                        refuses 0 (see start_broker)
 #   IDLE_CONNECT_RATE [5000] idle: connections/s; RUMQTTD_CONNECT_RATE [500]
@@ -51,6 +53,7 @@ KEEP_ALIVE=${KEEP_ALIVE:-600}
 IDLE_CONNECT_RATE=${IDLE_CONNECT_RATE:-5000}
 RUMQTTD_CONNECT_RATE=${RUMQTTD_CONNECT_RATE:-500}
 FLEETMQ_SHARDS=${FLEETMQ_SHARDS:-1}
+FLEETMQ_ARGS=${FLEETMQ_ARGS:-}
 FANIN_PUBLISHERS=${FANIN_PUBLISHERS:-100}
 FANOUT_SUBSCRIBERS=${FANOUT_SUBSCRIBERS:-100}
 P99_RATE=${P99_RATE:-20000}
@@ -141,7 +144,7 @@ start_broker() {
     case "$name" in
     fleetmq)
         RUST_LOG=warn taskset -c "$BROKER_CPU" "$FLEETMQ" serve --listen "127.0.0.1:$port" --admin "" \
-            --shards "$FLEETMQ_SHARDS" --set store.kind=none >"$dir/log" 2>&1 &
+            --shards "$FLEETMQ_SHARDS" --set store.kind=none $FLEETMQ_ARGS >"$dir/log" 2>&1 &
         ;;
     mosquitto)
         cat >"$dir/mosquitto.conf" <<EOF

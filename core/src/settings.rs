@@ -56,6 +56,11 @@ pub struct Server {
     /// 1 s..=1 h.
     #[serde(with = "duration")]
     pub sys_interval: Duration,
+    /// Move a publisher whose messages all go to the subscribers of one
+    /// other shard, at most 1,000 a second, to that shard, so they no
+    /// longer cross between shards (see `fleetmq_shards` `placement`).
+    /// Default true.
+    pub move_publishers: bool,
 }
 
 impl Default for Server {
@@ -63,6 +68,7 @@ impl Default for Server {
         Server {
             shards: 0,
             sys_interval: Duration::from_secs(10),
+            move_publishers: true,
         }
     }
 }
@@ -1132,6 +1138,7 @@ mod serde_tests {
             r#"
             [server]
             sys_interval = "30s"
+            move_publishers = false
             [limits]
             max_packet_size = "2MiB"
             max_connect_packet_bytes = 4096
@@ -1149,6 +1156,7 @@ mod serde_tests {
         )
         .unwrap();
         assert_eq!(s.server.sys_interval, Duration::from_secs(30));
+        assert!(!s.server.move_publishers && Settings::default().server.move_publishers);
         assert_eq!(s.limits.max_packet_size, 2 << 20);
         assert_eq!(s.limits.max_connect_packet_bytes, 4096);
         assert_eq!(s.limits.connect_timeout, Duration::from_secs(7));

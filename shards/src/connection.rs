@@ -27,7 +27,9 @@ use crate::access::AclAuthorizer;
 use crate::auth::{AuthError, Authenticator, Credentials, Identity};
 use crate::limits::{Gate, Slot as LimitSlot};
 use crate::park::Parked;
-use crate::shard::{owner_of, ConnShared, Handoff, HandoffStream, Shard, ShardMsg};
+use crate::shard::{
+    owner_of, AttachError, ConnShared, Handoff, HandoffStream, Mover, Route, Shard, ShardMsg,
+};
 use crate::tls::TlsConfig;
 use crate::transport::{self, bridge, ListenerKind, Transport};
 
@@ -342,24 +344,46 @@ pub(crate) async fn accepted(
     drop(pending);
     let admission = Admission { identity, slots };
     let owner = owner_of(&negotiated.client_id, shard.shards);
+    let handoff = Connecting {
+        transport,
+        unread: buf.freeze(),
+        connect,
+        negotiated,
+        admission,
+    };
     if owner == shard.id {
         // A task of its own, so this task's state (sized for the
         // handshakes) is freed now rather than held for the connection's life.
-        glommio::spawn_local(serve(
-            shard,
-            settings,
-            transport,
-            connect,
-            negotiated,
-            admission,
-            buf.freeze(),
-        ))
-        .detach();
+        glommio::spawn_local(serve(shard, settings, handoff, None)).detach();
         return;
     }
-    // Hand the connection to the shard that owns the client identifier: a
-    // TCP socket itself; a TLS or WebSocket connection through a local
-    // socket pair whose other end stays here, bridged to the client.
+    Box::pin(hand_off(&shard, owner, Route::Fresh, handoff)).await;
+}
+
+/// A signed-in connection on its way to its session: what a [`Handoff`]
+/// carries, with the transport still open.
+struct Connecting {
+    transport: Transport,
+    /// Bytes read after the CONNECT.
+    unread: Bytes,
+    connect: Box<Connect>,
+    negotiated: Negotiated,
+    admission: Admission,
+}
+
+/// Hand `connecting` to shard `peer`: a TCP socket or a local socket (a
+/// TLS or WebSocket connection handed over before) itself; a TLS or
+/// WebSocket connection accepted here through a local socket pair whose
+/// other end stays here, bridged to the client. Sent in order with this
+/// shard's other messages for `peer` (see `shard::placement`).
+async fn hand_off(shard: &Shard, peer: usize, route: Route, connecting: Connecting) {
+    let Connecting {
+        transport,
+        unread,
+        connect,
+        negotiated,
+        admission,
+    } = connecting;
     let stream = match transport {
         Transport::Tcp(stream) => dup(&stream).map(HandoffStream::Tcp),
         outer => match std::os::unix::net::UnixStream::pair() {
@@ -375,12 +399,13 @@ pub(crate) async fn accepted(
     let Some(stream) = stream else { return };
     let handoff = Handoff {
         stream,
-        unread: buf.freeze(),
+        unread,
         connect,
         negotiated,
         admission,
+        route,
     };
-    Box::pin(shard.send_to(owner, ShardMsg::Handoff(Box::new(handoff)))).await;
+    shard.send_ordered(peer, ShardMsg::Handoff(Box::new(handoff))).await;
 }
 
 /// A new descriptor for the socket behind `stream`; dropping `stream`
@@ -466,16 +491,48 @@ pub(crate) async fn handed_over(shard: Rc<Shard>, settings: Rc<ConnSettings>, ha
             HandoffStream::Unix(fd) => Transport::Unix(UnixStream::from_raw_fd(fd.into_raw_fd())),
         }
     };
-    serve(
-        shard,
-        settings,
+    let via = match handoff.route {
+        Route::ViaHome(generation) => Some(generation),
+        Route::Fresh | Route::NotHere(_) => None,
+    };
+    let connecting = Connecting {
         transport,
-        handoff.connect,
-        handoff.negotiated,
-        handoff.admission,
-        handoff.unread,
-    )
-    .await;
+        unread: handoff.unread,
+        connect: handoff.connect,
+        negotiated: handoff.negotiated,
+        admission: handoff.admission,
+    };
+    serve(shard, settings, connecting, via).await;
+}
+
+/// Serve a connection moved here with its session by another shard (see
+/// `shard::placement`): `moved` is what [`Shard::move_in`] returned.
+pub(crate) fn moved_in(
+    shard: Rc<Shard>,
+    settings: Rc<ConnSettings>,
+    moved: (Rc<ConnShared>, crate::shard::Slot, OwnedFd, Bytes, Admission),
+) {
+    let (conn, slot, fd, unread, admission) = moved;
+    // SAFETY: the descriptor came from `dup` on the shard it left and is
+    // owned by the move alone.
+    let stream = unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) };
+    spawn_attached(shard, settings, Transport::Tcp(stream), conn, slot, admission, &unread);
+}
+
+/// Serve a connection just attached to its session (or moved here with it)
+/// in a task of its own; `unread`: bytes read past its last packet.
+fn spawn_attached(
+    shard: Rc<Shard>,
+    settings: Rc<ConnSettings>,
+    transport: Transport,
+    conn: Rc<ConnShared>,
+    slot: crate::shard::Slot,
+    admission: Admission,
+    unread: &[u8],
+) {
+    let buf = BytesMut::from(unread);
+    glommio::spawn_local(drive(shard, settings, transport, conn, slot, admission, buf, false))
+        .detach();
 }
 
 async fn write_packet(
@@ -508,46 +565,54 @@ async fn refuse(shard: &Shard, transport: &mut Transport, connect: &Connect, ref
     .await;
 }
 
-/// Attach the connection to its session and serve it until it closes.
+/// Attach the connection to its session and serve it until it closes, or
+/// hand it to the shard that holds the session (see `shard::placement`;
+/// `via`: the generation of the forwarding entry that sent it here).
 async fn serve(
     shard: Rc<Shard>,
     settings: Rc<ConnSettings>,
-    transport: Transport,
-    connect: Box<Connect>,
-    negotiated: Negotiated,
-    admission: Admission,
-    unread: Bytes,
+    mut connecting: Connecting,
+    via: Option<u64>,
 ) {
     // The connection's long life runs in a task of its own, so nothing this
     // one holds (the CONNECT, the negotiated CONNACK) is kept while idle.
-    let started = start(
-        &shard, &settings, transport, connect, negotiated, &admission,
-    )
-    .await;
-    if let Some((transport, conn, slot)) = started {
-        glommio::spawn_local(drive(
-            shard,
-            settings,
-            transport,
-            conn,
-            slot,
-            admission,
-            BytesMut::from(&unread[..]),
-            false,
-        ))
-        .detach();
+    match start(&shard, &settings, &mut connecting) {
+        Ok((conn, slot)) => {
+            let Connecting {
+                transport,
+                unread,
+                admission,
+                ..
+            } = connecting;
+            spawn_attached(shard, settings, transport, conn, slot, admission, &unread);
+        }
+        Err(AttachError::Refused(refusal)) => {
+            refuse(&shard, &mut connecting.transport, &connecting.connect, refusal).await;
+            refused(&shard, &settings, "client_id_in_use");
+        }
+        Err(AttachError::Elsewhere { to, generation }) => {
+            hand_off(&shard, to, Route::ViaHome(generation), connecting).await;
+        }
+        Err(AttachError::NotHere) => {
+            let home = owner_of(&connecting.negotiated.client_id, shard.shards);
+            let route = Route::NotHere(via.unwrap_or(0));
+            hand_off(&shard, home, route, connecting).await;
+        }
     }
 }
 
-/// Attach to the session (the CONNACK goes out), or refuse.
-async fn start(
+/// Attach to the session (the CONNACK goes out).
+fn start(
     shard: &Rc<Shard>,
     settings: &ConnSettings,
-    mut transport: Transport,
-    connect: Box<Connect>,
-    negotiated: Negotiated,
-    admission: &Admission,
-) -> Option<(Transport, Rc<ConnShared>, crate::shard::Slot)> {
+    connecting: &mut Connecting,
+) -> Result<(Rc<ConnShared>, crate::shard::Slot), AttachError> {
+    let Connecting {
+        connect,
+        negotiated,
+        admission,
+        ..
+    } = connecting;
     let protocol = connect.protocol;
     let key = shard.global.next_conn_key.fetch_add(1, Ordering::Relaxed);
     let now = Instant::now();
@@ -565,22 +630,16 @@ async fn start(
     ));
     let authorizer =
         AclAuthorizer::for_client(&settings.auth, &admission.identity, &negotiated.client_id);
-    match shard.attach(
-        &connect,
-        &negotiated,
+    let slot = shard.attach(
+        connect,
+        negotiated,
         &admission.identity,
         authorizer,
         settings.acl_cache,
         &conn,
         now,
-    ) {
-        Ok(slot) => Some((transport, conn, slot)),
-        Err(refusal) => {
-            refuse(shard, &mut transport, &connect, refusal).await;
-            refused(shard, settings, "client_id_in_use");
-            None
-        }
-    }
+    )?;
+    Ok((conn, slot))
 }
 
 /// What the connection's task woke up for.
@@ -595,6 +654,9 @@ enum Event {
     Close,
     /// The shard asked an idle connection to park, and nothing is pending.
     Park,
+    /// The connection is to move to this shard (see `shard::placement`),
+    /// and nothing is pending.
+    Move(usize),
 }
 
 /// The connection's life in one task: read, decode and handle packets, and
@@ -612,7 +674,7 @@ fn drive(
     mut transport: Transport,
     conn: Rc<ConnShared>,
     slot: crate::shard::Slot,
-    admission: Admission,
+    mut admission: Admission,
     mut buf: BytesMut,
     resumed: bool,
 ) -> impl std::future::Future<Output = ()> {
@@ -628,7 +690,12 @@ fn drive(
         let mut io = Io {
             writing: BytesMut::new(),
             unflushed: false,
+            move_to: None,
         };
+        let mut mover = Mover::default();
+        if !conn.parkable.get() || !shard.is_home_of(slot) {
+            conn.unmovable.set(true);
+        }
         let max_packet = settings.connect.max_packet_size;
         let publish_will = 'conn: loop {
             // One clock read per batch of packets read together.
@@ -640,7 +707,14 @@ fn drive(
                 match decode(&mut buf, Some(protocol), max_packet) {
                     // A packet that ends the connection sets `conn.close`,
                     // seen at the top of this loop.
-                    Ok(Some(packet)) => shard.handle_packet(slot, &conn, packet, now),
+                    Ok(Some(packet)) => {
+                        let reach = shard.handle_packet(slot, &conn, packet, now);
+                        if let Some(to) = mover.note(reach, shard.id, now, &conn.unmovable) {
+                            if shard.may_move_to(to) {
+                                io.move_to = Some(to);
+                            }
+                        }
+                    }
                     Ok(None) => break,
                     Err(e) => {
                         // Malformed: MQTT 5 gets DISCONNECT 0x81/0x82/0x95;
@@ -692,6 +766,33 @@ fn drive(
                         }
                     }
                 }
+                Event::Move(to) => {
+                    io.move_to = None;
+                    let Transport::Tcp(stream) = transport else {
+                        unreachable!("only TCP connections move")
+                    };
+                    let Some(fd) = dup(&stream) else {
+                        transport = Transport::Tcp(stream);
+                        continue;
+                    };
+                    // What is left of a packet goes along.
+                    let unread = buf.split().freeze();
+                    match shard.move_out(slot, &conn, to, fd, unread.clone(), admission) {
+                        Ok(()) => {
+                            // As for parking: the socket lives on in `fd`.
+                            drop(stream);
+                            shard.live_connections.set(shard.live_connections.get() - 1);
+                            shard.metrics.clients_connected.dec();
+                            return;
+                        }
+                        Err((fd, back)) => {
+                            drop(fd);
+                            admission = back;
+                            buf = BytesMut::from(&unread[..]);
+                            transport = Transport::Tcp(stream);
+                        }
+                    }
+                }
                 Event::Eof | Event::WriteFailed => {
                     // Closed without DISCONNECT: the will is published
                     // `[MQTT-3.1.2-8]`.
@@ -725,6 +826,8 @@ struct Io {
     writing: BytesMut,
     /// A TLS or WebSocket transport holds written bytes until flushed.
     unflushed: bool,
+    /// Move to this shard once nothing is pending (see `shard::placement`).
+    move_to: Option<usize>,
 }
 
 impl Io {
@@ -752,6 +855,11 @@ impl Io {
             }
             if conn.is_closing() {
                 return Poll::Ready(Event::Close);
+            }
+            if let Some(to) = self.move_to {
+                if self.writing.is_empty() && !self.unflushed && conn.out.borrow().is_empty() {
+                    return Poll::Ready(Event::Move(to));
+                }
             }
             if conn.park_requested.get() {
                 if self.writing.is_empty()

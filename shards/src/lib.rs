@@ -21,3 +21,12 @@ mod signal;
 pub mod tls;
 mod transport;
 pub mod ws;
+
+/// The shard, in `0..shards`, that owns `client_id`: where a connection
+/// with that client identifier is served and its session kept, unless the
+/// session was moved to its subscribers' shard (DESIGN.md §3, "Ownership
+/// is explicit"). Stable for the process's life and across processes of
+/// one build; for tests and tools that need to know where a client lands.
+pub fn home_shard(client_id: &str, shards: usize) -> usize {
+    shard::owner_of(client_id, shards)
+}

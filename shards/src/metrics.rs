@@ -12,6 +12,7 @@
 //! | --- | --- | --- |
 //! | `fleetmq_clients_connected` | gauge | shard |
 //! | `fleetmq_connections_parked` | gauge | shard |
+//! | `fleetmq_publishers_moved_total` | counter | shard (the one it left) |
 //! | `fleetmq_messages_in_total` | counter | shard |
 //! | `fleetmq_messages_out_total` | counter | shard |
 //! | `fleetmq_messages_dropped_total` | counter | shard, reason ([`DropReason`]) |
@@ -156,6 +157,7 @@ pub struct Metrics {
     registry: Registry,
     clients_connected: Family<ShardLabel, Gauge>,
     connections_parked: Family<ShardLabel, Gauge>,
+    publishers_moved: Family<ShardLabel, Counter>,
     messages_in: Family<ShardLabel, Counter>,
     messages_out: Family<ShardLabel, Counter>,
     bytes_in: Family<ShardLabel, Counter>,
@@ -197,6 +199,7 @@ impl Metrics {
             registry: Registry::default(),
             clients_connected: Family::default(),
             connections_parked: Family::default(),
+            publishers_moved: Family::default(),
             messages_in: Family::default(),
             messages_out: Family::default(),
             bytes_in: Family::default(),
@@ -217,6 +220,11 @@ impl Metrics {
             "connections_parked",
             "Idle TCP connections parked in the shard's epoll set (no task, no io_uring poll)",
             m.connections_parked.clone(),
+        );
+        r.register(
+            "publishers_moved",
+            "Publishers moved from this shard to the shard of their subscribers",
+            m.publishers_moved.clone(),
         );
         r.register(
             "messages_in",
@@ -276,6 +284,7 @@ impl Metrics {
         ShardMetrics {
             clients_connected: self.clients_connected.get_or_create(&label).clone(),
             connections_parked: self.connections_parked.get_or_create(&label).clone(),
+            publishers_moved: self.publishers_moved.get_or_create(&label).clone(),
             messages_in: self.messages_in.get_or_create(&label).clone(),
             messages_out: self.messages_out.get_or_create(&label).clone(),
             bytes_in: self.bytes_in.get_or_create(&label).clone(),
@@ -328,6 +337,9 @@ pub struct ShardMetrics {
     /// `fleetmq_connections_parked{shard}`: inc when a connection parks,
     /// dec when it wakes.
     pub connections_parked: Gauge,
+    /// `fleetmq_publishers_moved_total{shard}`: publishers this shard moved
+    /// to the shard of their subscribers.
+    pub publishers_moved: Counter,
     /// `fleetmq_messages_in_total{shard}`: PUBLISH packets received.
     pub messages_in: Counter,
     /// `fleetmq_messages_out_total{shard}`: PUBLISH packets sent.

@@ -21,11 +21,11 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tracing::{info, warn};
 
 use crate::auth::Authenticator;
-use crate::connection::{accepted, handed_over, resume, ConnSettings};
+use crate::connection::{accepted, handed_over, moved_in, resume, ConnSettings};
 use crate::limits::Gate;
 use crate::metrics::Metrics;
 use crate::park::Parker;
-use crate::shard::{Global, Shard, ShardLimits, ShardMsg};
+use crate::shard::{Global, Route, Shard, ShardLimits, ShardMsg};
 use crate::shutdown::Shutdown;
 use crate::tls::TlsConfig;
 use crate::transport::ListenerKind;
@@ -173,6 +173,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         max_client_writes_pending: limits.max_client_writes_pending as usize,
         max_client_write_bytes: limits.max_client_write_bytes,
         shared: settings.shared.clone(),
+        move_publishers: settings.server.move_publishers,
     };
 
     let global = Arc::new(Global::new(shards));
@@ -256,14 +257,24 @@ async fn run_shard(
         let (shard, settings) = (shard.clone(), settings.clone());
         glommio::spawn_local(async move {
             while let Some(msg) = stream.next().await {
+                // Connections are taken here, in channel order, before the
+                // messages after them (see `shard::placement`).
                 match msg {
                     ShardMsg::Handoff(handoff) => {
+                        if let Route::NotHere(generation) = handoff.route {
+                            shard.forget_moved(from, &handoff.negotiated.client_id, generation);
+                        }
                         glommio::spawn_local(handed_over(
                             shard.clone(),
                             settings.clone(),
                             *handoff,
                         ))
                         .detach();
+                    }
+                    ShardMsg::Move(moving) => {
+                        if let Some(moved) = shard.move_in(from, *moving) {
+                            moved_in(shard.clone(), settings.clone(), moved);
+                        }
                     }
                     other => {
                         shard.on_remote(from, other);
@@ -342,11 +353,17 @@ async fn run_shard(
 
     let mut last_expiry = Instant::now();
     let mut last_sys: Option<Instant> = None;
+    // glommio's stats restart from zero at each read.
+    let _ = glommio::executor().executor_stats();
+    let mut last_tick = Instant::now();
     while !shutdown.is_triggered() {
         sleep(SHUTDOWN_POLL).await;
         shard.poll_inbox();
         shard.try_flush();
         let now = Instant::now();
+        let ran = glommio::executor().executor_stats().executor_runtime();
+        let wall = now - std::mem::replace(&mut last_tick, now);
+        shard.set_load((ran.as_micros() * 1000 / wall.as_micros().max(1)).min(1000) as u32);
         shard.check_deadlines(now);
         if let Some((metrics, interval)) = &sys {
             if last_sys.is_none_or(|at| now.duration_since(at) >= *interval) {

@@ -77,3 +77,8 @@ mod security;
 /// Every connection and abuse limit reached, with its refusal and count.
 #[path = "e2e/limits.rs"]
 mod limits;
+
+/// Publishers moving to their subscribers' shard: order, take-over,
+/// resume, clean start and wills across the move.
+#[path = "e2e/placement.rs"]
+mod placement;

@@ -151,7 +151,8 @@ pub enum Output {
 /// What a client may do: the broker's access control, asked by the session
 /// on PUBLISH, SUBSCRIBE and each delivery (DESIGN.md §9). Topics and
 /// filters are as the client sees them (without workspace prefix).
-pub trait Authorize {
+/// `Send + Sync`: a session may move to another shard with its authorizer.
+pub trait Authorize: Send + Sync {
     /// May the client publish to `topic`?
     fn may_publish(&self, topic: &str) -> bool;
     /// May the client subscribe to `filter`?

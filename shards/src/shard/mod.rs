@@ -14,6 +14,7 @@
 
 mod groups;
 mod inbox;
+mod placement;
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -21,7 +22,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -75,6 +76,7 @@ enum Subscriber {
 }
 
 pub(crate) use groups::GroupOp;
+pub(crate) use placement::{Forget, Move, Mover, Route};
 
 /// Counters shared by every shard of the process.
 pub(crate) struct Global {
@@ -88,6 +90,9 @@ pub(crate) struct Global {
     pub(crate) retain_seq: AtomicU64,
     /// One inbox per shard for changes to node-wide state.
     pub(crate) inboxes: Vec<Inbox>,
+    /// Each shard's load over its last tick, per mille of the tick spent
+    /// running tasks (see [`Shard::set_load`]).
+    pub(crate) load: Vec<AtomicU32>,
 }
 
 impl Global {
@@ -99,6 +104,7 @@ impl Global {
             next_conn_key: AtomicU64::new(0),
             retain_seq: AtomicU64::new(0),
             inboxes: (0..shards).map(|_| Inbox::new()).collect(),
+            load: (0..shards).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 }
@@ -114,6 +120,11 @@ pub(crate) enum ShardMsg {
     /// channel is as large as the largest message (`SHARD_CHANNEL_CAPACITY`
     /// slots per channel, one channel per ordered pair of shards).
     DeliverShared(Box<SharedDelivery>),
+    /// A publisher and its session moving to the receiving shard (see
+    /// [`placement`]).
+    Move(Box<Move>),
+    /// A session moved to the sending shard ended (see [`placement`]).
+    Forget(Box<Forget>),
 }
 
 /// A shared subscription's message for one member (see
@@ -132,6 +143,8 @@ pub(crate) struct Handoff {
     pub(crate) connect: Box<Connect>,
     pub(crate) negotiated: Negotiated,
     pub(crate) admission: crate::connection::Admission,
+    /// How it got here (see [`placement`]).
+    pub(crate) route: Route,
 }
 
 /// The socket of a hand-off: the client's TCP socket, or a local socket
@@ -168,6 +181,8 @@ pub(crate) struct ConnShared {
     /// The connection can park (plain TCP; set by its task).
     pub(crate) parkable: Cell<bool>,
     pub(crate) close: Cell<Option<CloseRequest>>,
+    /// The connection may not move to another shard (see [`placement`]).
+    pub(crate) unmovable: Cell<bool>,
     /// When the client last sent anything (keep alive).
     pub(crate) last_read: Cell<Instant>,
     keep_alive: u16,
@@ -194,6 +209,7 @@ impl ConnShared {
             park_requested: Cell::new(false),
             parkable: Cell::new(false),
             close: Cell::new(None),
+            unmovable: Cell::new(false),
             last_read: Cell::new(now),
             keep_alive,
             expires_at,
@@ -285,6 +301,9 @@ pub(crate) struct ShardLimits {
     pub(crate) max_client_write_bytes: usize,
     /// Shared subscription strategies.
     pub(crate) shared: Shared,
+    /// Move publishers to their subscribers' shard (`server.move_publishers`,
+    /// see [`placement`]).
+    pub(crate) move_publishers: bool,
 }
 
 /// The slots of a shard's sessions by client identifier. The table holds
@@ -379,6 +398,23 @@ struct State {
     /// When each connection's keep alive or credential may run out, with
     /// its slot and connection key; see [`Shard::check_deadlines`].
     deadlines: BinaryHeap<Reverse<(Instant, Slot, u64)>>,
+    /// Client identifiers of this shard moved to another: (shard,
+    /// generation). See [`placement`].
+    moved: HashMap<ByteString, (usize, u64)>,
+    /// Sessions moved here from their home shard: slot → generation.
+    moved_in: HashMap<Slot, u64>,
+}
+
+/// Why [`Shard::attach`] did not attach a connection.
+pub(crate) enum AttachError {
+    /// Refused: the CONNACK carries the reason.
+    Refused(Refusal),
+    /// The session was moved to shard `to` (see [`placement`]): hand the
+    /// connection on with [`Route::ViaHome`]`(generation)`.
+    Elsewhere { to: usize, generation: u64 },
+    /// This shard is not the client identifier's home and does not hold its
+    /// session: hand the connection back to the home shard.
+    NotHere,
 }
 
 /// A shard's state and links. Lives in an `Rc` on its executor.
@@ -444,6 +480,8 @@ impl Shard {
                 matched: Vec::new(),
                 outputs: Vec::new(),
                 deadlines: BinaryHeap::new(),
+                moved: HashMap::new(),
+                moved_in: HashMap::new(),
             }),
         }
     }
@@ -455,8 +493,10 @@ impl Shard {
     /// session sends.
     ///
     /// # Errors
-    /// The client identifier belongs to another identity (user name or
-    /// workspace): CONNACK 0x85 (3.1.1: 2), DESIGN.md §9.
+    /// [`AttachError::Refused`]: the client identifier belongs to another
+    /// identity (user name or workspace): CONNACK 0x85 (3.1.1: 2), DESIGN.md
+    /// §9. [`AttachError::Elsewhere`], [`AttachError::NotHere`]: the session
+    /// is on another shard (see [`placement`]); nothing was changed.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attach(
         &self,
@@ -467,17 +507,25 @@ impl Shard {
         cache: AuthorizeCache,
         conn: &Rc<ConnShared>,
         now: Instant,
-    ) -> Result<Slot, Refusal> {
+    ) -> Result<Slot, AttachError> {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         let owner = (identity.username.clone(), identity.workspace.clone());
         let existing = st.by_id.get(&st.clients, &negotiated.client_id);
+        if existing.is_none() {
+            if let Some(&(to, generation)) = st.moved.get(&*negotiated.client_id) {
+                return Err(AttachError::Elsewhere { to, generation });
+            }
+            if owner_of(&negotiated.client_id, self.shards) != self.id {
+                return Err(AttachError::NotHere);
+            }
+        }
         if let Some(slot) = existing {
             if st.clients[slot as usize].owner != owner {
-                return Err(Refusal {
+                return Err(AttachError::Refused(Refusal {
                     reason: ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
                     detail: "the client identifier is held by another identity",
-                });
+                }));
             }
             if let Some(old) = st.clients[slot as usize].conn.take() {
                 // Take-over: MQTT 5 gets DISCONNECT 0x8E; the old
@@ -502,12 +550,18 @@ impl Shard {
                 slot
             }
             existing => {
+                // A session moved here stays moved here when replaced.
+                let moved = existing.and_then(|slot| st.moved_in.remove(&slot));
                 if let Some(slot) = existing {
                     self.remove_client(st, slot);
                 }
                 let mut session = Session::new(connect.protocol, negotiated, limits);
                 session.set_namespace(namespace.clone());
-                self.insert_client(st, session, owner)
+                let slot = self.insert_client(st, session, owner);
+                if let Some(generation) = moved {
+                    st.moved_in.insert(slot, generation);
+                }
+                slot
             }
         };
         let client = &mut st.clients[slot as usize];
@@ -562,13 +616,15 @@ impl Shard {
         slot as Slot
     }
 
-    /// Remove a session and its subscriptions.
+    /// Remove a session and its subscriptions (and, for a session moved
+    /// here, its home shard's forwarding entry).
     fn remove_client(&self, st: &mut State, slot: Slot) {
         let client = st.clients.remove(slot as usize);
         if client.offline_since.is_some() {
             self.global.offline_sessions.fetch_sub(1, Ordering::Relaxed);
         }
         st.by_id.remove(client.session.client_id(), slot);
+        self.moved_session_ends(st, slot, client.session.client_id());
         for filter in client.session.subscriptions().keys() {
             self.unsubscribe(st, filter, slot, client.session.client_id());
         }
@@ -715,14 +771,16 @@ impl Shard {
     }
 
     /// Handle one packet from the client on `slot`. When the packet ends
-    /// the connection, the decision is in `conn.close`.
+    /// the connection, the decision is in `conn.close`. Returns the shards
+    /// a PUBLISH went to, one bit per shard (see [`Shard::route`]; 0 for
+    /// other packets).
     pub(crate) fn handle_packet(
         &self,
         slot: Slot,
         conn: &ConnShared,
         packet: Packet,
         now: Instant,
-    ) {
+    ) -> u64 {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
         let attached = st
@@ -733,7 +791,7 @@ impl Shard {
         if !attached {
             // Taken over while this packet was on its way: drop it.
             conn.request_close(None, false);
-            return;
+            return 0;
         }
         let is_publish = matches!(packet, Packet::Publish(_));
         let mut outputs = std::mem::take(&mut st.outputs);
@@ -746,12 +804,13 @@ impl Shard {
             self.count_drops(drops);
         }
         let mut deliveries = Vec::new();
+        let mut reach = 0;
         for output in outputs.drain(..) {
             match output {
                 Output::Send(packet) => conn.send(&packet),
                 Output::Publish(mut message) => {
                     message.origin = st.clients[slot as usize].key;
-                    self.route(st, Arc::new(message), now);
+                    reach |= self.route(st, Arc::new(message), now);
                 }
                 Output::Subscribed {
                     filter,
@@ -798,6 +857,7 @@ impl Shard {
         if !deliveries.is_empty() {
             self.write_deliveries(st, slot, &mut deliveries, now, false);
         }
+        reach
     }
 
     fn subscribe(
@@ -839,8 +899,9 @@ impl Shard {
     }
 
     /// Route a message: retained-store update, local subscribers, and the
-    /// other shards whose routes match.
-    fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) {
+    /// other shards whose routes match. Returns the shards it went to, one
+    /// bit per shard (this one's bit for its own subscribers).
+    fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) -> u64 {
         if message.retain {
             let seq = self.global.retain_seq.fetch_add(1, Ordering::Relaxed);
             st.retained.apply(seq, message.clone(), now);
@@ -852,11 +913,13 @@ impl Shard {
         if self.shards == 1 {
             // Alone: no route table to consult.
             self.dispatch_local(st, &message, self.id, now);
-            return;
+            return 1;
         }
         self.catch_up(st);
         let shards = st.routes.shards_for(&message.topic);
+        let mut reach = 0;
         for shard in shards.iter() {
+            reach |= 1 << shard;
             if shard == self.id {
                 self.dispatch_local(st, &message, self.id, now);
             } else {
@@ -864,6 +927,7 @@ impl Shard {
                 st.outbox[shard].push(message.clone());
             }
         }
+        reach
     }
 
     /// Deliver a message to this shard's matching subscribers: one delivery
@@ -1035,6 +1099,10 @@ impl Shard {
 
     /// Handle a message from shard `from`.
     pub(crate) fn on_remote(&self, from: usize, msg: ShardMsg) {
+        let msg = match msg {
+            ShardMsg::Forget(forget) => return self.on_forget(from, *forget),
+            msg => msg,
+        };
         let now = Instant::now();
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
@@ -1049,7 +1117,9 @@ impl Shard {
                 let SharedDelivery { key, client_id, subscription, message } = *shared;
                 self.deliver_shared_local(st, key, &client_id, subscription, message, now);
             }
-            ShardMsg::Handoff(_) => unreachable!("handoffs are taken by the connection module"),
+            ShardMsg::Handoff(_) | ShardMsg::Move(_) | ShardMsg::Forget(_) => {
+                unreachable!("connections are taken by the shard's receiving task, Forget above")
+            }
         }
     }
 
@@ -1118,12 +1188,6 @@ impl Shard {
         let done = left.is_empty();
         st.control = left;
         done
-    }
-
-    /// Send one message to a peer shard, waiting while its channel is full.
-    /// For connection tasks only (see [`Shard::flush`]).
-    pub(crate) async fn send_to(&self, peer: usize, msg: ShardMsg) {
-        let _ = self.senders.send_to(peer, msg).await;
     }
 
     /// Close the connections whose keep alive ran out (no packet for 1.5 ×

@@ -1,0 +1,242 @@
+//! Publishers moving to their subscribers' shard (`shard::placement`):
+//! messages keep their order across the move, and take-over, session
+//! resume, clean start and wills work on a moved session as on any other.
+//! Each test picks client identifiers by their home shard
+//! (`fleetmq_shards::home_shard`), so the publisher and the subscriber
+//! start on different shards of a two-shard broker.
+
+use std::time::{Duration, Instant};
+
+use fleetmq_shards::home_shard;
+use rumqttc::v5::mqttbytes::v5::{ConnectProperties, LastWill};
+
+use crate::clients::{unique, v4, v5, WAIT};
+use crate::harness::Broker;
+
+/// Messages a test publishes to have its publisher moved: more than the 64
+/// the broker judges, at most 500 a second (the broker moves publishers of
+/// at most 1,000 a second).
+const SLOW_MESSAGES: usize = 150;
+const SLOW_GAP: Duration = Duration::from_millis(2);
+
+/// A fresh client identifier whose home is `shard` of two.
+fn id_on(shard: usize, prefix: &str) -> String {
+    loop {
+        let id = unique(prefix);
+        if home_shard(&id, 2) == shard {
+            return id;
+        }
+    }
+}
+
+/// Waits until `fleetmq_publishers_moved_total` sums to `n`.
+fn wait_for_moves(broker: &Broker, n: f64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let moved = broker.metric_sum("fleetmq_publishers_moved_total");
+        if moved == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "fleetmq_publishers_moved_total is {moved}, expected {n}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A two-shard broker, its MQTT port, a fresh topic (with `suffix`, a
+/// filter) and a subscriber to it on shard 1.
+async fn subscribed_on_shard_1(prefix: &str, suffix: &str) -> (Broker, u16, String, v5::Client) {
+    let broker = Broker::two_shards(&[]);
+    let port = broker.mqtt_port();
+    let topic = format!("{}{suffix}", unique(prefix));
+    let mut subscriber = v5::Client::connect(port, &id_on(1, "sub")).await;
+    subscriber.subscribe(&topic, v5::QoS::AtLeastOnce).await;
+    (broker, port, topic, subscriber)
+}
+
+/// Clients connected on `shard`.
+fn connected_on(broker: &Broker, shard: usize) -> f64 {
+    broker.metric_sum(&format!("fleetmq_clients_connected{{shard=\"{shard}\"}}"))
+}
+
+/// Publish `from..to` (as decimal payloads) at QoS 1, [`SLOW_GAP`] apart,
+/// then wait for every PUBACK.
+async fn publish_slowly(publisher: &mut v5::Client, topic: &str, from: usize, to: usize) {
+    for i in from..to {
+        publisher
+            .client
+            .publish(topic, v5::QoS::AtLeastOnce, false, i.to_string())
+            .await
+            .unwrap();
+        tokio::time::sleep(SLOW_GAP).await;
+    }
+    for _ in from..to {
+        publisher
+            .wait_for("PUBACK", |p| matches!(p, v5::Packet::PubAck(_)))
+            .await;
+    }
+}
+
+/// Receive `from..to` in order.
+async fn receive_in_order(subscriber: &mut v5::Client, from: usize, to: usize) {
+    for i in from..to {
+        let got = subscriber.next_publish().await;
+        assert_eq!(String::from_utf8_lossy(&got.payload), i.to_string(), "message {i} in order");
+    }
+}
+
+/// A subscriber on shard 1 and a 3.1.1 publisher on shard 0 that sends it
+/// 300 messages, 2 ms apart: the publisher moves to shard 1 once, and every
+/// message arrives once and in order, also those published around the move
+/// [MQTT-4.6.0-6].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_publisher_moves_to_its_subscribers_shard_and_its_messages_keep_their_order() {
+    let (broker, port, topic, mut subscriber) = subscribed_on_shard_1("placement/order", "").await;
+    let publisher = v4::Client::connect(port, &id_on(0, "pub")).await;
+    assert_eq!((connected_on(&broker, 0), connected_on(&broker, 1)), (1.0, 1.0));
+    for i in 0..2 * SLOW_MESSAGES {
+        publisher
+            .client
+            .publish(&topic, v4::QoS::AtLeastOnce, false, i.to_string())
+            .await
+            .unwrap();
+        tokio::time::sleep(SLOW_GAP).await;
+    }
+    receive_in_order(&mut subscriber, 0, 2 * SLOW_MESSAGES).await;
+    subscriber.expect_no_publish(Duration::from_millis(200)).await;
+    tokio::task::block_in_place(|| wait_for_moves(&broker, 1.0));
+    assert_eq!((connected_on(&broker, 0), connected_on(&broker, 1)), (0.0, 2.0));
+    // And it still works after the move.
+    publisher
+        .client
+        .publish(&topic, v4::QoS::AtLeastOnce, false, "after")
+        .await
+        .unwrap();
+    assert_eq!(&subscriber.next_publish().await.payload[..], b"after");
+}
+
+/// A second connection with a moved publisher's client identifier reaches
+/// the session on its new shard and takes it over: the old connection gets
+/// DISCONNECT 0x8E [MQTT-3.1.4-3], and the new one's messages arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taking_over_a_moved_publisher_closes_the_old_connection_with_0x8e() {
+    let (broker, port, topic, mut subscriber) = subscribed_on_shard_1("placement/takeover", "").await;
+    let id = id_on(0, "pub");
+    let mut old = v5::Client::connect(port, &id).await;
+    publish_slowly(&mut old, &topic, 0, SLOW_MESSAGES).await;
+    receive_in_order(&mut subscriber, 0, SLOW_MESSAGES).await;
+    tokio::task::block_in_place(|| wait_for_moves(&broker, 1.0));
+
+    let new = v5::Client::connect(port, &id).await;
+    let err = old.closed_with(WAIT).await.expect("the old connection is closed");
+    assert_eq!(v5::server_disconnect_reason(&err), Some(0x8E), "{err:?}");
+    new.client
+        .publish(&topic, v5::QoS::AtLeastOnce, false, "new")
+        .await
+        .unwrap();
+    assert_eq!(&subscriber.next_publish().await.payload[..], b"new");
+    tokio::task::block_in_place(|| broker.wait_for_clients(2, WAIT));
+    assert_eq!(connected_on(&broker, 1), 2.0, "the new connection joins the session's shard");
+}
+
+/// A moved publisher with a Session Expiry Interval disconnects; its
+/// reconnect with Clean Start 0 finds the session, Session Present 1
+/// [MQTT-3.2.2-3]; a later Clean Start 1 starts a new one, Session Present
+/// 0 [MQTT-3.2.2-2]. Its messages arrive after each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_session_resumes_with_session_present_and_clean_start_discards_it() {
+    let (broker, port, topic, mut subscriber) = subscribed_on_shard_1("placement/resume", "").await;
+    let id = id_on(0, "pub");
+    let options = |clean_start: bool| {
+        let mut o = v5::options(port, &id, clean_start);
+        let mut props = ConnectProperties::new();
+        props.session_expiry_interval = Some(300);
+        o.set_connect_properties(props);
+        o
+    };
+    let (mut publisher, _) = v5::Client::connect_with(options(true)).await;
+    publish_slowly(&mut publisher, &topic, 0, SLOW_MESSAGES).await;
+    receive_in_order(&mut subscriber, 0, SLOW_MESSAGES).await;
+    tokio::task::block_in_place(|| wait_for_moves(&broker, 1.0));
+    publisher.disconnect().await;
+    tokio::task::block_in_place(|| broker.wait_for_clients(1, WAIT));
+
+    let (publisher, connack) = v5::Client::connect_with(options(false)).await;
+    assert!(matches!(connack, v5::Packet::ConnAck(ref c) if c.session_present), "{connack:?}");
+    publisher.client.publish(&topic, v5::QoS::AtLeastOnce, false, "resumed").await.unwrap();
+    assert_eq!(&subscriber.next_publish().await.payload[..], b"resumed");
+    publisher.disconnect().await;
+
+    let (publisher, connack) = v5::Client::connect_with(options(true)).await;
+    assert!(matches!(connack, v5::Packet::ConnAck(ref c) if !c.session_present), "{connack:?}");
+    publisher.client.publish(&topic, v5::QoS::AtLeastOnce, false, "clean").await.unwrap();
+    assert_eq!(&subscriber.next_publish().await.payload[..], b"clean");
+}
+
+/// After a moved session ended (Session Expiry Interval 0, DISCONNECT),
+/// its client identifier connects again as new, Session Present 0
+/// [MQTT-3.2.2-2], and, slow again, moves again; nothing is lost or
+/// repeated on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_identifier_whose_moved_session_ended_starts_afresh_and_can_move_again() {
+    let (broker, port, topic, mut subscriber) = subscribed_on_shard_1("placement/again", "").await;
+    let id = id_on(0, "pub");
+    for round in 0..2 {
+        let (mut publisher, connack) = v5::Client::connect_with(v5::options(port, &id, false)).await;
+        assert!(matches!(connack, v5::Packet::ConnAck(ref c) if !c.session_present), "round {round}: {connack:?}");
+        let from = round * SLOW_MESSAGES;
+        publish_slowly(&mut publisher, &topic, from, from + SLOW_MESSAGES).await;
+        receive_in_order(&mut subscriber, from, from + SLOW_MESSAGES).await;
+        tokio::task::block_in_place(|| wait_for_moves(&broker, (round + 1) as f64));
+        publisher.disconnect().await;
+        tokio::task::block_in_place(|| broker.wait_for_clients(1, WAIT));
+    }
+    subscriber.expect_no_publish(Duration::from_millis(200)).await;
+}
+
+/// A moved publisher killed without DISCONNECT: its will is published
+/// [MQTT-3.1.2-8].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_publishers_will_is_published_when_it_is_killed() {
+    let (broker, port, topic, mut subscriber) = subscribed_on_shard_1("placement/will", "/#").await;
+    let topic = topic.trim_end_matches("/#").to_owned();
+    let will_topic = format!("{topic}/will");
+    let mut options = v5::options(port, &id_on(0, "pub"), true);
+    options.set_last_will(LastWill::new(&will_topic, "gone", v5::QoS::AtLeastOnce, false, None));
+    let (mut publisher, _) = v5::Client::connect_with(options).await;
+    let data = format!("{topic}/data");
+    publish_slowly(&mut publisher, &data, 0, SLOW_MESSAGES).await;
+    receive_in_order(&mut subscriber, 0, SLOW_MESSAGES).await;
+    tokio::task::block_in_place(|| wait_for_moves(&broker, 1.0));
+    publisher.kill().await;
+    let will = subscriber.next_publish().await;
+    assert_eq!((&will.topic[..], &will.payload[..]), (will_topic.as_bytes(), &b"gone"[..]));
+}
+
+/// A publisher whose messages also reach a subscriber of its own shard
+/// stays; so does every publisher with `server.move_publishers = false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishers_reaching_their_own_shard_or_with_moving_off_stay() {
+    for (args, both_shards) in [(&[][..], true), (&["--set", "server.move_publishers=false"][..], false)] {
+        let broker = Broker::two_shards(args);
+        let port = broker.mqtt_port();
+        let topic = unique("placement/stay");
+        let mut far = v5::Client::connect(port, &id_on(1, "far")).await;
+        far.subscribe(&topic, v5::QoS::AtLeastOnce).await;
+        let mut near = match both_shards {
+            true => {
+                let mut near = v5::Client::connect(port, &id_on(0, "near")).await;
+                near.subscribe(&topic, v5::QoS::AtLeastOnce).await;
+                Some(near)
+            }
+            false => None,
+        };
+        let mut publisher = v5::Client::connect(port, &id_on(0, "pub")).await;
+        publish_slowly(&mut publisher, &topic, 0, SLOW_MESSAGES).await;
+        receive_in_order(&mut far, 0, SLOW_MESSAGES).await;
+        if let Some(near) = near.as_mut() {
+            receive_in_order(near, 0, SLOW_MESSAGES).await;
+        }
+        assert_eq!(broker.metric_sum("fleetmq_publishers_moved_total"), 0.0, "{args:?}");
+        assert_eq!(connected_on(&broker, 0), if both_shards { 2.0 } else { 1.0 }, "{args:?}");
+    }
+}
