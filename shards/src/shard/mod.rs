@@ -2,12 +2,15 @@
 //! subscription trie, its copy of the route table and of the retained
 //! messages, and the links to the other shards (DESIGN.md §3).
 //!
-//! Ownership: a client identifier belongs to `owner_of(client_id)`. A
-//! connection is accepted on whichever shard the kernel picked, reads its
-//! CONNECT there, and is then handed (socket and unread bytes) to the owner
-//! shard, where it lives until it closes. Take-over, session resume, will
-//! delay and session expiry are therefore always local to one shard, with
-//! no session state ever moving between shards. The route table and the
+//! Ownership: a client identifier belongs to `owner_of(client_id)`, its
+//! home shard. A connection is accepted on whichever shard the kernel
+//! picked, reads its CONNECT there, and is then handed (socket and unread
+//! bytes) to the home shard, where it lives until it closes, with one
+//! exception: a publisher whose messages all go to one other shard may move
+//! there with its session, and the home shard then forwards its client
+//! identifier's connections (see [`placement`]). Take-over, session
+//! resume, will delay and session expiry are always local to the one shard
+//! that holds the session. The route table and the
 //! retained messages are copied on every shard and kept current through
 //! lock-free inboxes (see [`inbox`]). Shared subscription groups belong to
 //! `owner_of(shared filter)` (see [`groups`]).
