@@ -173,8 +173,10 @@ impl Shard {
     ///
     /// # Errors
     /// The session cannot move (it has subscriptions, or messages queued
-    /// or in flight to the client, or the connection is closing): `fd` and
-    /// `admission` come back, and the connection is marked unmovable.
+    /// or in flight to the client, the connection is closing or has bytes
+    /// to write, or a message it sent since the decision went elsewhere):
+    /// `fd` and `admission` come back, and the connection is marked
+    /// unmovable.
     pub(crate) fn move_out(
         &self,
         slot: Slot,
@@ -193,7 +195,8 @@ impl Shard {
                 && c.session.inflight() == 0
                 && c.pending_will.is_none()
         });
-        if !movable || conn.is_closing() || !conn.out.borrow().is_empty() {
+        // `unmovable`: a message since the decision went elsewhere.
+        if !movable || conn.unmovable.get() || conn.is_closing() || !conn.out.borrow().is_empty() {
             conn.unmovable.set(true);
             return Err((fd, admission));
         }
