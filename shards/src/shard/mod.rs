@@ -530,6 +530,13 @@ impl Shard {
                     detail: "the client identifier is held by another identity",
                 }));
             }
+        }
+        // A session moved here stays moved here, whatever happens to it
+        // below (found by a fresh-user pass: a taken-over clean session
+        // ended, told its home shard to forget the move, and the next
+        // connection got a second session there).
+        let moved = existing.and_then(|slot| st.moved_in.remove(&slot));
+        if let Some(slot) = existing {
             if let Some(old) = st.clients[slot as usize].conn.take() {
                 // Take-over: MQTT 5 gets DISCONNECT 0x8E; the old
                 // connection's will follows the usual rules.
@@ -553,20 +560,17 @@ impl Shard {
                 slot
             }
             existing => {
-                // A session moved here stays moved here when replaced.
-                let moved = existing.and_then(|slot| st.moved_in.remove(&slot));
                 if let Some(slot) = existing {
                     self.remove_client(st, slot);
                 }
                 let mut session = Session::new(connect.protocol, negotiated, limits);
                 session.set_namespace(namespace.clone());
-                let slot = self.insert_client(st, session, owner);
-                if let Some(generation) = moved {
-                    st.moved_in.insert(slot, generation);
-                }
-                slot
+                self.insert_client(st, session, owner)
             }
         };
+        if let Some(generation) = moved {
+            st.moved_in.insert(slot, generation);
+        }
         let client = &mut st.clients[slot as usize];
         client.session.set_authorizer(authorizer, cache);
         client.conn = Some(conn.clone());

@@ -136,6 +136,20 @@ async fn taking_over_a_moved_publisher_closes_the_old_connection_with_0x8e() {
     assert_eq!(&subscriber.next_publish().await.payload[..], b"new");
     tokio::task::block_in_place(|| broker.wait_for_clients(2, WAIT));
     assert_eq!(connected_on(&broker, 1), 2.0, "the new connection joins the session's shard");
+
+    // And again: the session (a clean one, ended by each take-over) is
+    // still found where it moved, so the second connection is closed too
+    // and one connection holds the client identifier (found by a
+    // fresh-user pass: the third got a session of its own on the home
+    // shard, and both stayed open).
+    let mut new = new;
+    let third = v5::Client::connect(port, &id).await;
+    let err = new.closed_with(WAIT).await.expect("the second connection is closed");
+    assert_eq!(v5::server_disconnect_reason(&err), Some(0x8E), "{err:?}");
+    tokio::task::block_in_place(|| broker.wait_for_clients(2, WAIT));
+    assert_eq!(connected_on(&broker, 1), 2.0, "{}", broker.admin_get("/metrics").1);
+    third.client.publish(&topic, v5::QoS::AtLeastOnce, false, "third").await.unwrap();
+    assert_eq!(&subscriber.next_publish().await.payload[..], b"third");
 }
 
 /// A moved publisher with a Session Expiry Interval disconnects; its
