@@ -254,3 +254,84 @@ async fn publishers_reaching_their_own_shard_or_with_moving_off_stay() {
         assert_eq!(connected_on(&broker, 0), if both_shards { 2.0 } else { 1.0 }, "{args:?}");
     }
 }
+
+/// One client identifier's connection in [`random_take_overs_resumes_and_moves_keep_one_connection_per_client_identifier`].
+struct Held {
+    client: Option<v5::Client>,
+    /// The broker holds a session for it (connected, or left with an expiry).
+    session: bool,
+    expiry: u32,
+}
+
+/// Random connects (Clean Start 0 or 1, Session Expiry Interval 0 or 300),
+/// slow publishing that moves publishers, DISCONNECTs and kills over three
+/// client identifiers of shard 0, with their subscriber on shard 1: after
+/// every step each client identifier has one connection at most, the old
+/// one closed with DISCONNECT 0x8E [MQTT-3.1.4-3];
+/// `fleetmq_clients_connected` counts exactly the open ones; Session
+/// Present is 1 exactly when a session was left [MQTT-3.2.2-2]
+/// [MQTT-3.2.2-3]; and every message published arrives. The seed is
+/// printed; `PLACEMENT_SEED` replays one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_take_overs_resumes_and_moves_keep_one_connection_per_client_identifier() {
+    use rand::{Rng, SeedableRng};
+    let seed = std::env::var("PLACEMENT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    eprintln!("PLACEMENT_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (broker, port, topic, mut subscriber) = subscribed_on_shard_1("placement/random", "").await;
+    let ids: Vec<String> = (0..3).map(|_| id_on(0, "rnd")).collect();
+    let mut held: Vec<Held> = ids.iter().map(|_| Held { client: None, session: false, expiry: 0 }).collect();
+    let mut next = 0usize;
+    for step in 0..60 {
+        let i = rng.gen_range(0..ids.len());
+        let h = &mut held[i];
+        match rng.gen_range(0..4) {
+            0 | 1 => {
+                let (clean_start, expiry) = (rng.gen_bool(0.5), if rng.gen_bool(0.5) { 300 } else { 0 });
+                let mut options = v5::options(port, &ids[i], clean_start);
+                let mut props = ConnectProperties::new();
+                props.session_expiry_interval = Some(expiry);
+                options.set_connect_properties(props);
+                // A take-over closes the old connection first, which ends
+                // a session without expiry; then Clean Start applies
+                // [MQTT-3.1.4-3] [MQTT-3.1.4-4].
+                if h.client.is_some() {
+                    h.session = h.expiry > 0;
+                }
+                let (client, connack) = v5::Client::connect_with(options).await;
+                let present = matches!(connack, v5::Packet::ConnAck(ref c) if c.session_present);
+                assert_eq!(present, !clean_start && h.session, "seed {seed} step {step}: Session Present");
+                if let Some(mut old) = h.client.take() {
+                    let err = old.closed_with(WAIT).await.unwrap_or_else(|| panic!("seed {seed} step {step}: old connection still open"));
+                    assert_eq!(v5::server_disconnect_reason(&err), Some(0x8E), "seed {seed} step {step}: {err:?}");
+                }
+                *h = Held { client: Some(client), session: true, expiry };
+            }
+            2 => {
+                if let Some(client) = h.client.as_mut() {
+                    let n = 70;
+                    publish_slowly(client, &topic, next, next + n).await;
+                    receive_in_order(&mut subscriber, next, next + n).await;
+                    next += n;
+                }
+            }
+            _ => {
+                if let Some(client) = h.client.take() {
+                    if rng.gen_bool(0.5) {
+                        client.disconnect().await;
+                    } else {
+                        client.kill().await;
+                    }
+                    h.session = h.expiry > 0;
+                }
+            }
+        }
+        let open = 1 + held.iter().filter(|h| h.client.is_some()).count();
+        tokio::task::block_in_place(|| broker.wait_for_clients(open, WAIT));
+    }
+    subscriber.expect_no_publish(Duration::from_millis(100)).await;
+    eprintln!("moves: {}", broker.metric_sum("fleetmq_publishers_moved_total"));
+}
