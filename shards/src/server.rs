@@ -389,8 +389,10 @@ async fn run_shard(
     for parked in parker.iter().flat_map(|p| p.stop()) {
         resume(shard.clone(), settings.clone(), parked, BytesMut::new());
     }
+    // Also until what is queued for the other shards (a connection moving
+    // or handed over) is sent: they close it themselves.
     let stop_by = Instant::now() + STOP_GRACE;
-    while shard.live_connections.get() > 0 && Instant::now() < stop_by {
+    while (shard.live_connections.get() > 0 || !shard.try_flush()) && Instant::now() < stop_by {
         sleep(Duration::from_millis(10)).await;
     }
 }

@@ -430,6 +430,9 @@ pub(crate) struct Shard {
     pub(crate) senders: Senders<ShardMsg>,
     /// Fires when the shard starts stopping: the accept loops end.
     pub(crate) stop_signal: Signal,
+    /// The shard is stopping ([`Shard::close_all`] ran): a connection that
+    /// arrives now (handed over, moved here) is closed at once.
+    pub(crate) stopping: Cell<bool>,
     /// Wakes the shard's flusher task (see [`Shard::flush_soon`]).
     pub(crate) flush_signal: Signal,
     /// Connections currently served on this shard.
@@ -464,6 +467,7 @@ impl Shard {
             global,
             senders,
             stop_signal: Signal::default(),
+            stopping: Cell::new(false),
             flush_signal: Signal::default(),
             live_connections: Cell::new(0),
             scratch: RefCell::new(vec![0; SCRATCH_BYTES]),
@@ -600,6 +604,9 @@ impl Shard {
             self.shared_presence(st, slot, true);
         }
         self.global.connected.fetch_add(1, Ordering::Relaxed);
+        if self.stopping.get() {
+            conn.request_close(Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
+        }
         Ok(slot)
     }
 
@@ -1323,6 +1330,7 @@ impl Shard {
 
     /// Close every connection with DISCONNECT 0x8B (server shutting down).
     pub(crate) fn close_all(&self) {
+        self.stopping.set(true);
         let st = self.state.borrow();
         for (_, client) in st.clients.iter() {
             if let Some(conn) = &client.conn {

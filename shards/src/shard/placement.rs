@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytestring::ByteString;
-use fleetmq_core::packet::{ProtocolVersion, Will};
+use fleetmq_core::packet::{ProtocolVersion, ReasonCode, Will};
 use fleetmq_core::session::Session;
 use tracing::warn;
 
@@ -196,7 +196,12 @@ impl Shard {
                 && c.pending_will.is_none()
         });
         // `unmovable`: a message since the decision went elsewhere.
-        if !movable || conn.unmovable.get() || conn.is_closing() || !conn.out.borrow().is_empty() {
+        if !movable
+            || self.stopping.get()
+            || conn.unmovable.get()
+            || conn.is_closing()
+            || !conn.out.borrow().is_empty()
+        {
             conn.unmovable.set(true);
             return Err((fd, admission));
         }
@@ -248,6 +253,9 @@ impl Shard {
             moving.last_read,
         ));
         conn.unmovable.set(true);
+        if self.stopping.get() {
+            conn.request_close(Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
+        }
         let slot = self.insert_client(st, moving.session, moving.owner);
         let client = &mut st.clients[slot as usize];
         client.conn = Some(conn.clone());
