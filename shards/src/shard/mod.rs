@@ -565,6 +565,13 @@ impl Shard {
             }
             existing => {
                 if let Some(slot) = existing {
+                    // Clean Start ends the old session, and with it the
+                    // wait of a delayed will: it is published now (MQTT 5
+                    // §3.1.3.2.2: "until the Will Delay Interval has passed
+                    // or the Session ends, whichever happens first").
+                    if let Some(pending) = st.clients[slot as usize].pending_will.take() {
+                        self.publish_will(st, pending.1, now);
+                    }
                     self.remove_client(st, slot);
                 }
                 let mut session = Session::new(connect.protocol, negotiated, limits);

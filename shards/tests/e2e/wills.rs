@@ -164,6 +164,40 @@ async fn will_delay_holds_the_will_back_and_a_reconnect_cancels_it() {
         .await;
 }
 
+/// A killed MQTT 5 client with Will Delay Interval 30 s and Session Expiry
+/// Interval 60 s comes back with Clean Start 1: that ends its old session,
+/// so the will is published then, not 30 s later nor never (MQTT 5
+/// §3.1.3.2.2: the will waits "until the Will Delay Interval has passed or
+/// the Session ends, whichever happens first"); the new connection is not
+/// to that session, so [MQTT-3.1.3-9] does not cancel it. Session Present 0
+/// [MQTT-3.2.2-2]. Found by a fresh-user pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_start_ends_the_old_session_and_publishes_its_delayed_will() {
+    let broker = Broker::two_shards(&[]);
+    let port = broker.mqtt_port();
+    let t = unique("will/clean-start");
+    let mut watcher = v4::Client::connect(port, &unique("watcher")).await;
+    watcher.subscribe(&format!("{t}/#"), v4::QoS::AtLeastOnce).await;
+    let id = unique("back-clean");
+    let options = |clean_start: bool| {
+        let mut o = delayed_will_options(port, &id, &format!("{t}/{id}"));
+        o.set_clean_start(clean_start);
+        if let Some(will) = o.last_will().as_mut() {
+            will.properties.as_mut().expect("set above").delay_interval = Some(30);
+            o.set_last_will(will.clone());
+        }
+        o
+    };
+    let (client, _) = v5::Client::connect_with(options(false)).await;
+    client.kill().await;
+    tokio::task::block_in_place(|| broker.wait_for_clients(1, WAIT));
+    watcher.expect_no_publish(Duration::from_millis(300)).await;
+    let (_back, connack) = v5::Client::connect_with(options(true)).await;
+    assert!(matches!(connack, v5::Packet::ConnAck(ref c) if !c.session_present), "{connack:?}");
+    let will = watcher.next_publish().await;
+    assert_eq!(std::str::from_utf8(&will.payload).unwrap(), id);
+}
+
 /// MQTT 5 DISCONNECT with reason 0x04 (Disconnect with Will Message) is a
 /// clean close that still publishes the will [MQTT-3.14.2-1].
 #[test]
