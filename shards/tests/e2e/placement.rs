@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use fleetmq_shards::home_shard;
-use rumqttc::v5::mqttbytes::v5::{ConnectProperties, LastWill};
+use rumqttc::v5::mqttbytes::v5::LastWill;
 
 use crate::clients::{unique, v4, v5, WAIT};
 use crate::harness::Broker;
@@ -162,9 +162,7 @@ async fn a_moved_session_resumes_with_session_present_and_clean_start_discards_i
     let id = id_on(0, "pub");
     let options = |clean_start: bool| {
         let mut o = v5::options(port, &id, clean_start);
-        let mut props = ConnectProperties::new();
-        props.session_expiry_interval = Some(300);
-        o.set_connect_properties(props);
+        o.set_session_expiry_interval(Some(300));
         o
     };
     let (mut publisher, _) = v5::Client::connect_with(options(true)).await;
@@ -292,9 +290,7 @@ async fn random_take_overs_resumes_and_moves_keep_one_connection_per_client_iden
             0 | 1 => {
                 let (clean_start, expiry) = (rng.gen_bool(0.5), if rng.gen_bool(0.5) { 300 } else { 0 });
                 let mut options = v5::options(port, &ids[i], clean_start);
-                let mut props = ConnectProperties::new();
-                props.session_expiry_interval = Some(expiry);
-                options.set_connect_properties(props);
+                options.set_session_expiry_interval(Some(expiry));
                 // A take-over closes the old connection first, which ends
                 // a session without expiry; then Clean Start applies
                 // [MQTT-3.1.4-3] [MQTT-3.1.4-4].
