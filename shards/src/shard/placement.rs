@@ -21,7 +21,7 @@
 //!
 //! Order: the move travels on the channel to the new shard after every
 //! message the publisher sent there, so its messages keep their order
-//! `[MQTT-4.6.0-5]`; none of them went to a third shard, whose channel
+//! `[MQTT-4.6.0-6]`; none of them went to a third shard, whose channel
 //! could be overtaken.
 //!
 //! Ownership stays explicit. The home shard keeps a forwarding entry
@@ -34,7 +34,9 @@
 //! and the home shard, knowing the entry is stale, serves it. Every
 //! message between two shards travels in order on one channel, which is
 //! what makes each of these answers authoritative. A moved session never
-//! moves again.
+//! moves again, and stays where it moved through take-overs and Clean
+//! Start until it ends. A stopping shard moves nothing, and closes with
+//! DISCONNECT 0x8B what is moved to it after it began to stop.
 
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
