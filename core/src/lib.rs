@@ -7,9 +7,11 @@
 //! - [`route`]: the node-wide route table (filter → shards).
 //! - [`session`]: the session and connection state machines; time is an input.
 //! - [`shared`]: shared subscription groups and their strategies.
+//! - [`placement`]: when a publisher moves to its subscribers' shard.
 //! - [`settings`]: settings with defaults, units and ranges (DESIGN.md §9, §15).
 
 pub mod packet;
+pub mod placement;
 pub mod route;
 pub mod session;
 pub mod settings;
