@@ -103,12 +103,11 @@ impl Shard {
         self.global.load[self.id].store(per_mille, Ordering::Relaxed);
     }
 
-    /// Whether a publisher may move to shard `to` now: moving is on, and
-    /// `to` was busy less than [`MOVE_MAX_LOAD`] of the last tick.
+    /// Whether a publisher may move to shard `to` now: `to` was busy less
+    /// than [`MOVE_MAX_LOAD`] of the last tick. (Whether moving is on at
+    /// all is settled once per connection, by [`Shard::is_home_of`].)
     pub(crate) fn may_move_to(&self, to: usize) -> bool {
-        self.limits.move_publishers
-            && to < self.shards
-            && self.global.load[to].load(Ordering::Relaxed) < MOVE_MAX_LOAD
+        self.global.load.get(to).is_some_and(|load| load.load(Ordering::Relaxed) < MOVE_MAX_LOAD)
     }
 
     /// Whether the connection on `slot` may ever move: moving is on, and

@@ -84,6 +84,22 @@ async fn receive_in_order(subscriber: &mut v5::Client, from: usize, to: usize) {
     }
 }
 
+/// Publish `from..to` slowly from `publisher` (see [`publish_slowly`]),
+/// receive them in order at `subscriber`, and wait until the broker has
+/// made `moves` moves in all.
+async fn publish_until_moved(
+    broker: &Broker,
+    publisher: &mut v5::Client,
+    subscriber: &mut v5::Client,
+    topic: &str,
+    (from, to): (usize, usize),
+    moves: f64,
+) {
+    publish_slowly(publisher, topic, from, to).await;
+    receive_in_order(subscriber, from, to).await;
+    tokio::task::block_in_place(|| wait_for_moves(broker, moves));
+}
+
 /// A subscriber on shard 1 and a 3.1.1 publisher on shard 0 that sends it
 /// 300 messages, 2 ms apart: the publisher moves to shard 1 once, and every
 /// message arrives once and in order, also those published around the move
@@ -122,9 +138,7 @@ async fn taking_over_a_moved_publisher_closes_the_old_connection_with_0x8e() {
     let (broker, port, topic, mut subscriber) = subscribed_on_shard_1("placement/takeover", "").await;
     let id = id_on(0, "pub");
     let mut old = v5::Client::connect(port, &id).await;
-    publish_slowly(&mut old, &topic, 0, SLOW_MESSAGES).await;
-    receive_in_order(&mut subscriber, 0, SLOW_MESSAGES).await;
-    tokio::task::block_in_place(|| wait_for_moves(&broker, 1.0));
+    publish_until_moved(&broker, &mut old, &mut subscriber, &topic, (0, SLOW_MESSAGES), 1.0).await;
 
     let new = v5::Client::connect(port, &id).await;
     let err = old.closed_with(WAIT).await.expect("the old connection is closed");
@@ -166,9 +180,7 @@ async fn a_moved_session_resumes_with_session_present_and_clean_start_discards_i
         o
     };
     let (mut publisher, _) = v5::Client::connect_with(options(true)).await;
-    publish_slowly(&mut publisher, &topic, 0, SLOW_MESSAGES).await;
-    receive_in_order(&mut subscriber, 0, SLOW_MESSAGES).await;
-    tokio::task::block_in_place(|| wait_for_moves(&broker, 1.0));
+    publish_until_moved(&broker, &mut publisher, &mut subscriber, &topic, (0, SLOW_MESSAGES), 1.0).await;
     publisher.disconnect().await;
     tokio::task::block_in_place(|| broker.wait_for_clients(1, WAIT));
 
@@ -196,9 +208,8 @@ async fn a_client_identifier_whose_moved_session_ended_starts_afresh_and_can_mov
         let (mut publisher, connack) = v5::Client::connect_with(v5::options(port, &id, false)).await;
         assert!(matches!(connack, v5::Packet::ConnAck(ref c) if !c.session_present), "round {round}: {connack:?}");
         let from = round * SLOW_MESSAGES;
-        publish_slowly(&mut publisher, &topic, from, from + SLOW_MESSAGES).await;
-        receive_in_order(&mut subscriber, from, from + SLOW_MESSAGES).await;
-        tokio::task::block_in_place(|| wait_for_moves(&broker, (round + 1) as f64));
+        let span = (from, from + SLOW_MESSAGES);
+        publish_until_moved(&broker, &mut publisher, &mut subscriber, &topic, span, (round + 1) as f64).await;
         publisher.disconnect().await;
         tokio::task::block_in_place(|| broker.wait_for_clients(1, WAIT));
     }
@@ -216,9 +227,7 @@ async fn a_moved_publishers_will_is_published_when_it_is_killed() {
     options.set_last_will(LastWill::new(&will_topic, "gone", v5::QoS::AtLeastOnce, false, None));
     let (mut publisher, _) = v5::Client::connect_with(options).await;
     let data = format!("{topic}/data");
-    publish_slowly(&mut publisher, &data, 0, SLOW_MESSAGES).await;
-    receive_in_order(&mut subscriber, 0, SLOW_MESSAGES).await;
-    tokio::task::block_in_place(|| wait_for_moves(&broker, 1.0));
+    publish_until_moved(&broker, &mut publisher, &mut subscriber, &data, (0, SLOW_MESSAGES), 1.0).await;
     publisher.kill().await;
     let will = subscriber.next_publish().await;
     assert_eq!((&will.topic[..], &will.payload[..]), (will_topic.as_bytes(), &b"gone"[..]));
