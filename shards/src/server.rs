@@ -47,6 +47,10 @@ const SHARD_IO_MEMORY: usize = 64 << 10;
 /// How often a shard checks the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
 
+/// A shard that ran tasks for less than 1/`QUIET_SHARE` of the last
+/// second is quiet: it gives its freed memory back to the system at once.
+const QUIET_SHARE: u32 = 20;
+
 /// How long a stopping shard waits for its connections to flush and close.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 
@@ -356,15 +360,28 @@ async fn run_shard(
     // glommio's stats restart from zero at each read.
     let _ = glommio::executor().executor_stats();
     let mut last_tick = Instant::now();
+    // Time spent running tasks since the last expiry pass.
+    let mut ran_since_expiry = Duration::ZERO;
     while !shutdown.is_triggered() {
         sleep(SHUTDOWN_POLL).await;
         shard.poll_inbox();
         shard.try_flush();
         let now = Instant::now();
         let ran = glommio::executor().executor_stats().executor_runtime();
+        ran_since_expiry += ran;
         let wall = now - std::mem::replace(&mut last_tick, now);
         shard.set_load((ran.as_micros() * 1000 / wall.as_micros().max(1)).min(1000) as u32);
         shard.check_deadlines(now);
+        // Let mimalloc finish the frees other threads handed to this
+        // thread's heap, free its empty pages and purge what is due. It
+        // does so on its own only when this thread allocates again, which
+        // a shard whose connections just parked may not do for seconds;
+        // a busy shard allocates, so it is left alone. Not forced: purges
+        // keep their delay (`MIMALLOC_PURGE_DELAY`).
+        if ran < wall / 2 {
+            // SAFETY: a plain call into the allocator for this thread's heap.
+            unsafe { libmimalloc_sys::mi_collect(false) };
+        }
         if let Some((metrics, interval)) = &sys {
             if last_sys.is_none_or(|at| now.duration_since(at) >= *interval) {
                 last_sys = Some(now);
@@ -373,15 +390,20 @@ async fn run_shard(
             }
         }
         if now.duration_since(last_expiry) >= Duration::from_secs(1) {
+            let quiet = ran_since_expiry < now.duration_since(last_expiry) / QUIET_SHARE;
+            ran_since_expiry = Duration::ZERO;
             last_expiry = now;
             shard.expire(now, parker.is_some());
             shard.try_flush();
-            // Let mimalloc finish frees other threads handed to this heap
-            // and purges that are due, which it otherwise does only when
-            // this thread allocates again (an idle shard may not). Not
-            // forced: a forced collect walks the whole heap every second.
-            // SAFETY: a plain call into the allocator for this thread's heap.
-            unsafe { libmimalloc_sys::mi_collect(false) };
+            if quiet {
+                // A quiet shard (its connections idle or parked) returns
+                // what it freed now rather than page by page: a forced
+                // collect also frees the pages mimalloc keeps for reuse
+                // and purges without waiting. It walks every page of this
+                // thread's heap, at most once a second and only when quiet.
+                // SAFETY: as above.
+                unsafe { libmimalloc_sys::mi_collect(true) };
+            }
         }
     }
     shard.stop_signal.notify();
