@@ -18,6 +18,7 @@ pub mod server;
 mod shard;
 pub mod shutdown;
 mod signal;
+mod tables;
 pub mod tls;
 mod transport;
 pub mod ws;

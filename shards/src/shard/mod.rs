@@ -369,8 +369,26 @@ fn compact_deadlines(
         clients.get(slot as usize).and_then(|c| c.conn.as_ref()).is_some_and(|c| c.key == key)
     });
     if deadlines.capacity() > 2 * deadlines.len() + 64 {
-        deadlines.shrink_to_fit();
+        let elem = std::mem::size_of::<Reverse<(Instant, Slot, u64)>>();
+        deadlines.shrink_to(crate::tables::shrink_target(deadlines.len(), elem));
     }
+}
+
+/// Add `entry` to a shard's deadline heap, growing it past mimalloc's
+/// shared large pages (see [`crate::tables`]).
+fn push_deadline(
+    deadlines: &mut BinaryHeap<Reverse<(Instant, Slot, u64)>>,
+    entry: Reverse<(Instant, Slot, u64)>,
+) {
+    let extra = crate::tables::reserve_for_next(
+        deadlines.len(),
+        deadlines.capacity(),
+        std::mem::size_of_val(&entry),
+    );
+    if extra > 0 {
+        deadlines.reserve(extra);
+    }
+    deadlines.push(entry);
 }
 
 /// The [`ClientIndex`] hash of `client_id`.
@@ -586,7 +604,7 @@ impl Shard {
         client.session.set_authorizer(authorizer, cache);
         client.conn = Some(conn.clone());
         if let Some(at) = conn.next_deadline() {
-            st.deadlines.push(Reverse((at, slot, conn.key)));
+            push_deadline(&mut st.deadlines, Reverse((at, slot, conn.key)));
         }
         client.will = connect.will.clone().map(|mut will| {
             if !namespace.is_empty() {
@@ -624,6 +642,7 @@ impl Shard {
         owner: (Option<Arc<str>>, Arc<str>),
     ) -> Slot {
         let key = client_key(session.client_id());
+        crate::tables::reserve_slab(&mut st.clients);
         let slot = st.clients.insert(Client {
             session,
             owner,
@@ -1232,7 +1251,9 @@ impl Shard {
                 .filter(|c| c.key == key);
             let Some(conn) = conn else { continue };
             match conn.next_deadline() {
-                Some(next) if next > now => st.deadlines.push(Reverse((next, slot, key))),
+                Some(next) if next > now => {
+                    push_deadline(&mut st.deadlines, Reverse((next, slot, key)))
+                }
                 Some(_) => conn.check_deadlines(now),
                 None => {}
             }
