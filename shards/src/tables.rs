@@ -58,6 +58,19 @@ pub(crate) fn reserve_slab<T>(slab: &mut slab::Slab<T>) {
     }
 }
 
+/// Make room in `heap` for one more entry, as [`reserve_slab`] does.
+pub(crate) fn reserve_heap<T: Ord>(heap: &mut std::collections::BinaryHeap<T>) {
+    let extra = reserve_for_next(heap.len(), heap.capacity(), std::mem::size_of::<T>());
+    if extra > 0 {
+        heap.reserve(extra);
+    }
+}
+
+/// Give back `heap`'s spare capacity, short of the shared range.
+pub(crate) fn shrink_heap<T: Ord>(heap: &mut std::collections::BinaryHeap<T>) {
+    heap.shrink_to(shrink_target(heap.len(), std::mem::size_of::<T>()));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

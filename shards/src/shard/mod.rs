@@ -369,8 +369,7 @@ fn compact_deadlines(
         clients.get(slot as usize).and_then(|c| c.conn.as_ref()).is_some_and(|c| c.key == key)
     });
     if deadlines.capacity() > 2 * deadlines.len() + 64 {
-        let elem = std::mem::size_of::<Reverse<(Instant, Slot, u64)>>();
-        deadlines.shrink_to(crate::tables::shrink_target(deadlines.len(), elem));
+        crate::tables::shrink_heap(deadlines);
     }
 }
 
@@ -380,14 +379,7 @@ fn push_deadline(
     deadlines: &mut BinaryHeap<Reverse<(Instant, Slot, u64)>>,
     entry: Reverse<(Instant, Slot, u64)>,
 ) {
-    let extra = crate::tables::reserve_for_next(
-        deadlines.len(),
-        deadlines.capacity(),
-        std::mem::size_of_val(&entry),
-    );
-    if extra > 0 {
-        deadlines.reserve(extra);
-    }
+    crate::tables::reserve_heap(deadlines);
     deadlines.push(entry);
 }
 
