@@ -7,6 +7,7 @@
 
 mod access;
 pub mod admin;
+pub mod alloc;
 pub mod auth;
 pub mod config;
 mod connection;
@@ -18,7 +19,6 @@ pub mod server;
 mod shard;
 pub mod shutdown;
 mod signal;
-mod tables;
 pub mod tls;
 mod transport;
 pub mod ws;

@@ -14,7 +14,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use tracing_subscriber::EnvFilter;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: fleetmq_shards::alloc::Allocator = fleetmq_shards::alloc::Allocator;
 
 /// fleetmq: an MQTT broker for dense device fleets.
 ///

@@ -151,11 +151,7 @@ impl Parker {
     pub(crate) fn park(&self, parked: Parked) -> Result<(), Parked> {
         let fd = parked.fd.as_raw_fd();
         let conn = parked.conn.clone();
-        let token = {
-            let mut slab = self.parked.borrow_mut();
-            crate::tables::reserve_slab(&mut slab);
-            slab.insert(parked)
-        };
+        let token = self.parked.borrow_mut().insert(parked);
         conn.parked.set(Some(token as u32));
         let events = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
         if let Err(e) = epoll_ctl(

@@ -369,18 +369,8 @@ fn compact_deadlines(
         clients.get(slot as usize).and_then(|c| c.conn.as_ref()).is_some_and(|c| c.key == key)
     });
     if deadlines.capacity() > 2 * deadlines.len() + 64 {
-        crate::tables::shrink_heap(deadlines);
+        deadlines.shrink_to_fit();
     }
-}
-
-/// Add `entry` to a shard's deadline heap, growing it past mimalloc's
-/// shared large pages (see [`crate::tables`]).
-fn push_deadline(
-    deadlines: &mut BinaryHeap<Reverse<(Instant, Slot, u64)>>,
-    entry: Reverse<(Instant, Slot, u64)>,
-) {
-    crate::tables::reserve_heap(deadlines);
-    deadlines.push(entry);
 }
 
 /// The [`ClientIndex`] hash of `client_id`.
@@ -596,7 +586,7 @@ impl Shard {
         client.session.set_authorizer(authorizer, cache);
         client.conn = Some(conn.clone());
         if let Some(at) = conn.next_deadline() {
-            push_deadline(&mut st.deadlines, Reverse((at, slot, conn.key)));
+            st.deadlines.push(Reverse((at, slot, conn.key)));
         }
         client.will = connect.will.clone().map(|mut will| {
             if !namespace.is_empty() {
@@ -634,7 +624,6 @@ impl Shard {
         owner: (Option<Arc<str>>, Arc<str>),
     ) -> Slot {
         let key = client_key(session.client_id());
-        crate::tables::reserve_slab(&mut st.clients);
         let slot = st.clients.insert(Client {
             session,
             owner,
@@ -1243,9 +1232,7 @@ impl Shard {
                 .filter(|c| c.key == key);
             let Some(conn) = conn else { continue };
             match conn.next_deadline() {
-                Some(next) if next > now => {
-                    push_deadline(&mut st.deadlines, Reverse((next, slot, key)))
-                }
+                Some(next) if next > now => st.deadlines.push(Reverse((next, slot, key))),
                 Some(_) => conn.check_deadlines(now),
                 None => {}
             }
