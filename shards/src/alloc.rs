@@ -1,25 +1,30 @@
-//! The process's allocator: mimalloc, except that a block of at least
-//! [`GIVE_BACK_FROM`] bytes that a `realloc` moves has its pages given
-//! back to the system as it is freed.
+//! The process's allocator: mimalloc, except that inside
+//! [`giving_back`] a block of at least [`GIVE_BACK_FROM`] bytes that is
+//! freed, or moved by a `realloc`, has its pages given back to the system
+//! at once.
 //!
 //! A shard's per-connection tables (the clients and parked-connection
-//! slabs, the keep-alive deadline heap, glommio's source list and cancel
-//! queue) grow by doubling, and each growth frees the old block after
-//! writing all of it. mimalloc keeps a freed block's memory resident
-//! while any other block of its page lives (pages of 64 KiB – 4 MiB hold
-//! several blocks of 10 KiB – 512 KiB), so those old generations stayed
-//! in RSS. With `--shards 2` each table is half the size, more of them sit
-//! in shared pages, and an idle broker kept 0.08 KiB more per connection
-//! than with one shard (perf/RESULTS.md, 2026-12-02, sessions 12 and 13).
-//! Growth of such a block is rare (a doubling) and already copies it, so
-//! one `madvise` per growth costs nothing measurable; the hot path's
-//! small blocks never take this path.
+//! slabs, the client-identifier index, the keep-alive deadline heap,
+//! glommio's cancel queue) grow by doubling, and each growth frees the old
+//! block after writing all of it. mimalloc keeps a freed block's memory
+//! resident while any other block of its page lives (pages of 64 KiB –
+//! 4 MiB hold several blocks of 10 KiB – 512 KiB), so those old
+//! generations stayed in RSS. With `--shards 2` each table is half the
+//! size, more of them sit in shared pages, and an idle broker kept
+//! 0.08 KiB more per connection than with one shard (perf/RESULTS.md,
+//! 2026-12-02, sessions 12 and 13). Such growth is rare (a doubling) and
+//! already copies the block, so one `madvise` per growth costs nothing
+//! measurable.
 //!
-//! Only `realloc` does this: a plain `dealloc` of a large block (a large
-//! message's buffer) may be followed by an allocation of the same size,
-//! which would fault the pages back in.
+//! Only inside [`giving_back`]: the hot path's buffers (a subscriber's
+//! write buffer, a session's queue) also grow past 32 KiB and are freed
+//! and grown again thousands of times a second under load, and each give
+//! back would cost a system call and the page faults of touching the
+//! pages again (measured: 6,000 `madvise` a second in fan-in, and lower
+//! throughput, when every large `realloc` gave back).
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mimalloc::MiMalloc;
@@ -27,9 +32,35 @@ use mimalloc::MiMalloc;
 /// A moved block at least this large (bytes) has its pages given back.
 pub const GIVE_BACK_FROM: usize = 32 << 10;
 
-/// mimalloc with large moved blocks given back (see the module docs).
-/// Install it with `#[global_allocator]`.
+/// mimalloc with large freed blocks given back inside [`giving_back`]
+/// (see the module docs). Install it with `#[global_allocator]`.
 pub struct Allocator;
+
+thread_local! {
+    /// Whether this thread is inside [`giving_back`].
+    static GIVING_BACK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` with the large blocks it frees or moves given back to the
+/// system (at least [`GIVE_BACK_FROM`] bytes, whole pages only). For code
+/// that grows a long-lived table: the old block will not be reused soon.
+pub fn giving_back<R>(f: impl FnOnce() -> R) -> R {
+    /// Restores the flag, also when `f` unwinds.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GIVING_BACK.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GIVING_BACK.with(|g| g.replace(true)));
+    f()
+}
+
+/// Whether a block of `len` bytes freed now is given back.
+#[inline]
+fn gives_back(len: usize) -> bool {
+    len >= GIVE_BACK_FROM && GIVING_BACK.with(Cell::get)
+}
 
 /// The system's page size (bytes), read once; 0 until then.
 static PAGE_SIZE: AtomicUsize = AtomicUsize::new(0);
@@ -90,13 +121,17 @@ unsafe impl GlobalAlloc for Allocator {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if gives_back(layout.size()) {
+            // SAFETY: the caller frees the block: its contents are done.
+            unsafe { give_back(ptr, layout.size()) };
+        }
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { MiMalloc.dealloc(ptr, layout) }
     }
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if layout.size() < GIVE_BACK_FROM {
+        if !gives_back(layout.size()) {
             // SAFETY: forwarded with the caller's guarantees.
             return unsafe { MiMalloc.realloc(ptr, layout, new_size) };
         }
@@ -142,39 +177,75 @@ mod tests {
         vec.iter().filter(|&&b| b & 1 == 1).count()
     }
 
-    #[test]
-    fn a_moved_large_block_keeps_its_bytes_and_gives_back_its_pages() {
-        let old_len = 256 << 10;
-        let layout = Layout::from_size_align(old_len, 8).unwrap();
-        // Keep a neighbour alive so the old block's page is not freed whole.
+    /// Allocate two 256 KiB blocks (the second keeps their page alive),
+    /// fill the first and return it with the range of its whole pages.
+    fn written_block(layout: Layout) -> (*mut u8, *mut u8, (usize, usize)) {
         let neighbour = unsafe { Allocator.alloc(layout) };
-        let old = unsafe { Allocator.alloc(layout) };
-        assert!(!old.is_null() && !neighbour.is_null());
-        for i in 0..old_len {
-            unsafe { *old.add(i) = (i % 251) as u8 };
+        let block = unsafe { Allocator.alloc(layout) };
+        assert!(!block.is_null() && !neighbour.is_null());
+        for i in 0..layout.size() {
+            unsafe { *block.add(i) = (i % 251) as u8 };
         }
-        let (start, len) = whole_pages(old as usize, old_len, page_size()).unwrap();
-        assert_eq!(resident_pages(start, len), len / page_size(), "written pages are resident");
+        let pages = whole_pages(block as usize, layout.size(), page_size()).unwrap();
+        assert_eq!(resident_pages(pages.0, pages.1), pages.1 / page_size(), "written pages are resident");
+        (block, neighbour, pages)
+    }
 
-        let new = unsafe { Allocator.realloc(old, layout, 2 * old_len) };
+    /// Grow `block` to twice its size, inside [`giving_back`] or not, and
+    /// return how many pages of its old range stayed resident, of how many.
+    fn grow_and_count(give_back: bool) -> (usize, usize) {
+        let layout = Layout::from_size_align(256 << 10, 8).unwrap();
+        let (old, neighbour, (start, len)) = written_block(layout);
+        let grow = || unsafe { Allocator.realloc(old, layout, 2 * layout.size()) };
+        let new = if give_back { giving_back(grow) } else { grow() };
         assert!(!new.is_null());
         assert_ne!(new, old, "doubling a 256 KiB block moves it");
-        for i in 0..old_len {
+        for i in 0..layout.size() {
             assert_eq!(unsafe { *new.add(i) }, (i % 251) as u8, "byte {i}");
         }
-        assert_eq!(resident_pages(start, len), 0, "the old block's pages were given back");
-
+        let resident = resident_pages(start, len);
         unsafe {
-            Allocator.dealloc(new, Layout::from_size_align(2 * old_len, 8).unwrap());
+            Allocator.dealloc(new, Layout::from_size_align(2 * layout.size(), 8).unwrap());
             Allocator.dealloc(neighbour, layout);
         }
+        (resident, len / page_size())
+    }
+
+    #[test]
+    fn a_table_grown_inside_giving_back_gives_its_old_pages_back() {
+        assert_eq!(grow_and_count(true).0, 0);
+    }
+
+    #[test]
+    fn elsewhere_a_moved_block_stays_as_mimalloc_leaves_it() {
+        // The hot path's buffers: no system call, the pages stay.
+        let (resident, pages) = grow_and_count(false);
+        assert_eq!(resident, pages);
+    }
+
+    #[test]
+    fn a_block_freed_inside_giving_back_gives_its_pages_back() {
+        let layout = Layout::from_size_align(256 << 10, 8).unwrap();
+        let (block, neighbour, (start, len)) = written_block(layout);
+        giving_back(|| unsafe { Allocator.dealloc(block, layout) });
+        assert_eq!(resident_pages(start, len), 0);
+        unsafe { Allocator.dealloc(neighbour, layout) };
+    }
+
+    #[test]
+    fn giving_back_ends_with_its_scope_even_on_a_panic() {
+        assert!(!gives_back(GIVE_BACK_FROM));
+        giving_back(|| assert!(gives_back(GIVE_BACK_FROM) && !gives_back(GIVE_BACK_FROM - 1)));
+        assert!(!gives_back(GIVE_BACK_FROM));
+        let _ = std::panic::catch_unwind(|| giving_back(|| panic!("inside")));
+        assert!(!gives_back(GIVE_BACK_FROM));
     }
 
     #[test]
     fn a_small_shrink_stays_in_place() {
         let layout = Layout::from_size_align(64 << 10, 8).unwrap();
         let p = unsafe { Allocator.alloc(layout) };
-        let q = unsafe { Allocator.realloc(p, layout, 48 << 10) };
+        let q = giving_back(|| unsafe { Allocator.realloc(p, layout, 48 << 10) });
         assert_eq!(p, q);
         unsafe { Allocator.dealloc(q, Layout::from_size_align(48 << 10, 8).unwrap()) };
     }
@@ -192,7 +263,7 @@ mod tests {
         /// A chain of reallocations of one block keeps its leading bytes,
         /// whichever path each step takes.
         #[test]
-        fn realloc_chains_keep_the_bytes(sizes in proptest::collection::vec(1usize..(1 << 20), 1..12), align_log in 0u32..7) {
+        fn realloc_chains_keep_the_bytes(sizes in proptest::collection::vec(1usize..(1 << 20), 1..12), align_log in 0u32..7, inside in any::<bool>()) {
             let align = 1usize << align_log;
             let mut len = sizes[0];
             let mut p = unsafe { Allocator.alloc(Layout::from_size_align(len, align).unwrap()) };
@@ -201,7 +272,8 @@ mod tests {
                 unsafe { *p.add(i) = (i % 253) as u8 };
             }
             for &next in &sizes[1..] {
-                let q = unsafe { Allocator.realloc(p, Layout::from_size_align(len, align).unwrap(), next) };
+                let grow = || unsafe { Allocator.realloc(p, Layout::from_size_align(len, align).unwrap(), next) };
+                let q = if inside { giving_back(grow) } else { grow() };
                 prop_assert!(!q.is_null());
                 prop_assert_eq!(q as usize % align, 0);
                 let kept = len.min(next);

@@ -749,8 +749,11 @@ fn drive(
                             continue;
                         };
                         // Dropping the stream ends glommio's poll and closes
-                        // its descriptor; the socket lives on in `fd`.
-                        drop(stream);
+                        // its descriptor; the socket lives on in `fd`. The
+                        // poll's cancellation joins glommio's queue, which
+                        // grows when many connections park at once: its old
+                        // blocks go back to the system (see crate::alloc).
+                        crate::alloc::giving_back(|| drop(stream));
                         let parked = Parked {
                             fd,
                             conn,

@@ -151,7 +151,9 @@ impl Parker {
     pub(crate) fn park(&self, parked: Parked) -> Result<(), Parked> {
         let fd = parked.fd.as_raw_fd();
         let conn = parked.conn.clone();
-        let token = self.parked.borrow_mut().insert(parked);
+        // The slab grows with the parked connections: its old blocks go
+        // back to the system (see crate::alloc).
+        let token = crate::alloc::giving_back(|| self.parked.borrow_mut().insert(parked));
         conn.parked.set(Some(token as u32));
         let events = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
         if let Err(e) = epoll_ctl(

@@ -369,8 +369,18 @@ fn compact_deadlines(
         clients.get(slot as usize).and_then(|c| c.conn.as_ref()).is_some_and(|c| c.key == key)
     });
     if deadlines.capacity() > 2 * deadlines.len() + 64 {
-        deadlines.shrink_to_fit();
+        crate::alloc::giving_back(|| deadlines.shrink_to_fit());
     }
+}
+
+/// Add `entry` to a shard's deadline heap, which grows with its
+/// connections: its old blocks go back to the system (see
+/// [`crate::alloc`]).
+fn push_deadline(
+    deadlines: &mut BinaryHeap<Reverse<(Instant, Slot, u64)>>,
+    entry: Reverse<(Instant, Slot, u64)>,
+) {
+    crate::alloc::giving_back(|| deadlines.push(entry));
 }
 
 /// The [`ClientIndex`] hash of `client_id`.
@@ -586,7 +596,7 @@ impl Shard {
         client.session.set_authorizer(authorizer, cache);
         client.conn = Some(conn.clone());
         if let Some(at) = conn.next_deadline() {
-            st.deadlines.push(Reverse((at, slot, conn.key)));
+            push_deadline(&mut st.deadlines, Reverse((at, slot, conn.key)));
         }
         client.will = connect.will.clone().map(|mut will| {
             if !namespace.is_empty() {
@@ -624,17 +634,21 @@ impl Shard {
         owner: (Option<Arc<str>>, Arc<str>),
     ) -> Slot {
         let key = client_key(session.client_id());
-        let slot = st.clients.insert(Client {
-            session,
-            owner,
-            key,
-            conn: None,
-            will: None,
-            pending_will: None,
-            offline_since: None,
-        });
-        st.by_id.insert(&st.clients, slot as Slot);
-        slot as Slot
+        // Both tables grow with the shard's sessions: their old blocks go
+        // back to the system (see crate::alloc).
+        crate::alloc::giving_back(|| {
+            let slot = st.clients.insert(Client {
+                session,
+                owner,
+                key,
+                conn: None,
+                will: None,
+                pending_will: None,
+                offline_since: None,
+            });
+            st.by_id.insert(&st.clients, slot as Slot);
+            slot as Slot
+        })
     }
 
     /// Remove a session and its subscriptions (and, for a session moved
@@ -1232,7 +1246,7 @@ impl Shard {
                 .filter(|c| c.key == key);
             let Some(conn) = conn else { continue };
             match conn.next_deadline() {
-                Some(next) if next > now => st.deadlines.push(Reverse((next, slot, key))),
+                Some(next) if next > now => push_deadline(&mut st.deadlines, Reverse((next, slot, key))),
                 Some(_) => conn.check_deadlines(now),
                 None => {}
             }

@@ -217,7 +217,7 @@ impl Shard {
         client.conn = Some(conn.clone());
         client.will = moving.will;
         if let Some(at) = conn.next_deadline() {
-            st.deadlines.push(std::cmp::Reverse((at, slot, conn.key)));
+            super::push_deadline(&mut st.deadlines, std::cmp::Reverse((at, slot, conn.key)));
         }
         st.moved_in.insert(slot, moving.generation);
         Some((conn, slot, moving.fd, moving.unread, moving.admission))
