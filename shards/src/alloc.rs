@@ -29,7 +29,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mimalloc::MiMalloc;
 
-/// A moved block at least this large (bytes) has its pages given back.
+/// Inside [`giving_back`], a block at least this large (bytes) that is
+/// freed or moved has its pages given back.
 pub const GIVE_BACK_FROM: usize = 32 << 10;
 
 /// mimalloc with large freed blocks given back inside [`giving_back`]
@@ -187,7 +188,11 @@ mod tests {
             unsafe { *block.add(i) = (i % 251) as u8 };
         }
         let pages = whole_pages(block as usize, layout.size(), page_size()).unwrap();
-        assert_eq!(resident_pages(pages.0, pages.1), pages.1 / page_size(), "written pages are resident");
+        assert_eq!(
+            resident_pages(pages.0, pages.1),
+            pages.1 / page_size(),
+            "written pages are resident"
+        );
         (block, neighbour, pages)
     }
 
@@ -252,10 +257,22 @@ mod tests {
 
     #[test]
     fn whole_pages_skip_the_first_word_and_partial_pages() {
-        assert_eq!(whole_pages(0x10000, 0x3000, 0x1000), Some((0x11000, 0x2000)));
-        assert_eq!(whole_pages(0x10010, 0x3000, 0x1000), Some((0x11000, 0x2000)));
-        assert_eq!(whole_pages(0x10ff0, 0x3000, 0x1000), Some((0x11000, 0x2000)));
-        assert_eq!(whole_pages(0x10ff8, 0x3000, 0x1000), Some((0x12000, 0x1000)));
+        assert_eq!(
+            whole_pages(0x10000, 0x3000, 0x1000),
+            Some((0x11000, 0x2000))
+        );
+        assert_eq!(
+            whole_pages(0x10010, 0x3000, 0x1000),
+            Some((0x11000, 0x2000))
+        );
+        assert_eq!(
+            whole_pages(0x10ff0, 0x3000, 0x1000),
+            Some((0x11000, 0x2000))
+        );
+        assert_eq!(
+            whole_pages(0x10ff8, 0x3000, 0x1000),
+            Some((0x12000, 0x1000))
+        );
         assert_eq!(whole_pages(0x10000, 0x1fff, 0x1000), None);
     }
 

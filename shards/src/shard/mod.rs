@@ -1246,7 +1246,9 @@ impl Shard {
                 .filter(|c| c.key == key);
             let Some(conn) = conn else { continue };
             match conn.next_deadline() {
-                Some(next) if next > now => push_deadline(&mut st.deadlines, Reverse((next, slot, key))),
+                Some(next) if next > now => {
+                    push_deadline(&mut st.deadlines, Reverse((next, slot, key)))
+                }
                 Some(_) => conn.check_deadlines(now),
                 None => {}
             }
