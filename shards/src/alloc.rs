@@ -257,22 +257,18 @@ mod tests {
 
     #[test]
     fn whole_pages_skip_the_first_word_and_partial_pages() {
-        assert_eq!(
-            whole_pages(0x10000, 0x3000, 0x1000),
-            Some((0x11000, 0x2000))
-        );
-        assert_eq!(
-            whole_pages(0x10010, 0x3000, 0x1000),
-            Some((0x11000, 0x2000))
-        );
-        assert_eq!(
-            whole_pages(0x10ff0, 0x3000, 0x1000),
-            Some((0x11000, 0x2000))
-        );
-        assert_eq!(
-            whole_pages(0x10ff8, 0x3000, 0x1000),
-            Some((0x12000, 0x1000))
-        );
+        for (ptr, want) in [
+            (0x10000, (0x11000, 0x2000)),
+            (0x10010, (0x11000, 0x2000)),
+            (0x10ff0, (0x11000, 0x2000)),
+            (0x10ff8, (0x12000, 0x1000)),
+        ] {
+            assert_eq!(
+                whole_pages(ptr, 0x3000, 0x1000),
+                Some(want),
+                "block at {ptr:#x}"
+            );
+        }
         assert_eq!(whole_pages(0x10000, 0x1fff, 0x1000), None);
     }
 
