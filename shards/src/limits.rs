@@ -130,18 +130,60 @@ impl Gate {
             .then(|| Slot { gate: self.clone(), kind: SlotKind::Credential(user.to_owned()) })
     }
 
-    /// Log a refusal for `reason`, at most once per 10 s per reason, with
-    /// how many there were since the last line.
+    /// Log a refusal for `reason`: the first of a burst at once, the rest
+    /// as one count per reason at most every 10 s (see
+    /// [`Gate::log_pending_refusals`]).
     pub(crate) fn log_refusal(&self, reason: &'static str) {
-        let now = Instant::now();
+        if let Some((reason, count)) = self.refused(reason, Instant::now()) {
+            warn!(target: "broker", reason, count, "connections refused");
+        }
+    }
+
+    /// Log the refusals counted but not yet logged: those whose reason was
+    /// last logged at least 10 s ago, or all of them when `stopping`.
+    /// Called from a shard's tick, so a burst's count is logged even when
+    /// no refusal follows it.
+    pub(crate) fn log_pending_refusals(&self, stopping: bool) {
+        for (reason, count) in self.pending_refusals(Instant::now(), stopping) {
+            warn!(target: "broker", reason, count, "connections refused");
+        }
+    }
+
+    /// Count a refusal for `reason` at `now`; returns (reason, count) to
+    /// log now, if its last line is at least [`LOG_INTERVAL`] old.
+    fn refused(&self, reason: &'static str, now: Instant) -> Option<(&'static str, u64)> {
         let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
         let entry = refusals.entry(reason).or_insert((now - LOG_INTERVAL, 0));
         entry.1 += 1;
-        if now.duration_since(entry.0) >= LOG_INTERVAL {
-            warn!(target: "broker", reason, count = entry.1, "connections refused");
-            *entry = (now, 0);
-        }
+        due(reason, entry, now, false)
     }
+
+    /// The (reason, count) pairs counted but not logged, due at `now` (all
+    /// of them when `all`).
+    fn pending_refusals(&self, now: Instant, all: bool) -> Vec<(&'static str, u64)> {
+        let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        refusals
+            .iter_mut()
+            .filter_map(|(reason, entry)| due(reason, entry, now, all))
+            .collect()
+    }
+}
+
+/// `entry` is (last logged, counted since): when it has a count and its
+/// last line is at least [`LOG_INTERVAL`] old (or `always`), it restarts at
+/// `now` and its count is returned to be logged.
+fn due(
+    reason: &'static str,
+    entry: &mut (Instant, u64),
+    now: Instant,
+    always: bool,
+) -> Option<(&'static str, u64)> {
+    if entry.1 == 0 || !(always || now.duration_since(entry.0) >= LOG_INTERVAL) {
+        return None;
+    }
+    let count = std::mem::take(&mut entry.1);
+    entry.0 = now;
+    Some((reason, count))
 }
 
 #[cfg(test)]
@@ -165,6 +207,32 @@ mod tests {
         assert!(gate.credential("alice").is_none());
         drop(alice);
         assert!(gate.credential("alice").is_some());
+    }
+
+    /// A burst is logged as its first refusal at once and the rest as
+    /// one count when 10 s have passed, even with no refusal after it, or
+    /// at shutdown; nothing is logged twice.
+    #[test]
+    fn a_burst_of_refusals_is_logged_in_full_without_a_later_refusal() {
+        let gate = Gate::new(1, 1, None, 1);
+        let t0 = Instant::now();
+        assert_eq!(gate.refused("pending", t0), Some(("pending", 1)));
+        for _ in 0..1_300 {
+            assert_eq!(gate.refused("pending", t0), None);
+        }
+        assert_eq!(gate.refused("per_source", t0), Some(("per_source", 1)));
+        assert!(gate.pending_refusals(t0 + Duration::from_secs(9), false).is_empty());
+        assert_eq!(
+            gate.pending_refusals(t0 + LOG_INTERVAL, false),
+            [("pending", 1_300)],
+            "the rest of the burst, once the interval has passed"
+        );
+        assert!(gate.pending_refusals(t0 + 3 * LOG_INTERVAL, false).is_empty(), "logged once");
+        let t1 = t0 + 3 * LOG_INTERVAL;
+        assert_eq!(gate.refused("pending", t1), Some(("pending", 1)));
+        assert_eq!(gate.refused("pending", t1), None);
+        assert_eq!(gate.pending_refusals(t1, true), [("pending", 1)], "at shutdown");
+        assert!(gate.pending_refusals(t1, true).is_empty());
     }
 
     #[test]

@@ -123,11 +123,17 @@ fn refused(err: &anyhow::Error) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`); colours only
+/// on a terminal and without `NO_COLOR`, so that files, journald and
+/// Kubernetes get plain lines.
 fn init_tracing() {
+    use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
 }
 

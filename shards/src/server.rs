@@ -237,6 +237,8 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         }
     }
     ready.store(false, Ordering::Release);
+    // What the last burst of refusals counted is in the log too.
+    conn_settings.gate.log_pending_refusals(true);
     let _ = reloader.join();
     if let Some(admin) = admin {
         admin.stop();
@@ -395,6 +397,9 @@ async fn run_shard(
             last_expiry = now;
             shard.expire(now, parker.is_some());
             shard.try_flush();
+            if shard.id == 0 {
+                settings.gate.log_pending_refusals(false);
+            }
             if quiet {
                 // A quiet shard (its connections idle or parked) returns
                 // what it freed now rather than page by page: a forced

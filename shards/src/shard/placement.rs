@@ -48,7 +48,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use fleetmq_core::packet::{ProtocolVersion, ReasonCode, Will};
 use fleetmq_core::session::Session;
-use tracing::warn;
+use tracing::{debug, warn};
 
 pub(crate) use fleetmq_core::placement::Mover;
 
@@ -163,6 +163,8 @@ impl Shard {
         }
         let client = st.clients.remove(slot as usize);
         st.by_id.remove(client.session.client_id(), slot);
+        let client_id = client.session.client_id();
+        debug!(target: "broker", %client_id, from = self.id, to, "publisher moving");
         let generation = conn.key;
         st.moved.insert(client.session.client_id().clone(), (to, generation));
         let moving = Move {
@@ -220,6 +222,8 @@ impl Shard {
             super::push_deadline(&mut st.deadlines, std::cmp::Reverse((at, slot, conn.key)));
         }
         st.moved_in.insert(slot, moving.generation);
+        let client_id = st.clients[slot as usize].session.client_id();
+        debug!(target: "broker", %client_id, from, to = self.id, "publisher moved in");
         Some((conn, slot, moving.fd, moving.unread, moving.admission))
     }
 

@@ -43,11 +43,11 @@ impl Broker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_fleetmq"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(args)
-            .envs(env.iter().copied())
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

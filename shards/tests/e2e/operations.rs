@@ -29,6 +29,20 @@ fn admin_endpoints_answer_health_and_metrics() {
     assert_eq!(broker.admin_get("/no/such/path").0, 404);
 }
 
+/// Logs going to a pipe (a file, journald, a Kubernetes log) are plain
+/// text: no terminal colour codes around levels and fields.
+#[test]
+fn logs_written_to_a_pipe_carry_no_colour_codes() {
+    let broker = Broker::two_shards(&[]);
+    let deadline = std::time::Instant::now() + WAIT;
+    while !broker.stderr().contains("listening") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let log = broker.stderr();
+    assert!(log.contains("listening"), "{log}");
+    assert!(!log.contains('\x1b'), "escape codes in the log: {log:?}");
+}
+
 fn serve_refused(args: &[&str]) -> String {
     let out = run_with_timeout(
         Command::new(env!("CARGO_BIN_EXE_fleetmq"))

@@ -1573,7 +1573,14 @@ fn acl_is_checked_on_every_delivery() {
 #[test]
 fn a_rule_removed_by_reload_stops_delivery_within_the_acl_cache_ttl() {
     let dir = TempDir::new("acl-reload");
-    let (broker, _) = acl_broker(&dir);
+    let file = dir.put("acl", ACL);
+    let mut args = vec!["--shards".to_owned(), "2".to_owned()];
+    set_str(&mut args, "auth.acl_file", &file);
+    set(&mut args, "auth.acl_cache_ttl", "1s");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Debug lines (a publisher moving between shards, say) are in the
+    // stderr printed when this test fails.
+    let broker = Broker::start_with_env(&args, &[("RUST_LOG", "info,broker=debug")]);
     let addr = broker.mqtt;
     let mut watcher = as_user(addr, &unique("watcher"), "watcher");
     watcher.subscribe("public/#", 1);
