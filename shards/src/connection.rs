@@ -250,7 +250,7 @@ pub(crate) async fn accepted(
             Early::Decode(DecodeError::UnsupportedProtocolVersion(level)),
         ))) => {
             // [MQTT-3.1.2-2]: CONNACK return code 1 (0x84), then close.
-            debug!(target: "broker", level, "unsupported protocol level");
+            debug!(target: "broker", level, "unsupported protocol name or level");
             let connack = ConnAck {
                 reason: ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
                 ..ConnAck::default()

@@ -123,18 +123,28 @@ fn refused(err: &anyhow::Error) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`); colours only
-/// on a terminal and without `NO_COLOR`, so that files, journald and
-/// Kubernetes get plain lines.
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`; one that does
+/// not parse is named in a warning and `info` is used); colours only on a
+/// terminal and when `NO_COLOR` is unset or empty (no-color.org), so that
+/// files, journald and Kubernetes get plain lines.
 fn init_tracing() {
     use std::io::IsTerminal;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let (filter, bad) = match std::env::var("RUST_LOG") {
+        Ok(spec) => match EnvFilter::try_new(&spec) {
+            Ok(filter) => (filter, None),
+            Err(e) => (EnvFilter::new("info"), Some((spec, e))),
+        },
+        Err(_) => (EnvFilter::new("info"), None),
+    };
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(colour)
+        .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .init();
+    if let Some((spec, e)) = bad {
+        tracing::warn!("RUST_LOG={spec:?} does not parse ({e}); logging at info");
+    }
 }
 
 /// Triggers `shutdown` on the first SIGTERM or SIGINT; a second one exits at

@@ -290,7 +290,7 @@ impl Authenticator {
         let mut first_error = None;
         let mut loaded = self.loaded.write().unwrap_or_else(|e| e.into_inner());
         let mut keep = |err: anyhow::Error| {
-            tracing::error!("auth: reload failed, keeping the previous data: {err:#}");
+            tracing::warn!(target: "broker", error = %format!("{err:#}"), "reload failed; keeping the previous data");
             first_error.get_or_insert(err);
         };
         match passwords {

@@ -43,6 +43,20 @@ fn logs_written_to_a_pipe_carry_no_colour_codes() {
     assert!(!log.contains('\x1b'), "escape codes in the log: {log:?}");
 }
 
+/// A `RUST_LOG` that does not parse is named in a warning, and the broker
+/// logs at `info` rather than silently.
+#[test]
+fn a_rust_log_that_does_not_parse_is_named_and_info_is_used() {
+    let broker = Broker::start_with_env(&["--shards", "1"], &[("RUST_LOG", "broker=banana")]);
+    let deadline = std::time::Instant::now() + WAIT;
+    while !broker.stderr().contains("listening") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let log = broker.stderr();
+    assert!(log.contains("RUST_LOG=\"broker=banana\" does not parse"), "{log}");
+    assert!(log.contains("INFO") && log.contains("listening"), "{log}");
+}
+
 fn serve_refused(args: &[&str]) -> String {
     let out = run_with_timeout(
         Command::new(env!("CARGO_BIN_EXE_fleetmq"))

@@ -1607,6 +1607,33 @@ fn a_rule_removed_by_reload_stops_delivery_within_the_acl_cache_ttl() {
     watcher.expect_no_publish(QUIET);
 }
 
+/// An ACL file that does not parse is refused on SIGHUP: the previous rules
+/// stay in force, and one warning names the file and its bad line.
+#[test]
+fn a_broken_acl_file_on_reload_keeps_the_previous_rules_and_is_logged_once() {
+    let dir = TempDir::new("acl-broken");
+    let (broker, file) = acl_broker(&dir);
+    dir.put("acl", "allow anybody all #\n");
+    broker.signal(libc::SIGHUP);
+    let deadline = Instant::now() + WAIT;
+    while !broker.stderr().contains("reload failed") && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    // A second reload (the file's change seen by the poll) must not have
+    // happened yet to count once: the file is not touched again.
+    thread::sleep(Duration::from_millis(300));
+    let log = broker.stderr();
+    assert_eq!(log.matches("reload failed").count(), 1, "{log}");
+    assert!(log.contains(&file) && log.contains("line 1"), "{log}");
+    let mut client = as_user(broker.mqtt, "dev7", "dev7");
+    assert_eq!(client.publish("public/x", 1, false, Props::new(), b"x"), 0);
+    assert_eq!(
+        client.publish("devices/dev7/secret", 1, false, Props::new(), b"x"),
+        0x87,
+        "the previous rules' deny"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Workspaces (DESIGN.md §9).
 // ---------------------------------------------------------------------------
