@@ -162,11 +162,11 @@ impl Shard {
             return Err((fd, admission));
         }
         let client = st.clients.remove(slot as usize);
-        st.by_id.remove(client.session.client_id(), slot);
         let client_id = client.session.client_id();
+        st.by_id.remove(client_id, slot);
         debug!(target: "broker", %client_id, from = self.id, to, "publisher moving");
         let generation = conn.key;
-        st.moved.insert(client.session.client_id().clone(), (to, generation));
+        st.moved.insert(client_id.clone(), (to, generation));
         let moving = Move {
             fd,
             unread,
