@@ -134,9 +134,7 @@ impl Gate {
     /// as one count per reason at most every 10 s (see
     /// [`Gate::log_pending_refusals`]).
     pub(crate) fn log_refusal(&self, reason: &'static str) {
-        if let Some((reason, count)) = self.refused(reason, Instant::now()) {
-            warn!(target: "broker", reason, count, "connections refused");
-        }
+        self.refused(reason, Instant::now()).into_iter().for_each(log_refused);
     }
 
     /// Log the refusals counted but not yet logged: those whose reason was
@@ -144,9 +142,7 @@ impl Gate {
     /// Called from a shard's tick, so a burst's count is logged even when
     /// no refusal follows it.
     pub(crate) fn log_pending_refusals(&self, stopping: bool) {
-        for (reason, count) in self.pending_refusals(Instant::now(), stopping) {
-            warn!(target: "broker", reason, count, "connections refused");
-        }
+        self.pending_refusals(Instant::now(), stopping).into_iter().for_each(log_refused);
     }
 
     /// Count a refusal for `reason` at `now`; returns (reason, count) to
@@ -167,6 +163,11 @@ impl Gate {
             .filter_map(|(reason, entry)| due(reason, entry, now, all))
             .collect()
     }
+}
+
+/// The one log line for `count` refusals for `reason`.
+fn log_refused((reason, count): (&'static str, u64)) {
+    warn!(target: "broker", reason, count, "connections refused");
 }
 
 /// `entry` is (last logged, counted since): when it has a count and its
