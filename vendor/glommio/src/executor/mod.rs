@@ -1325,7 +1325,13 @@ impl LocalExecutor {
         loop {
             self.reactor.sys.install_eventfd();
             if self.need_preempt() {
-                break;
+                // fleetmq patch (see vendor/glommio/FLEETMQ-PATCH.md, change
+                // 5): preempted before a queue ran, tasks may still be
+                // queued. Upstream returned false here, as if there were
+                // nothing to run, and the executor went to sleep with them
+                // queued. Report work instead: the caller polls for I/O,
+                // which consumes the preemption, and runs them.
+                return ran || !self.queues.borrow().active_executors.is_empty();
             }
             if !self.run_one_task_queue() {
                 return false;
@@ -1333,7 +1339,6 @@ impl LocalExecutor {
                 ran = true;
             }
         }
-        ran
     }
 
     fn run_one_task_queue(&self) -> bool {
