@@ -16,9 +16,11 @@ perf_cleanup() {
 trap perf_cleanup EXIT
 trap 'exit 130' INT TERM
 
+# build: the release binaries; FLEETMQ=<binary> measures that broker
+# instead (an earlier build, for a before/after), as bench/compare.sh does.
 build() {
     cargo build --release -q -p fleetmq-shards -p fleetmq-loadgen --manifest-path "$ROOT/Cargo.toml"
-    FLEETMQ=$TARGET/release/fleetmq
+    FLEETMQ=${FLEETMQ:-$TARGET/release/fleetmq}
     LOADGEN=$TARGET/release/fleetmq-loadgen
 }
 
@@ -42,8 +44,9 @@ start_fleetmq() {
     return 1
 }
 
-# The scenario: SCENARIO_ARGS, default fan-in 10 → 1, QoS 0, max rate, 64 B.
-SCENARIO_ARGS=${SCENARIO_ARGS:-"fan-in --publishers 10 --subscribers 1 --qos 0 --rate max --payload-size 64"}
+# The scenario: SCENARIO_ARGS, default fan-in 10 → 1, QoS 0, 64 B; the
+# scripts add the offered rate (`--rate`), so SCENARIO_ARGS must not.
+SCENARIO_ARGS=${SCENARIO_ARGS:-"fan-in --publishers 10 --subscribers 1 --qos 0 --payload-size 64"}
 DURATION=${DURATION:-10s}
 run_load() { # extra loadgen args...
     # shellcheck disable=SC2086

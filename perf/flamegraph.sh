@@ -24,7 +24,7 @@ if command -v perf >/dev/null 2>&1 && perf record -q -o /dev/null -e cpu-clock -
     perf record -q -F 999 -e cpu-clock -g --call-graph dwarf,16384 -p "$BROKER_PID" -o "$OUT/perf.data" 2>"$OUT/perf.err" &
     PERF_PID=$!
     sleep 0.5
-    run_load --warmup 1s | tee "$OUT/loadgen.txt"
+    run_load --warmup 1s --rate max | tee "$OUT/loadgen.txt"
     kill -INT "$PERF_PID"; wait "$PERF_PID" 2>/dev/null || true; PERF_PID=""
     perf script -i "$OUT/perf.data" 2>/dev/null | inferno-collapse-perf >"$OUT/stacks.folded"
     inferno-flamegraph --title "fleetmq: $SCENARIO_ARGS" <"$OUT/stacks.folded" >"$OUT/flamegraph.svg"

@@ -92,7 +92,10 @@ fn poll_read_some<R: futures_lite::AsyncRead + Unpin>(
     scratch: &std::cell::RefCell<Vec<u8>>,
 ) -> Poll<ReadOutcome> {
     let mut scratch = scratch.borrow_mut();
-    match Pin::new(&mut *reader).poll_read(cx, &mut scratch[..]) {
+    // glommio's poll of this socket lives while the connection waits to
+    // read and goes when it parks: made aside (crate::alloc).
+    let read = crate::alloc::aside(|| Pin::new(&mut *reader).poll_read(cx, &mut scratch[..]));
+    match read {
         Poll::Ready(Ok(n)) if n > 0 => {
             buf.extend_from_slice(&scratch[..n]);
             Poll::Ready(ReadOutcome::Data(n))
@@ -354,7 +357,9 @@ pub(crate) async fn accepted(
     if owner == shard.id {
         // A task of its own, so this task's state (sized for the
         // handshakes) is freed now rather than held for the connection's life.
-        glommio::spawn_local(serve(shard, settings, handoff, None)).detach();
+        // Aside, as every connection task (crate::alloc): it ends when the
+        // connection parks.
+        crate::alloc::aside(|| glommio::spawn_local(serve(shard, settings, handoff, None)).detach());
         return;
     }
     Box::pin(hand_off(&shard, owner, Route::Fresh, handoff)).await;
@@ -405,7 +410,10 @@ async fn hand_off(shard: &Shard, peer: usize, route: Route, connecting: Connecti
         admission,
         route,
     };
-    shard.send_ordered(peer, ShardMsg::Handoff(Box::new(handoff))).await;
+    // Made here, freed on `peer`: aside, so a burst of hand-offs leaves no
+    // page of this shard's main heap behind (crate::alloc).
+    let boxed = crate::alloc::aside(|| Box::new(handoff));
+    shard.send_ordered(peer, ShardMsg::Handoff(boxed)).await;
 }
 
 /// A new descriptor for the socket behind `stream`; dropping `stream`
@@ -468,17 +476,19 @@ fn respawn(shard: Rc<Shard>, settings: Rc<ConnSettings>, parked: Parked, buf: By
     // is owned by `parked` alone.
     let stream = unsafe { TcpStream::from_raw_fd(parked.fd.into_raw_fd()) };
     let transport = Transport::Tcp(stream);
-    glommio::spawn_local(drive(
-        shard,
-        settings,
-        transport,
-        parked.conn,
-        parked.slot,
-        parked.admission,
-        buf,
-        true,
-    ))
-    .detach();
+    crate::alloc::aside(|| {
+        glommio::spawn_local(drive(
+            shard,
+            settings,
+            transport,
+            parked.conn,
+            parked.slot,
+            parked.admission,
+            buf,
+            true,
+        ))
+        .detach()
+    });
 }
 
 /// Take a connection handed over by another shard.
@@ -531,8 +541,10 @@ fn spawn_attached(
     unread: &[u8],
 ) {
     let buf = BytesMut::from(unread);
-    glommio::spawn_local(drive(shard, settings, transport, conn, slot, admission, buf, false))
-        .detach();
+    crate::alloc::aside(|| {
+        glommio::spawn_local(drive(shard, settings, transport, conn, slot, admission, buf, false))
+            .detach()
+    });
 }
 
 async fn write_packet(

@@ -270,12 +270,15 @@ async fn run_shard(
                         if let Route::NotHere(generation) = handoff.route {
                             shard.forget_moved(from, &handoff.negotiated.client_id, generation);
                         }
-                        glommio::spawn_local(handed_over(
-                            shard.clone(),
-                            settings.clone(),
-                            *handoff,
-                        ))
-                        .detach();
+                        // Connection tasks are made aside (crate::alloc).
+                        crate::alloc::aside(|| {
+                            glommio::spawn_local(handed_over(
+                                shard.clone(),
+                                settings.clone(),
+                                *handoff,
+                            ))
+                            .detach()
+                        });
                     }
                     ShardMsg::Move(moving) => {
                         if let Some(moved) = shard.move_in(from, *moving) {
@@ -303,13 +306,17 @@ async fn run_shard(
                 });
                 match accept.await {
                     Some(Ok(stream)) => {
-                        glommio::spawn_local(accepted(
-                            shard.clone(),
-                            settings.clone(),
-                            stream,
-                            kind,
-                        ))
-                        .detach();
+                        // Connection tasks are made aside (crate::alloc):
+                        // they end when their connection parks.
+                        crate::alloc::aside(|| {
+                            glommio::spawn_local(accepted(
+                                shard.clone(),
+                                settings.clone(),
+                                stream,
+                                kind,
+                            ))
+                            .detach()
+                        });
                     }
                     Some(Err(e)) => {
                         warn!(target: "broker", error = %e, "accept failed");
@@ -381,8 +388,7 @@ async fn run_shard(
         // a busy shard allocates, so it is left alone. Not forced: purges
         // keep their delay (`MIMALLOC_PURGE_DELAY`).
         if ran < wall / 2 {
-            // SAFETY: a plain call into the allocator for this thread's heap.
-            unsafe { libmimalloc_sys::mi_collect(false) };
+            crate::alloc::collect(false);
         }
         if let Some((metrics, interval)) = &sys {
             if last_sys.is_none_or(|at| now.duration_since(at) >= *interval) {
@@ -406,8 +412,7 @@ async fn run_shard(
                 // collect also frees the pages mimalloc keeps for reuse
                 // and purges without waiting. It walks every page of this
                 // thread's heap, at most once a second and only when quiet.
-                // SAFETY: as above.
-                unsafe { libmimalloc_sys::mi_collect(true) };
+                crate::alloc::collect(true);
             }
         }
     }

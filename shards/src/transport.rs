@@ -63,31 +63,49 @@ pub(crate) enum Transport {
 /// # Errors
 /// A failed handshake, as text for the debug log.
 pub(crate) async fn open(kind: ListenerKind, stream: TcpStream, tls: Option<&TlsConfig>) -> Result<(Transport, Option<String>), String> {
-    let handshake = |stream: TcpStream| async move {
+    match kind {
+        ListenerKind::Tcp => Ok((Transport::Tcp(stream), None)),
+        _ => handshakes(kind, stream, tls).await,
+    }
+}
+
+/// What [`handshakes`] returns.
+type Handshakes<'a> = Pin<Box<dyn std::future::Future<Output = Result<(Transport, Option<String>), String>> + 'a>>;
+
+/// [`open`] for TLS and WebSocket listeners. Each handshake future is
+/// boxed: they are many kilobytes (rustls and tungstenite state), and
+/// unboxed they would size the future of every connection until its
+/// CONNECT arrives, even for plain TCP. Built here, out of line, because a
+/// boxed future is first made on the stack: inlined into [`open`], their
+/// 29 KiB of stack was probed, so touched, on every connection's first
+/// poll, and stayed resident on each shard's thread (perf/RESULTS.md,
+/// 2026-12-02, session 16).
+#[inline(never)]
+fn handshakes(kind: ListenerKind, stream: TcpStream, tls: Option<&TlsConfig>) -> Handshakes<'_> {
+    let handshake = move |stream: TcpStream| async move {
         let tls = tls.ok_or("TLS listener without a certificate")?;
         let stream = tls.acceptor().accept(stream).await.map_err(|e| format!("TLS handshake: {e}"))?;
         let identity = peer_identity(stream.get_ref().1);
         Ok::<_, String>((stream, identity))
     };
-    // Each handshake future is boxed: they are many kilobytes (rustls and
-    // tungstenite state), and unboxed they would size this future — held
-    // by every connection until its CONNECT arrives — even for plain TCP.
-    match kind {
-        ListenerKind::Tcp => Ok((Transport::Tcp(stream), None)),
-        ListenerKind::Tls => {
-            let (stream, identity) = Box::pin(handshake(stream)).await?;
-            Ok((Transport::Tls(Box::new(stream)), identity))
+    Box::pin(async move {
+        match kind {
+            ListenerKind::Tcp => Ok((Transport::Tcp(stream), None)),
+            ListenerKind::Tls => {
+                let (stream, identity) = Box::pin(handshake(stream)).await?;
+                Ok((Transport::Tls(Box::new(stream)), identity))
+            }
+            ListenerKind::Ws => {
+                let stream = Box::pin(ws::accept(stream)).await.map_err(|e| format!("WebSocket handshake: {e}"))?;
+                Ok((Transport::Ws(Box::new(stream)), None))
+            }
+            ListenerKind::Wss => {
+                let (stream, identity) = Box::pin(handshake(stream)).await?;
+                let stream = Box::pin(ws::accept(stream)).await.map_err(|e| format!("WebSocket handshake: {e}"))?;
+                Ok((Transport::Wss(Box::new(stream)), identity))
+            }
         }
-        ListenerKind::Ws => {
-            let stream = Box::pin(ws::accept(stream)).await.map_err(|e| format!("WebSocket handshake: {e}"))?;
-            Ok((Transport::Ws(Box::new(stream)), None))
-        }
-        ListenerKind::Wss => {
-            let (stream, identity) = Box::pin(handshake(stream)).await?;
-            let stream = Box::pin(ws::accept(stream)).await.map_err(|e| format!("WebSocket handshake: {e}"))?;
-            Ok((Transport::Wss(Box::new(stream)), identity))
-        }
-    }
+    })
 }
 
 macro_rules! each {
