@@ -21,6 +21,13 @@ if ! command -v mosquitto_pub >/dev/null || ! command -v mosquitto_sub >/dev/nul
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto-clients
 fi
 
+# limits.rs reads the listening sockets' accept queues with `ss` (iproute2).
+if ! command -v ss >/dev/null; then
+    echo "test.sh: installing iproute2"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2
+fi
+
 # The interop tests (shards/tests/e2e/interop.rs) run paho-mqtt 2.x
 # (Python) and MQTT.js (Node, `mqtt` 5.x) against the broker; they fail,
 # saying so, when either is missing.

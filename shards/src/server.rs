@@ -478,12 +478,23 @@ fn spawn_reloader(
     Ok(handle)
 }
 
+/// A listening socket on `addr` that every shard binds (`SO_REUSEPORT`:
+/// the kernel spreads new connections over the shards' sockets).
+///
+/// Its accept queue is as long as the kernel allows
+/// (`net.core.somaxconn`, 4096 by default): a fleet reconnecting at once
+/// sends SYNs faster than a shard accepts, and each one the queue drops
+/// costs its client a SYN retransmission, one second later at the least.
+/// Measured with 1,024: a storm of 10,000 connections at 100,000/s
+/// overflowed the queue 1,547 times and its slowest CONNACKs took 1.15 s
+/// (perf/RESULTS.md, 2026-12-02, session 16).
 fn bind_reuseport(addr: SocketAddr) -> std::io::Result<StdListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.bind(&addr.into())?;
-    socket.listen(1024)?;
+    // Linux caps the backlog at `net.core.somaxconn`.
+    socket.listen(libc::c_int::MAX)?;
     Ok(socket.into())
 }
 

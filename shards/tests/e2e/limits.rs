@@ -684,3 +684,31 @@ fn large_qos0_messages_to_another_shard_hold_bounded_memory() {
     }
     assert!(grown < 40 * 1024, "the broker grew by {grown} KiB for subscribers that do not read");
 }
+
+/// Each listening socket's accept queue is as long as the kernel allows
+/// (`net.core.somaxconn`), read back with `ss`: a fleet reconnecting at
+/// once overflowed a queue of 1,024, and every SYN dropped cost its client
+/// a retransmission a second later (perf/RESULTS.md, 2026-12-02,
+/// session 16).
+#[test]
+fn listening_sockets_take_the_longest_accept_queue_the_kernel_allows() {
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .expect("read net.core.somaxconn")
+        .trim()
+        .parse()
+        .expect("net.core.somaxconn is a number");
+    let broker = Broker::start(&["--shards", "2"]);
+    let port = broker.mqtt.port();
+    let out = Command::new("ss")
+        .args(["-ltnH", &format!("sport = :{port}")])
+        .output()
+        .expect("run ss (iproute2; scripts/test.sh installs it)");
+    assert!(out.status.success(), "ss: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // `ss -ltn` shows a listening socket's backlog in its Send-Q column.
+    let backlogs: Vec<u32> = text
+        .lines()
+        .map(|line| line.split_whitespace().nth(2).expect("a Send-Q column").parse().expect("a number"))
+        .collect();
+    assert_eq!(backlogs, [somaxconn, somaxconn], "one socket per shard: {text}");
+}
