@@ -164,6 +164,13 @@ impl Report {
                 s += &format!(
                     "broker RSS   {b} KiB before, {a} KiB after: {k:.2} KiB per connection\n"
                 );
+                if a < b {
+                    // Seen right after another run: the broker was still
+                    // giving back that run's memory.
+                    s += "             (the broker's RSS fell during the run: it was still \
+                          returning memory from earlier work; measure a broker that has \
+                          been idle a few seconds, or a fresh one)\n";
+                }
             }
             s += "CONNACK latency (µs)\n";
         } else {
@@ -181,7 +188,7 @@ impl Report {
             );
             if self.acked_total > 0 {
                 s += &format!(
-                    "acked        {} of {} published\n",
+                    "acked        {} of {} published (warm-up and drain included)\n",
                     self.acked_total, self.published_total
                 );
             }
@@ -246,4 +253,41 @@ pub fn failed_mid_run(errors: &BTreeMap<String, u64>) -> u64 {
         .iter()
         .filter_map(|kind| errors.get(*kind))
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idle_report(before: u64, after: u64) -> Report {
+        let mut r = Report::with_meta("idle", serde_json::Value::Null, std::time::Duration::from_secs(1), &Latency::default());
+        r.connections = Some(ConnectionFigures {
+            target: 100,
+            connected: 100,
+            broker_rss_before_kib: Some(before),
+            broker_rss_after_kib: Some(after),
+            broker_kib_per_connection: Some((after as f64 - before as f64) / 100.0),
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn a_broker_whose_rss_fell_during_an_idle_run_is_pointed_out() {
+        let fell = idle_report(12_772, 12_704).summary();
+        assert!(fell.contains("-0.68 KiB per connection"), "{fell}");
+        assert!(fell.contains("the broker's RSS fell during the run"), "{fell}");
+        let grew = idle_report(8_000, 8_064).summary();
+        assert!(grew.contains("0.64 KiB per connection"), "{grew}");
+        assert!(!grew.contains("fell"), "{grew}");
+    }
+
+    #[test]
+    fn acked_says_it_counts_the_warm_up_too() {
+        let mut r = Report::with_meta("fan-in", serde_json::Value::Null, std::time::Duration::from_secs(1), &Latency::default());
+        r.published_total = 40;
+        r.acked_total = 40;
+        r.sent = 30;
+        assert!(r.summary().contains("acked        40 of 40 published (warm-up and drain included)"));
+    }
 }

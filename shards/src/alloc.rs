@@ -25,9 +25,13 @@
 //!
 //! Inside [`aside`], blocks come from a second mimalloc heap (each thread
 //! its own part of it), kept for what a connection holds only while it is
-//! awake: its task, glommio's poll of its socket, and the hand-off that
-//! carries it to its home shard. A burst of connections makes thousands
-//! of these, and they are freed when the connections park. Mixed with the
+//! awake: its task ([`spawn_aside`]; what the task allocates as it runs
+//! is not aside), its glommio stream with the poll of its socket, the
+//! bytes waiting to be written, and the hand-off that carries it to its
+//! home shard. A burst of connections makes thousands of these, and they
+//! are freed when the connections park: an idle broker's aside heap holds
+//! no block (checked with `mi_theap_visit_blocks` in a temporary build,
+//! perf/RESULTS.md, 2026-12-02, session 16). Mixed with the
 //! shard's long-lived blocks of the same sizes (glommio's timer and accept
 //! sources, the sessions), the burst left whole mimalloc pages resident for
 //! the few long-lived blocks among them; apart, the burst's pages empty
@@ -99,15 +103,66 @@ fn aside_theap() -> *mut Theap {
 /// bursts, so that their pages empty together. Frees and `realloc`s work
 /// as anywhere (a `realloc` may move the block back to the main heap).
 pub fn aside<R>(f: impl FnOnce() -> R) -> R {
-    /// Restores the previous heap, also when `f` unwinds.
+    with_aside(aside_theap(), f)
+}
+
+/// Run `f` with `theap` as this thread's aside heap (null: none), then
+/// restore the previous one, also when `f` unwinds.
+fn with_aside<R>(theap: *mut Theap, f: impl FnOnce() -> R) -> R {
+    /// Restores the previous heap on drop.
     struct Restore(*mut Theap);
     impl Drop for Restore {
         fn drop(&mut self) {
             ASIDE.with(|a| a.set(self.0));
         }
     }
-    let _restore = Restore(ASIDE.with(|a| a.replace(aside_theap())));
+    let _restore = Restore(ASIDE.with(|a| a.replace(theap)));
     f()
+}
+
+/// Run `f` with the blocks it allocates taken from the main heap, also
+/// inside [`aside`].
+pub fn outside<R>(f: impl FnOnce() -> R) -> R {
+    with_aside(std::ptr::null_mut(), f)
+}
+
+/// A future polled [`aside`] or [`outside`] the aside heap: see
+/// [`polled_aside`].
+pub struct Polled<F> {
+    future: F,
+    aside: bool,
+}
+
+/// `future`, polled [`aside`]: what it allocates as it runs comes from
+/// the aside heap.
+pub fn polled_aside<F: std::future::Future>(future: F) -> Polled<F> {
+    Polled { future, aside: true }
+}
+
+impl<F: std::future::Future> std::future::Future for Polled<F> {
+    type Output = F::Output;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        let aside = self.aside;
+        // SAFETY: structural pinning: the inner future is never moved
+        // out of `self`, nor is `self` unpinned.
+        let future = unsafe { self.map_unchecked_mut(|p| &mut p.future) };
+        if aside {
+            self::aside(|| future.poll(cx))
+        } else {
+            outside(|| future.poll(cx))
+        }
+    }
+}
+
+/// Spawn `future` as a detached glommio task of this thread whose own
+/// block (the task with the future's state) is made [`aside`], while all
+/// it allocates as it runs comes from the main heap: glommio may run a new
+/// task at once, inside the caller's scope, and a connection's first poll
+/// makes blocks that live as long as its session.
+pub fn spawn_aside(future: impl std::future::Future<Output = ()> + 'static) {
+    let future = Polled { future, aside: false };
+    aside(|| glommio::spawn_local(future).detach());
 }
 
 /// Let mimalloc finish the frees other threads handed to this thread, free
@@ -254,6 +309,7 @@ unsafe impl GlobalAlloc for Allocator {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::future::Future;
 
     /// How many of the pages in `start..start + len` (page-aligned) are
     /// resident, by mincore(2).
@@ -423,6 +479,22 @@ mod tests {
     }
 
     #[test]
+    fn a_future_spawned_aside_runs_outside_it() {
+        let seen = aside(|| {
+            let mut future = std::pin::pin!(Polled { future: async { !ASIDE.with(Cell::get).is_null() }, aside: false });
+            let waker = std::task::Waker::noop();
+            future.as_mut().poll(&mut std::task::Context::from_waker(waker))
+        });
+        assert_eq!(seen, std::task::Poll::Ready(false));
+        let mut future = std::pin::pin!(polled_aside(async { !ASIDE.with(Cell::get).is_null() }));
+        let polled = future.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        assert_eq!(polled, std::task::Poll::Ready(true));
+        assert!(outside(|| ASIDE.with(Cell::get).is_null()));
+        aside(|| outside(|| ()));
+        assert!(ASIDE.with(Cell::get).is_null());
+    }
+
+    #[test]
     fn aside_ends_with_its_scope_even_on_a_panic() {
         assert!(ASIDE.with(Cell::get).is_null());
         aside(|| assert!(!ASIDE.with(Cell::get).is_null()));
@@ -462,3 +534,4 @@ mod tests {
         }
     }
 }
+

@@ -359,7 +359,7 @@ pub(crate) async fn accepted(
         // handshakes) is freed now rather than held for the connection's life.
         // Aside, as every connection task (crate::alloc): it ends when the
         // connection parks.
-        crate::alloc::aside(|| glommio::spawn_local(serve(shard, settings, handoff, None)).detach());
+        crate::alloc::spawn_aside(serve(shard, settings, handoff, None));
         return;
     }
     Box::pin(hand_off(&shard, owner, Route::Fresh, handoff)).await;
@@ -474,33 +474,34 @@ pub(crate) fn resume(shard: Rc<Shard>, settings: Rc<ConnSettings>, parked: Parke
 fn respawn(shard: Rc<Shard>, settings: Rc<ConnSettings>, parked: Parked, buf: BytesMut) {
     // SAFETY: the descriptor came from `dup` when the connection parked and
     // is owned by `parked` alone.
-    let stream = unsafe { TcpStream::from_raw_fd(parked.fd.into_raw_fd()) };
+    // Aside, with glommio's poll of the socket that comes with the stream
+    // (crate::alloc).
+    let stream = crate::alloc::aside(|| unsafe { TcpStream::from_raw_fd(parked.fd.into_raw_fd()) });
     let transport = Transport::Tcp(stream);
-    crate::alloc::aside(|| {
-        glommio::spawn_local(drive(
-            shard,
-            settings,
-            transport,
-            parked.conn,
-            parked.slot,
-            parked.admission,
-            buf,
-            true,
-        ))
-        .detach()
-    });
+    crate::alloc::spawn_aside(drive(
+        shard,
+        settings,
+        transport,
+        parked.conn,
+        parked.slot,
+        parked.admission,
+        buf,
+        true,
+    ));
 }
 
 /// Take a connection handed over by another shard.
 pub(crate) async fn handed_over(shard: Rc<Shard>, settings: Rc<ConnSettings>, handoff: Handoff) {
     // SAFETY: the descriptor came from `dup` on the accepting shard and is
     // owned by the hand-off alone.
-    let transport = unsafe {
+    // Aside, with glommio's poll of the socket that comes with the stream
+    // (crate::alloc).
+    let transport = crate::alloc::aside(|| unsafe {
         match handoff.stream {
             HandoffStream::Tcp(fd) => Transport::Tcp(TcpStream::from_raw_fd(fd.into_raw_fd())),
             HandoffStream::Unix(fd) => Transport::Unix(UnixStream::from_raw_fd(fd.into_raw_fd())),
         }
-    };
+    });
     let via = match handoff.route {
         Route::ViaHome(generation) => Some(generation),
         Route::Fresh | Route::NotHere(_) => None,
@@ -525,7 +526,7 @@ pub(crate) fn moved_in(
     let (conn, slot, fd, unread, admission) = moved;
     // SAFETY: the descriptor came from `dup` on the shard it left and is
     // owned by the move alone.
-    let stream = unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) };
+    let stream = crate::alloc::aside(|| unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) });
     spawn_attached(shard, settings, Transport::Tcp(stream), conn, slot, admission, &unread);
 }
 
@@ -541,10 +542,7 @@ fn spawn_attached(
     unread: &[u8],
 ) {
     let buf = BytesMut::from(unread);
-    crate::alloc::aside(|| {
-        glommio::spawn_local(drive(shard, settings, transport, conn, slot, admission, buf, false))
-            .detach()
-    });
+    crate::alloc::spawn_aside(drive(shard, settings, transport, conn, slot, admission, buf, false));
 }
 
 async fn write_packet(

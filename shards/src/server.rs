@@ -271,14 +271,11 @@ async fn run_shard(
                             shard.forget_moved(from, &handoff.negotiated.client_id, generation);
                         }
                         // Connection tasks are made aside (crate::alloc).
-                        crate::alloc::aside(|| {
-                            glommio::spawn_local(handed_over(
-                                shard.clone(),
-                                settings.clone(),
-                                *handoff,
-                            ))
-                            .detach()
-                        });
+                        crate::alloc::spawn_aside(handed_over(
+                            shard.clone(),
+                            settings.clone(),
+                            *handoff,
+                        ));
                     }
                     ShardMsg::Move(moving) => {
                         if let Some(moved) = shard.move_in(from, *moving) {
@@ -300,7 +297,9 @@ async fn run_shard(
         let (shard, settings) = (shard.clone(), settings.clone());
         glommio::spawn_local(async move {
             loop {
-                let accept = or(async { Some(listener.accept().await) }, async {
+                // Aside: the accepted stream comes with glommio's poll of
+                // its socket, which lives while the connection is awake.
+                let accept = or(async { Some(crate::alloc::polled_aside(listener.accept()).await) }, async {
                     shard.stop_signal.wait().await;
                     None
                 });
@@ -308,15 +307,12 @@ async fn run_shard(
                     Some(Ok(stream)) => {
                         // Connection tasks are made aside (crate::alloc):
                         // they end when their connection parks.
-                        crate::alloc::aside(|| {
-                            glommio::spawn_local(accepted(
-                                shard.clone(),
-                                settings.clone(),
-                                stream,
-                                kind,
-                            ))
-                            .detach()
-                        });
+                        crate::alloc::spawn_aside(accepted(
+                            shard.clone(),
+                            settings.clone(),
+                            stream,
+                            kind,
+                        ));
                     }
                     Some(Err(e)) => {
                         warn!(target: "broker", error = %e, "accept failed");

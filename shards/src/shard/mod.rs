@@ -243,7 +243,9 @@ impl ConnShared {
     pub(crate) fn send(&self, packet: &Packet) {
         let mut out = self.out.borrow_mut();
         // Only packets we build ourselves reach here; they always encode.
-        let _ = encode(packet, self.protocol, &mut out);
+        // The bytes wait only until the connection's task writes them:
+        // aside (crate::alloc), like the task.
+        let _ = crate::alloc::aside(|| encode(packet, self.protocol, &mut out));
         self.pending.set(self.pending.get() + 1);
         self.wake();
     }
