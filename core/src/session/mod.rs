@@ -901,7 +901,26 @@ impl Session {
         let v5 = self.protocol.is_v5();
         let mut reasons = Vec::with_capacity(if v5 { unsubscribe.filters.len() } else { 0 });
         let mut changes = Vec::with_capacity(unsubscribe.filters.len());
+        let forbidden = |filter: &ByteString| {
+            validate_topic_filter(filter, &self.limits.topic).is_err_and(|error| {
+                !matches!(error, TopicError::TooLong { .. } | TopicError::TooManyLevels { .. })
+            })
+        };
+        if !v5 && unsubscribe.filters.iter().any(forbidden) {
+            // A filter the spec forbids `[MQTT-4.7.1-2]` is a protocol
+            // violation, which closes a 3.1.1 connection (3.1.1 §4.8), as
+            // in SUBSCRIBE; checked first, so nothing is unsubscribed.
+            self.close_with(ReasonCode::TOPIC_FILTER_INVALID, out);
+            return;
+        }
         for filter in unsubscribe.filters {
+            if validate_topic_filter(&filter, &self.limits.topic).is_err() {
+                // No subscription can have it: v5 says why (0x8F).
+                if v5 {
+                    reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
+                }
+                continue;
+            }
             let filter = internal_filter(&self.namespace, &filter);
             let existed = self.subscriptions.remove(&filter).is_some();
             if v5 {

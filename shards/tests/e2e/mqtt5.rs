@@ -1292,3 +1292,44 @@ fn mqtt311_second_connect_and_empty_subscribe_close_the_connection() {
     empty.send(&wire::packet(0x82, &[0, 1]));
     assert_eq!(empty.packets_until_closed(WAIT), vec![]);
 }
+
+/// UNSUBSCRIBE with the packet's own encoding (MQTT 5 §3.10; `props`
+/// `None` for 3.1.1).
+fn unsubscribe_packet(packet_id: u16, filters: &[&str], props: Option<&Props>) -> Vec<u8> {
+    let mut body = packet_id.to_be_bytes().to_vec();
+    if let Some(props) = props {
+        body.extend(props.encode());
+    }
+    for filter in filters {
+        body.extend(wire::string(filter.as_bytes()));
+    }
+    wire::packet(0xA2, &body)
+}
+
+/// An UNSUBSCRIBE topic filter the spec forbids (`#` not last,
+/// `[MQTT-4.7.1-2]`): MQTT 5 answers UNSUBACK 0x8F for it, 0x00 for the
+/// filter that was subscribed and 0x11 for one that was not, one reason
+/// code per filter in order `[MQTT-3.11.3-1]`, and keeps the connection;
+/// the subscription is gone `[MQTT-3.10.4-1]`. MQTT 3.1.1 closes the
+/// connection (a protocol violation, 3.1.1 §4.8) and unsubscribes nothing.
+#[test]
+fn unsubscribe_of_an_invalid_filter_gets_0x8f_in_v5_and_closes_3_1_1() {
+    let broker = Broker::start(&[]);
+    let (mut sub, mut publisher) = pair(&broker, "u/a");
+    sub.send(&unsubscribe_packet(7, &["u/#/b", "u/a", "u/never"], Some(&Props::new())));
+    let (_, body) = sub.wait_for(0xB0, WAIT).expect("UNSUBACK");
+    assert_eq!(body[..2], [0, 7], "packet identifier");
+    let (_, used) = Props::decode(&body[2..]);
+    assert_eq!(body[2 + used..], [0x8F, 0x00, 0x11]);
+    assert!(publisher.publish("u/a", 1, false, Props::new(), b"x") < 0x80);
+    sub.expect_no_publish(Duration::from_millis(300));
+
+    let id = unique("v311");
+    let mut old = Client::v311(broker.mqtt, &id, false);
+    old.subscribe("u/c", 1);
+    old.send(&unsubscribe_packet(8, &["u/c", "u/#/b"], None));
+    assert_eq!(old.closed_with(WAIT), None, "closed without a DISCONNECT (3.1.1)");
+    let mut again = Client::v311(broker.mqtt, &id, false);
+    assert_eq!(publisher.publish("u/c", 1, false, Props::new(), b"kept"), 0);
+    assert_eq!(again.expect_publish().text(), "kept", "the subscription was kept");
+}
