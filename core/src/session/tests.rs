@@ -276,30 +276,31 @@ fn subscriptions_beyond_the_limit_get_quota_exceeded() {
     assert_eq!(ack.reasons, vec![ReasonCode::GRANTED_QOS_0, ReasonCode::QUOTA_EXCEEDED]);
 }
 
+/// A `protocol` session subscribed to `a`, then sent UNSUBSCRIBE for
+/// `filters`: the session and what it output.
+fn unsubscribed(protocol: ProtocolVersion, filters: &[&str]) -> (Session, Vec<Output>) {
+    let t0 = Instant::now();
+    let mut s = session_with(protocol, 10, SessionLimits::default());
+    let mut out = vec![];
+    let subscribe = vec![("a".into(), SubscriptionOptions::default())];
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters: subscribe }), t0, &mut out);
+    out.clear();
+    let filters = filters.iter().map(|&f| f.into()).collect();
+    s.handle(Packet::Unsubscribe(Unsubscribe { packet_id: pid(2), properties: Properties::default().into(), filters }), t0, &mut out);
+    (s, out)
+}
+
 /// An UNSUBSCRIBE filter the spec forbids (`#` not last, `[MQTT-4.7.1-2]`):
 /// v5 answers 0x8F for it and handles the others; 3.1.1 closes the
 /// connection (a protocol violation, 3.1.1 §4.8) without an UNSUBACK.
 #[test]
 fn unsubscribe_of_an_invalid_filter_is_0x8f_in_v5_and_closes_in_3_1_1() {
-    let t0 = Instant::now();
-    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
-    let mut out = vec![];
-    let filters = vec![("a".into(), SubscriptionOptions::default())];
-    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters }), t0, &mut out);
-    out.clear();
-    let u = Unsubscribe { packet_id: pid(2), properties: Properties::default().into(), filters: vec!["a/#/b".into(), "a".into()] };
-    s.handle(Packet::Unsubscribe(u), t0, &mut out);
+    let (_, out) = unsubscribed(ProtocolVersion::V5, &["a/#/b", "a"]);
     assert_eq!(out[0], Output::Unsubscribed { filter: "a".into() });
     let Output::Send(Packet::UnsubAck(ack)) = &out[1] else { panic!("{out:?}") };
     assert_eq!(ack.reasons, vec![ReasonCode::TOPIC_FILTER_INVALID, ReasonCode::SUCCESS]);
 
-    let mut s = session_with(ProtocolVersion::V3_1_1, 10, SessionLimits::default());
-    let mut out = vec![];
-    let filters = vec![("a".into(), SubscriptionOptions::default())];
-    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters }), t0, &mut out);
-    out.clear();
-    let u = Unsubscribe { packet_id: pid(2), properties: Properties::default().into(), filters: vec!["a".into(), "a/#/b".into()] };
-    s.handle(Packet::Unsubscribe(u), t0, &mut out);
+    let (s, out) = unsubscribed(ProtocolVersion::V3_1_1, &["a", "a/#/b"]);
     assert_eq!(out, vec![Output::Close { reason: None, publish_will: true }]);
     // Nothing was unsubscribed: the session and the shard's routes agree.
     assert!(s.subscriptions().contains_key("a"));
@@ -307,14 +308,7 @@ fn unsubscribe_of_an_invalid_filter_is_0x8f_in_v5_and_closes_in_3_1_1() {
 
 #[test]
 fn unsubscribe_reports_which_subscriptions_existed() {
-    let t0 = Instant::now();
-    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
-    let mut out = vec![];
-    let filters = vec![("a".into(), SubscriptionOptions::default())];
-    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters }), t0, &mut out);
-    out.clear();
-    let u = Unsubscribe { packet_id: pid(2), properties: Properties::default().into(), filters: vec!["a".into(), "b".into()] };
-    s.handle(Packet::Unsubscribe(u), t0, &mut out);
+    let (_, out) = unsubscribed(ProtocolVersion::V5, &["a", "b"]);
     assert_eq!(out[0], Output::Unsubscribed { filter: "a".into() });
     let Output::Send(Packet::UnsubAck(ack)) = &out[1] else { panic!() };
     assert_eq!(ack.reasons, vec![ReasonCode::SUCCESS, ReasonCode::NO_SUBSCRIPTION_EXISTED]);
