@@ -121,6 +121,14 @@ pub fn negotiate(
                 detail: "the Will Topic is not a valid topic name",
             });
         }
+        // The server MAY check a Will Payload said to be UTF-8 (MQTT 5
+        // §3.1.3.2.3); PUBLISH payloads are checked, so wills are too.
+        if v5 && will.properties.payload_format_indicator == Some(1) && std::str::from_utf8(&will.payload).is_err() {
+            return Err(Refusal {
+                reason: ReasonCode::PAYLOAD_FORMAT_INVALID,
+                detail: "the Will Payload is not UTF-8 though its Payload Format Indicator says so",
+            });
+        }
     }
 
     let client_id = if connect.client_id.is_empty() {

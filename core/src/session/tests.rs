@@ -386,6 +386,29 @@ fn invalid_will_topic_is_refused() {
     assert_eq!(negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap_err().reason, ReasonCode::TOPIC_NAME_INVALID);
 }
 
+/// A Will Payload that is not UTF-8 while its Payload Format Indicator
+/// says it is: CONNACK 0x99 (MQTT 5 §3.1.3.2.3, "MAY validate"), as for
+/// PUBLISH; with indicator 0 or none, any bytes go.
+#[test]
+fn a_will_payload_not_utf8_though_marked_so_is_refused_with_0x99() {
+    let will = |protocol, indicator: Option<u8>| {
+        let mut c = connect(protocol, "c", true);
+        let mut properties = Properties::default();
+        properties.payload_format_indicator = indicator;
+        c.will = Some(Will {
+            topic: "a".into(),
+            payload: Bytes::from_static(b"\xff\xfe"),
+            qos: QoS::AtMostOnce,
+            retain: false,
+            properties: properties.into(),
+        });
+        negotiate(&c, &ConnectLimits::default(), || unreachable!()).map(|_| ()).map_err(|r| r.reason)
+    };
+    assert_eq!(will(ProtocolVersion::V5, Some(1)), Err(ReasonCode::PAYLOAD_FORMAT_INVALID));
+    assert_eq!(will(ProtocolVersion::V5, Some(0)), Ok(()));
+    assert_eq!(will(ProtocolVersion::V5, None), Ok(()));
+}
+
 #[test]
 fn authentication_method_is_refused_with_0x8c() {
     let mut c = connect(ProtocolVersion::V5, "c", true);

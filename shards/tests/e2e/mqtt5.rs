@@ -1138,6 +1138,7 @@ fn session_expiry_zero_made_non_zero_at_disconnect_gets_0x82() {
             topic: &will_topic,
             payload: b"gone",
             delay_secs: None,
+            payload_format: None,
         }),
         ..wire::Connect::v5(&id)
     };

@@ -156,6 +156,8 @@ pub(crate) mod wire {
         pub(crate) topic: &'a str,
         pub(crate) payload: &'a [u8],
         pub(crate) delay_secs: Option<u32>,
+        /// MQTT 5 Payload Format Indicator (1: UTF-8).
+        pub(crate) payload_format: Option<u8>,
     }
 
     /// A CONNECT. `level` 3 uses the name `MQIsdp`, others `MQTT`; MQTT 5
@@ -219,6 +221,9 @@ pub(crate) mod wire {
                     if let Some(delay) = will.delay_secs {
                         props.push(0x18);
                         props.extend_from_slice(&delay.to_be_bytes());
+                    }
+                    if let Some(format) = will.payload_format {
+                        props.extend([0x01, format]);
                     }
                     body.extend(varint(props.len()));
                     body.extend(props);

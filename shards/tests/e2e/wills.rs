@@ -210,6 +210,7 @@ fn disconnect_with_reason_0x04_publishes_the_will() {
         topic: &will_topic,
         payload: b"asked for",
         delay_secs: None,
+        payload_format: None,
     };
     let id = unique("c");
     let connect = wire::Connect {
@@ -237,6 +238,7 @@ fn keep_alive_timeout_closes_the_connection_and_publishes_the_will() {
         topic: &will_topic,
         payload: b"silent",
         delay_secs: None,
+        payload_format: None,
     };
     let id = unique("quiet");
     let connect = wire::Connect {
@@ -260,4 +262,24 @@ fn keep_alive_timeout_closes_the_connection_and_publishes_the_will() {
         watcher.next_message(WAIT),
         Some(format!("0 0 {will_topic} silent"))
     );
+}
+
+/// An MQTT 5 will whose Payload Format Indicator says UTF-8 but whose
+/// payload is not gets CONNACK 0x99 (MQTT 5 §3.1.3.2.3: the server MAY
+/// validate it); with valid UTF-8 it is accepted.
+#[test]
+fn a_will_payload_marked_utf8_that_is_not_gets_connack_0x99() {
+    let broker = Broker::two_shards(&[]);
+    let connect = |id: &str, payload: &'static [u8]| {
+        let will = wire::Will {
+            topic: "will/format",
+            payload,
+            delay_secs: None,
+            payload_format: Some(1),
+        };
+        let mut client = RawClient::connect(broker.mqtt);
+        client.handshake(&wire::Connect { will: Some(will), ..wire::Connect::v5(id) }.encode()).1
+    };
+    assert_eq!(connect(&unique("bad"), b"\xff\xfe"), 0x99);
+    assert_eq!(connect(&unique("good"), "gone ✓".as_bytes()), 0);
 }
