@@ -472,12 +472,7 @@ pub(crate) fn resume(shard: Rc<Shard>, settings: Rc<ConnSettings>, parked: Parke
 
 /// A new task for the connection in `parked`.
 fn respawn(shard: Rc<Shard>, settings: Rc<ConnSettings>, parked: Parked, buf: BytesMut) {
-    // SAFETY: the descriptor came from `dup` when the connection parked and
-    // is owned by `parked` alone.
-    // Aside, with glommio's poll of the socket that comes with the stream
-    // (crate::alloc).
-    let stream = crate::alloc::aside(|| unsafe { TcpStream::from_raw_fd(parked.fd.into_raw_fd()) });
-    let transport = Transport::Tcp(stream);
+    let transport = Transport::Tcp(tcp_stream(parked.fd));
     crate::alloc::spawn_aside(drive(
         shard,
         settings,
@@ -492,16 +487,11 @@ fn respawn(shard: Rc<Shard>, settings: Rc<ConnSettings>, parked: Parked, buf: By
 
 /// Take a connection handed over by another shard.
 pub(crate) async fn handed_over(shard: Rc<Shard>, settings: Rc<ConnSettings>, handoff: Handoff) {
-    // SAFETY: the descriptor came from `dup` on the accepting shard and is
-    // owned by the hand-off alone.
-    // Aside, with glommio's poll of the socket that comes with the stream
-    // (crate::alloc).
-    let transport = crate::alloc::aside(|| unsafe {
-        match handoff.stream {
-            HandoffStream::Tcp(fd) => Transport::Tcp(TcpStream::from_raw_fd(fd.into_raw_fd())),
-            HandoffStream::Unix(fd) => Transport::Unix(UnixStream::from_raw_fd(fd.into_raw_fd())),
-        }
-    });
+    let transport = match handoff.stream {
+        HandoffStream::Tcp(fd) => Transport::Tcp(tcp_stream(fd)),
+        // SAFETY: the OwnedFd owned the descriptor alone and gives it up.
+        HandoffStream::Unix(fd) => Transport::Unix(unsafe { UnixStream::from_raw_fd(fd.into_raw_fd()) }),
+    };
     let via = match handoff.route {
         Route::ViaHome(generation) => Some(generation),
         Route::Fresh | Route::NotHere(_) => None,
@@ -524,10 +514,15 @@ pub(crate) fn moved_in(
     moved: (Rc<ConnShared>, crate::shard::Slot, OwnedFd, Bytes, Admission),
 ) {
     let (conn, slot, fd, unread, admission) = moved;
-    // SAFETY: the descriptor came from `dup` on the shard it left and is
-    // owned by the move alone.
-    let stream = crate::alloc::aside(|| unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) });
-    spawn_attached(shard, settings, Transport::Tcp(stream), conn, slot, admission, &unread);
+    spawn_attached(shard, settings, Transport::Tcp(tcp_stream(fd)), conn, slot, admission, &unread);
+}
+
+/// A glommio stream for the TCP socket `fd` (one that parked, was handed
+/// over or moved here), made aside with the poll of its socket that comes
+/// with it: both live while the connection is awake (crate::alloc).
+fn tcp_stream(fd: OwnedFd) -> TcpStream {
+    // SAFETY: the OwnedFd owned the descriptor alone and gives it up.
+    crate::alloc::aside(|| unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) })
 }
 
 /// Serve a connection just attached to its session (or moved here with it)

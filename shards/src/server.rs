@@ -481,9 +481,9 @@ fn spawn_reloader(
 /// (`net.core.somaxconn`, 4096 by default): a fleet reconnecting at once
 /// sends SYNs faster than a shard accepts, and each one the queue drops
 /// costs its client a SYN retransmission, one second later at the least.
-/// Measured with 1,024: a storm of 10,000 connections at 100,000/s
-/// overflowed the queue 1,547 times and its slowest CONNACKs took 1.15 s
-/// (perf/RESULTS.md, 2026-12-02, session 16).
+/// Measured with 1,024: a storm of 10,000 connections at 100,000/s on one
+/// shard overflowed the queue 143 and 333 times in two runs, and none
+/// with somaxconn (perf/RESULTS.md, 2026-12-02, session 16).
 fn bind_reuseport(addr: SocketAddr) -> std::io::Result<StdListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
