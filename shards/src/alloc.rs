@@ -37,6 +37,14 @@
 //! the few long-lived blocks among them; apart, the burst's pages empty
 //! completely and go back to the system ([`collect`]). Measured: an idle
 //! connection 3 % smaller (perf/RESULTS.md, 2026-12-02, session 16).
+//!
+//! The aside heap has an arena of its own ([`ASIDE_ARENA_BYTES`]): the
+//! pages it frees when a burst parks are not taken by the main heap while
+//! still resident (mimalloc purges a freed page only after
+//! `MIMALLOC_PURGE_DELAY`, 1 s); a main-heap page made from one kept the
+//! old contents resident past its blocks for as long as it lived. Measured:
+//! `--shards 2` against `--shards 1` for an idle connection from 1.030 to
+//! 1.011 (perf/RESULTS.md, 2026-12-02, session 17).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -74,14 +82,53 @@ extern "C" {
     fn mi_heap_theap(heap: *mut libmimalloc_sys::mi_heap_t) -> *mut Theap;
     fn mi_theap_malloc_aligned(theap: *mut Theap, size: usize, alignment: usize) -> *mut u8;
     fn mi_theap_collect(theap: *mut Theap, force: bool);
+    fn mi_reserve_os_memory_ex(
+        size: usize,
+        commit: bool,
+        allow_large: bool,
+        exclusive: bool,
+        arena_id: *mut *mut std::ffi::c_void,
+    ) -> std::ffi::c_int;
+    fn mi_heap_new_in_arena(arena_id: *mut std::ffi::c_void) -> *mut libmimalloc_sys::mi_heap_t;
+    #[cfg(test)]
+    fn mi_arena_contains(arena_id: *mut std::ffi::c_void, p: *const std::ffi::c_void) -> bool;
 }
 
-/// The aside heap, made on first use (null if mimalloc could not).
+/// Virtual bytes reserved for the aside heap's own arena: room for the
+/// tasks and streams of about 150,000 awake connections; past that, aside
+/// blocks come from the main heap ([`Allocator`]).
+pub const ASIDE_ARENA_BYTES: usize = 256 << 20;
+
+/// The aside heap, made on first use (null if mimalloc could not), in an
+/// arena of its own ([`ASIDE_ARENA_BYTES`]) when mimalloc can reserve one.
+///
+/// Its own arena, so that the pages a burst of connections frees when they
+/// park are never taken by the main heap before mimalloc purges them
+/// (`MIMALLOC_PURGE_DELAY`, 1 s): a main-heap page made from such memory
+/// keeps it resident past the blocks it has handed out, for as long as the
+/// page lives (perf/RESULTS.md, 2026-12-02, session 17).
 fn aside_heap() -> *mut libmimalloc_sys::mi_heap_t {
-    /// The heap's address (`usize`: `OnceLock` needs `Sync`).
-    static HEAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    // SAFETY: mi_heap_new only allocates inside mimalloc.
-    *HEAP.get_or_init(|| unsafe { libmimalloc_sys::mi_heap_new() } as usize) as *mut _
+    aside_heap_and_arena().0 as *mut _
+}
+
+/// The aside heap and its arena's id (0 if it has none), as addresses
+/// (`usize`: `OnceLock` needs `Sync`).
+fn aside_heap_and_arena() -> (usize, usize) {
+    static HEAP: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *HEAP.get_or_init(|| {
+        let mut arena: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: mimalloc reserves (maps, untouched) memory for an arena
+        // only heaps made in it use, and writes its id.
+        let reserved = unsafe { mi_reserve_os_memory_ex(ASIDE_ARENA_BYTES, true, false, true, &mut arena) };
+        // SAFETY: only allocates inside mimalloc.
+        unsafe {
+            if reserved == 0 && !arena.is_null() {
+                (mi_heap_new_in_arena(arena) as usize, arena as usize)
+            } else {
+                (libmimalloc_sys::mi_heap_new() as usize, 0)
+            }
+        }
+    })
 }
 
 /// This thread's part of the aside heap (null if there is none).
@@ -96,6 +143,20 @@ fn aside_theap() -> *mut Theap {
         }
         cached.get()
     })
+}
+
+/// This thread's part of the aside heap, if it has used it (for
+/// `census`).
+#[cfg(feature = "heap-census")]
+pub(crate) fn aside_heap_ptr() -> *mut std::ffi::c_void {
+    aside_heap() as *mut std::ffi::c_void
+}
+
+/// This thread's part of the aside heap, if it has used it (for
+/// `census`).
+#[cfg(feature = "heap-census")]
+pub(crate) fn aside_theap_ptr() -> *const std::ffi::c_void {
+    ASIDE_THEAP.with(Cell::get) as *const std::ffi::c_void
 }
 
 /// Run `f` with the blocks it allocates taken from this thread's part of
@@ -126,32 +187,19 @@ pub fn outside<R>(f: impl FnOnce() -> R) -> R {
     with_aside(std::ptr::null_mut(), f)
 }
 
-/// A future polled [`aside`] or [`outside`] the aside heap: see
-/// [`polled_aside`].
-pub struct Polled<F> {
+/// A future polled [`outside`] the aside heap (see [`spawn_aside`]).
+struct Outside<F> {
     future: F,
-    aside: bool,
 }
 
-/// `future`, polled [`aside`]: what it allocates as it runs comes from
-/// the aside heap.
-pub fn polled_aside<F: std::future::Future>(future: F) -> Polled<F> {
-    Polled { future, aside: true }
-}
-
-impl<F: std::future::Future> std::future::Future for Polled<F> {
+impl<F: std::future::Future> std::future::Future for Outside<F> {
     type Output = F::Output;
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
-        let aside = self.aside;
         // SAFETY: structural pinning: the inner future is never moved
         // out of `self`, nor is `self` unpinned.
         let future = unsafe { self.map_unchecked_mut(|p| &mut p.future) };
-        if aside {
-            self::aside(|| future.poll(cx))
-        } else {
-            outside(|| future.poll(cx))
-        }
+        outside(|| future.poll(cx))
     }
 }
 
@@ -161,7 +209,7 @@ impl<F: std::future::Future> std::future::Future for Polled<F> {
 /// task at once, inside the caller's scope, and a connection's first poll
 /// makes blocks that live as long as its session.
 pub fn spawn_aside(future: impl std::future::Future<Output = ()> + 'static) {
-    let future = Polled { future, aside: false };
+    let future = Outside { future };
     aside(|| glommio::spawn_local(future).detach());
 }
 
@@ -252,7 +300,11 @@ unsafe impl GlobalAlloc for Allocator {
         if !aside.is_null() {
             // SAFETY: this thread's part of the live aside heap; mimalloc
             // takes any size and power-of-two alignment.
-            return unsafe { mi_theap_malloc_aligned(aside, layout.size(), layout.align()) };
+            let block = unsafe { mi_theap_malloc_aligned(aside, layout.size(), layout.align()) };
+            if !block.is_null() {
+                return block;
+            }
+            // The aside arena is full: the main heap instead.
         }
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { MiMalloc.alloc(layout) }
@@ -481,17 +533,51 @@ mod tests {
     #[test]
     fn a_future_spawned_aside_runs_outside_it() {
         let seen = aside(|| {
-            let mut future = std::pin::pin!(Polled { future: async { !ASIDE.with(Cell::get).is_null() }, aside: false });
+            let mut future = std::pin::pin!(Outside { future: async { !ASIDE.with(Cell::get).is_null() } });
             let waker = std::task::Waker::noop();
             future.as_mut().poll(&mut std::task::Context::from_waker(waker))
         });
         assert_eq!(seen, std::task::Poll::Ready(false));
-        let mut future = std::pin::pin!(polled_aside(async { !ASIDE.with(Cell::get).is_null() }));
-        let polled = future.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
-        assert_eq!(polled, std::task::Poll::Ready(true));
         assert!(outside(|| ASIDE.with(Cell::get).is_null()));
         aside(|| outside(|| ()));
         assert!(ASIDE.with(Cell::get).is_null());
+    }
+
+    #[test]
+    fn aside_blocks_come_from_the_aside_arena_and_no_other_does() {
+        let arena = aside_heap_and_arena().1 as *mut std::ffi::c_void;
+        assert!(!arena.is_null(), "no arena of its own for the aside heap");
+        let inside = |p: *mut u8| unsafe { mi_arena_contains(arena, p.cast()) };
+        // Sizes of every kind of mimalloc page: small, medium, large.
+        for size in [16, 160, 512, 4 << 10, 100 << 10, 2 << 20] {
+            let layout = Layout::from_size_align(size, 8).unwrap();
+            let aside_block = aside(|| unsafe { Allocator.alloc(layout) });
+            let main_block = unsafe { Allocator.alloc(layout) };
+            assert!(!aside_block.is_null() && !main_block.is_null());
+            assert!(inside(aside_block), "{size} B aside");
+            assert!(!inside(main_block), "{size} B in the main heap");
+            unsafe {
+                Allocator.dealloc(aside_block, layout);
+                Allocator.dealloc(main_block, layout);
+            }
+        }
+    }
+
+    #[test]
+    fn an_aside_block_larger_than_the_aside_arena_comes_from_the_main_heap() {
+        let arena = aside_heap_and_arena().1 as *mut std::ffi::c_void;
+        let layout = Layout::from_size_align(ASIDE_ARENA_BYTES + (1 << 20), 8).unwrap();
+        let block = aside(|| unsafe { Allocator.alloc(layout) });
+        assert!(!block.is_null(), "no block");
+        // SAFETY: a live block of this length; only its two ends are
+        // touched.
+        unsafe {
+            assert!(!mi_arena_contains(arena, block.cast()));
+            block.write(7);
+            block.add(layout.size() - 1).write(9);
+            assert_eq!((block.read(), block.add(layout.size() - 1).read()), (7, 9));
+            Allocator.dealloc(block, layout);
+        }
     }
 
     #[test]

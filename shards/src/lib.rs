@@ -9,6 +9,8 @@ mod access;
 pub mod admin;
 pub mod alloc;
 pub mod auth;
+#[cfg(feature = "heap-census")]
+mod census;
 pub mod config;
 mod connection;
 mod limits;

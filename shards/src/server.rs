@@ -297,14 +297,18 @@ async fn run_shard(
         let (shard, settings) = (shard.clone(), settings.clone());
         glommio::spawn_local(async move {
             loop {
-                // Aside: the accepted stream comes with glommio's poll of
-                // its socket, which lives while the connection is awake.
-                let accept = or(async { Some(crate::alloc::polled_aside(listener.accept()).await) }, async {
+                // The pending accept's poll is not aside: it lives until
+                // the next connection arrives, and would hold a page of the
+                // aside heap resident when the connections it let in have
+                // parked (perf/RESULTS.md, 2026-12-02, session 17). The
+                // stream is: it lives while the connection is awake.
+                let accept = or(async { Some(listener.shared_accept().await) }, async {
                     shard.stop_signal.wait().await;
                     None
                 });
                 match accept.await {
-                    Some(Ok(stream)) => {
+                    Some(Ok(socket)) => {
+                        let stream = crate::alloc::aside(|| socket.bind_to_executor());
                         // Connection tasks are made aside (crate::alloc):
                         // they end when their connection parks.
                         crate::alloc::spawn_aside(accepted(
@@ -365,6 +369,8 @@ async fn run_shard(
     // glommio's stats restart from zero at each read.
     let _ = glommio::executor().executor_stats();
     let mut last_tick = Instant::now();
+    #[cfg(feature = "heap-census")]
+    let mut census_at = crate::census::due(last_tick);
     // Time spent running tasks since the last expiry pass.
     let mut ran_since_expiry = Duration::ZERO;
     while !shutdown.is_triggered() {
@@ -377,6 +383,11 @@ async fn run_shard(
         let wall = now - std::mem::replace(&mut last_tick, now);
         shard.set_load((ran.as_micros() * 1000 / wall.as_micros().max(1)).min(1000) as u32);
         shard.check_deadlines(now);
+        #[cfg(feature = "heap-census")]
+        if census_at.last().is_some_and(|at| now >= *at) {
+            census_at.pop();
+            crate::census::take(shard.id);
+        }
         // Let mimalloc finish the frees other threads handed to this
         // thread's heap, free its empty pages and purge what is due. It
         // does so on its own only when this thread allocates again, which
