@@ -94,9 +94,9 @@ extern "C" {
     fn mi_arena_contains(arena_id: *mut std::ffi::c_void, p: *const std::ffi::c_void) -> bool;
 }
 
-/// Virtual bytes reserved for the aside heap's own arena: room for the
-/// tasks and streams of about 150,000 awake connections; past that, aside
-/// blocks come from the main heap ([`Allocator`]).
+/// Virtual bytes reserved for the aside heap's own arena (mapped, touched
+/// only as used); an aside block the arena cannot hold comes from the main
+/// heap instead ([`Allocator`]).
 pub const ASIDE_ARENA_BYTES: usize = 256 << 20;
 
 /// The aside heap, made on first use (null if mimalloc could not), in an
@@ -145,8 +145,7 @@ fn aside_theap() -> *mut Theap {
     })
 }
 
-/// This thread's part of the aside heap, if it has used it (for
-/// `census`).
+/// The aside heap, all threads' parts (for `census`).
 #[cfg(feature = "heap-census")]
 pub(crate) fn aside_heap_ptr() -> *mut std::ffi::c_void {
     aside_heap() as *mut std::ffi::c_void
@@ -304,7 +303,7 @@ unsafe impl GlobalAlloc for Allocator {
             if !block.is_null() {
                 return block;
             }
-            // The aside arena is full: the main heap instead.
+            // The aside arena cannot hold it: the main heap instead.
         }
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { MiMalloc.alloc(layout) }
