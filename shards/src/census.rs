@@ -1,13 +1,19 @@
-//! A census of a shard's mimalloc heaps, for finding where an idle
+//! A census of the shards' mimalloc heaps, for finding where an idle
 //! broker's memory goes (built only with the `heap-census` feature; see
 //! `perf/heap-census.sh`).
 //!
-//! With `FLEETMQ_HEAP_CENSUS=S` set, each shard, once `S` seconds after it
-//! started, walks the pages of its own part of the main heap and of the
-//! aside heap ([`crate::alloc::aside`]) and prints one line per block size
-//! to stderr: pages, live blocks, live bytes, committed bytes, and the
-//! bytes resident (`mincore`). The walk runs on the shard's own thread,
-//! between its tasks, so the heaps do not change under it.
+//! With `FLEETMQ_HEAP_CENSUS=S1,S2,...` set, each shard, once each `S`
+//! seconds after it started, walks the pages of its own part of the main
+//! heap and of the aside heap ([`crate::alloc::aside`]) and prints one
+//! line per block size to stderr: pages, live blocks, live bytes,
+//! committed bytes, the bytes resident (`mincore`), and the resident bytes
+//! of a page past what it has committed to blocks ("beyond": memory the
+//! page was made from, resident from an earlier use). Shard 0 also walks
+//! the whole main heap (every thread's pages), and counts the resident
+//! memory of its arena that no page of either heap covers ("outside":
+//! mimalloc's bitmaps, freed memory not purged yet). Its own walk runs
+//! between the shard's tasks; the whole-heap walk reads other shards'
+//! pages as they run, so take the census while the broker is idle.
 
 use std::ffi::c_void;
 use std::io::Write;
