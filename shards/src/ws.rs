@@ -71,6 +71,14 @@ where
     accept_with_limit(stream, DEFAULT_MAX_MESSAGE_BYTES).await
 }
 
+/// Bytes tungstenite reads from a WebSocket connection's socket at a time
+/// (its `read_buffer_size`; a larger frame is still read whole). Its
+/// default, 128 KiB, is zero-filled before each read, so every open
+/// WebSocket connection kept 128 KiB resident: 140 KiB per idle
+/// connection against 0.6 for plain TCP (perf/RESULTS.md, 2026-12-02,
+/// session 17). 4 KiB is what tungstenite suggests for many connections.
+pub const WS_READ_BUFFER_BYTES: usize = 4 << 10;
+
 /// As [`accept`], with messages (and frames) bounded by
 /// `max_message_bytes`; a larger message fails the read.
 ///
@@ -87,6 +95,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let config = WebSocketConfig::default()
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
         .max_message_size(Some(max_message_bytes))
         .max_frame_size(Some(max_message_bytes));
     let mut refused = None;

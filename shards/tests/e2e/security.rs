@@ -1021,6 +1021,29 @@ fn a_websocket_client_subscribes_and_exchanges_messages_with_tcp_clients() {
     }
 }
 
+/// An idle WebSocket connection does not keep tungstenite's default
+/// 128 KiB read buffer resident (`ws::WS_READ_BUFFER_BYTES`): 100
+/// connections, signed in and idle, grow the broker by well under 32 KiB
+/// each (about 140 KiB each with the default; perf/RESULTS.md,
+/// 2026-12-02, session 17).
+#[test]
+fn idle_websocket_connections_do_not_each_keep_a_128_kib_read_buffer() {
+    let broker = ws_broker(&["--shards".into(), "1".into()]);
+    // One connection first: what the first one alone makes (the shard's
+    // first WebSocket handshake) is not a cost per connection.
+    let mut first = Mqtt::new(ws_connect(&broker), false);
+    first.connect_ok(&unique("ws-idle"));
+    let before = broker.rss_kib();
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        let mut ws = Mqtt::new(ws_connect(&broker), false);
+        ws.connect_ok(&unique("ws-idle"));
+        idle.push(ws);
+    }
+    let grown = broker.rss_kib().saturating_sub(before);
+    assert!(grown < 100 * 32, "100 idle WebSocket connections grew the broker by {grown} KiB");
+}
+
 /// [MQTT-6.0.0-2]: the receiver must not assume packets are aligned on
 /// WebSocket frame boundaries: a CONNECT and a SUBSCRIBE split across
 /// frames (one split inside the Remaining Length), and a SUBSCRIBE plus a
