@@ -71,7 +71,7 @@ struct Class {
 struct Tally {
     classes: std::collections::BTreeMap<usize, Class>,
     /// Each page's blocks: start and bytes reserved.
-    areas: Vec<(usize, usize, usize)>,
+    areas: Vec<(usize, usize)>,
 }
 
 extern "C" fn visit(
@@ -87,7 +87,7 @@ extern "C" fn visit(
     if block.is_null() {
         // Once per page, before its blocks.
         class.pages += 1;
-        tally.areas.push((area.blocks as usize, area.reserved, area.block_size));
+        tally.areas.push((area.blocks as usize, area.reserved));
         class.committed += area.committed;
         class.resident += resident(area.blocks, area.committed);
         let page = 4096;
@@ -174,28 +174,6 @@ fn walk(shard: usize, heap: &str, theap: *const c_void) {
         return;
     }
     let mut tally = Tally::default();
-    if heap == "whole" {
-        // The aside heap's pages, so that `outside` counts them covered.
-        let mut aside = Tally::default();
-        // SAFETY: a live heap; the visitor only reads.
-        unsafe {
-            mi_heap_visit_blocks(
-                crate::alloc::aside_heap_ptr(),
-                false,
-                visit,
-                &mut aside as *mut Tally as *mut c_void,
-            )
-        };
-        let (pages, resident): (usize, usize) =
-            aside.classes.values().fold((0, 0), |(p, r), c| (p + c.pages, r + c.resident));
-        let _ = writeln!(
-            std::io::stderr(),
-            "census n={} shard={shard} heap=aside-whole pages={pages} resident_kib={}",
-            nth(),
-            resident / 1024
-        );
-        tally.areas = aside.areas;
-    }
     let arg = &mut tally as *mut Tally as *mut c_void;
     // SAFETY: live heaps; the visitor only reads.
     unsafe {
@@ -224,8 +202,27 @@ fn walk(shard: usize, heap: &str, theap: *const c_void) {
     }
     print_class(&mut out, shard, heap, "total", &total);
     if heap == "whole" {
-        outside(&mut out, &tally.areas);
+        // The main heap's pages first: `outside` finds the mapping to
+        // count from the first; then the aside heap's (an arena of its
+        // own), so that its pages count as covered wherever they are.
+        let mut areas = tally.areas;
+        areas.extend(aside_whole(&mut out, shard));
+        outside(&mut out, &areas);
     }
+}
+
+/// Print the aside heap's pages and resident bytes (all threads); its
+/// pages' blocks: start and bytes reserved.
+fn aside_whole(out: &mut impl Write, shard: usize) -> Vec<(usize, usize)> {
+    let mut aside = Tally::default();
+    // SAFETY: a live heap; the visitor only reads.
+    unsafe {
+        mi_heap_visit_blocks(crate::alloc::aside_heap_ptr(), false, visit, &mut aside as *mut Tally as *mut c_void)
+    };
+    let (pages, resident): (usize, usize) =
+        aside.classes.values().fold((0, 0), |(p, r), c| (p + c.pages, r + c.resident));
+    let _ = writeln!(out, "census n={} shard={shard} heap=aside-whole pages={pages} resident_kib={}", nth(), resident / 1024);
+    aside.areas
 }
 
 /// One census line: `what` (a block size, or the total) of `heap`.
@@ -246,8 +243,8 @@ fn print_class(out: &mut impl Write, shard: usize, heap: &str, what: &str, c: &C
 
 /// Print the resident memory of the mapping holding the pages in `areas`
 /// that no page's blocks cover, by 64 KiB slice.
-fn outside(out: &mut impl Write, areas: &[(usize, usize, usize)]) {
-    let Some(&(probe, _, _)) = areas.first() else { return };
+fn outside(out: &mut impl Write, areas: &[(usize, usize)]) {
+    let Some(&(probe, _)) = areas.first() else { return };
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let Some((lo, hi)) = maps.lines().find_map(|l| {
         let range = l.split_whitespace().next()?;
@@ -265,7 +262,7 @@ fn outside(out: &mut impl Write, areas: &[(usize, usize, usize)]) {
         return;
     }
     let mut covered = Scratch::new(vec.len());
-    for &(start, reserved, _block) in areas {
+    for &(start, reserved) in areas {
         let first = (start & !(SLICE - 1)).max(lo);
         let end = (start + reserved).min(hi);
         let mut p = first;
