@@ -13,7 +13,42 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::str::Split;
+
+/// The levels of a topic name or filter, `/` by `/`: what
+/// `str::split('/')` yields (an empty level between two adjacent `/`, and
+/// one empty level for ""), found with a byte scan. `Copy`, so a walk that
+/// tries both a `+` child and a literal child forks it for free, where a
+/// `Split<char>` clone copies its searcher (the matcher's hot path).
+#[derive(Clone, Copy)]
+struct Levels<'a> {
+    /// What is left: `None` once the last level was yielded.
+    rest: Option<&'a str>,
+}
+
+impl<'a> Levels<'a> {
+    fn new(name: &'a str) -> Self {
+        Self { rest: Some(name) }
+    }
+}
+
+impl<'a> Iterator for Levels<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let rest = self.rest?;
+        match rest.bytes().position(|b| b == b'/') {
+            Some(at) => {
+                // `/` is ASCII, so both sides of it are char boundaries.
+                self.rest = Some(&rest[at + 1..]);
+                Some(&rest[..at])
+            }
+            None => {
+                self.rest = None;
+                Some(rest)
+            }
+        }
+    }
+}
 
 /// A node's literal children move from a vector to a hash map beyond this.
 const SMALL_CHILDREN: usize = 8;
@@ -54,7 +89,7 @@ impl<K: Copy + Eq + Hash, V> SubscriptionTrie<K, V> {
     /// that filter. Returns the previous value for (filter, key), if any.
     pub fn insert(&mut self, filter: &str, key: K, value: V) -> Option<V> {
         let mut node = &mut self.root;
-        let mut levels = filter.split('/');
+        let mut levels = Levels::new(filter);
         let subscribers = loop {
             match levels.next() {
                 None => break &mut node.exact,
@@ -74,7 +109,7 @@ impl<K: Copy + Eq + Hash, V> SubscriptionTrie<K, V> {
     /// was not subscribed. Nodes left empty are freed, so memory returns as
     /// subscriptions go.
     pub fn remove(&mut self, filter: &str, key: &K) -> Option<V> {
-        let removed = self.root.remove(filter.split('/'), key);
+        let removed = self.root.remove(Levels::new(filter), key);
         if removed.is_some() {
             self.len -= 1;
         }
@@ -90,7 +125,7 @@ impl<K: Copy + Eq + Hash, V> SubscriptionTrie<K, V> {
     /// subscribed to exactly `filter`.
     pub fn get_mut(&mut self, filter: &str, key: &K) -> Option<&mut V> {
         let mut node = &mut self.root;
-        let mut levels = filter.split('/');
+        let mut levels = Levels::new(filter);
         let subscribers = loop {
             match levels.next() {
                 None => break &mut node.exact,
@@ -117,13 +152,13 @@ impl<K: Copy + Eq + Hash, V> SubscriptionTrie<K, V> {
     /// the caller merges (MQTT 5.0 §4.7.2 leaves it to the server). The order
     /// of visits is unspecified. Does not allocate.
     pub fn for_each_match(&self, topic: &str, mut f: impl FnMut(&K, &V)) {
-        let mut levels = topic.split('/');
-        // `split` yields at least one level, even for "".
+        let mut levels = Levels::new(topic);
+        // `Levels` yields at least one level, even for "".
         let first = levels.next().unwrap_or_default();
         if !crate::topic::is_reserved_topic(topic) {
             self.root.hash.for_each(&mut f);
             if let Some(plus) = &self.root.plus {
-                plus.walk(levels.clone(), &mut f);
+                plus.walk(levels, &mut f);
             }
         }
         if let Some(child) = self.root.children.get(first) {
@@ -143,7 +178,7 @@ impl<K: Copy + Eq + Hash, V> SubscriptionTrie<K, V> {
 
     fn subscribers(&self, filter: &str) -> Option<&Subscribers<K, V>> {
         let mut node = &self.root;
-        let mut levels = filter.split('/');
+        let mut levels = Levels::new(filter);
         loop {
             match levels.next() {
                 None => return Some(&node.exact),
@@ -188,7 +223,7 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
     /// Visit the subscribers of this node's subtree that match the remaining
     /// `levels` of a topic. Below the first level the `$` rule no longer
     /// applies. Recursion depth is the number of topic levels.
-    fn walk<F: FnMut(&K, &V)>(&self, mut levels: Split<'_, char>, f: &mut F) {
+    fn walk<F: FnMut(&K, &V)>(&self, mut levels: Levels<'_>, f: &mut F) {
         match levels.next() {
             // "sport/#" matches "sport" [MQTT-4.7.1-2].
             None => {
@@ -198,7 +233,7 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
             Some(level) => {
                 self.hash.for_each(f);
                 if let Some(plus) = &self.plus {
-                    plus.walk(levels.clone(), f);
+                    plus.walk(levels, f);
                 }
                 if let Some(child) = self.children.get(level) {
                     child.walk(levels, f);
@@ -208,7 +243,7 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
     }
 
     /// Remove (filter, key) below this node and free the nodes it empties.
-    fn remove(&mut self, mut levels: Split<'_, char>, key: &K) -> Option<V> {
+    fn remove(&mut self, mut levels: Levels<'_>, key: &K) -> Option<V> {
         match levels.next() {
             None => self.exact.remove(key),
             Some("#") => self.hash.remove(key),
@@ -633,6 +668,13 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn levels_are_what_split_on_slash_yields(name in "[a-c/é+#$]{0,12}") {
+            let levels: Vec<&str> = Levels::new(&name).collect();
+            let split: Vec<&str> = name.split('/').collect();
+            prop_assert_eq!(levels, split);
+        }
+
         #[test]
         fn the_trie_matches_what_brute_force_matches(
             filters in prop::collection::vec((filter(), 0u8..4), 0..40),
