@@ -2,10 +2,11 @@
 //! MQTT 5 §6, MQTT 3.1.1 §6).
 //!
 //! [`accept`] runs the HTTP upgrade on any `futures-io` stream (a glommio
-//! `TcpStream`, or a TLS stream over one for WSS) with async-tungstenite:
-//! only path `/mqtt` is served (404 otherwise) and the client must offer
-//! the `mqtt` subprotocol, which is echoed (400 otherwise)
-//! [MQTT-6.0.0-3]. The resulting [`WsStream`] is a plain byte stream for
+//! `TcpStream`, or a TLS stream over one for WSS), then hands the stream
+//! to async-tungstenite: only path `/mqtt` is served (404 otherwise) and
+//! the client must offer the `mqtt` subprotocol, which is echoed (400
+//! otherwise) [MQTT-6.0.0-3]. Any other request gets an HTTP error answer
+//! too (RFC 6455 §4.2.1; see [`accept_with_limit`]). The resulting [`WsStream`] is a plain byte stream for
 //! the MQTT codec: reads concatenate the payloads of binary messages (an
 //! MQTT packet may span messages and a message may hold several packets
 //! [MQTT-6.0.0-2]); each write sends its bytes as one binary message;
@@ -19,13 +20,17 @@ use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use async_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use async_tungstenite::tungstenite::error::ProtocolError;
+use async_tungstenite::tungstenite::handshake::machine::TryParse;
+use async_tungstenite::tungstenite::handshake::server::{
+    create_response, write_response, Request, Response,
+};
 use async_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
-use async_tungstenite::tungstenite::protocol::WebSocketConfig;
+use async_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use async_tungstenite::tungstenite::{self, Message};
 use async_tungstenite::WebSocketStream;
 use bytes::Bytes;
-use futures_lite::{AsyncRead, AsyncWrite};
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use futures_util::{Sink, Stream};
 
 /// The only path served.
@@ -40,14 +45,15 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 2 << 20;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WsError {
-    /// The request was refused with this HTTP status: 404 for a path other
-    /// than `/mqtt`, 400 without the `mqtt` subprotocol.
+    /// The request was refused with this HTTP status, sent to the client:
+    /// 404 for a path other than `/mqtt`, 400 without the `mqtt`
+    /// subprotocol, and the others [`accept_with_limit`] lists.
     #[error("WebSocket upgrade refused with HTTP {status}")]
     Refused {
         /// The HTTP status sent.
         status: u16,
     },
-    /// Not a valid upgrade request, or the stream failed during it.
+    /// The stream failed or ended before the request was answered.
     #[error("WebSocket handshake failed: {0}")]
     Handshake(#[source] tungstenite::Error),
 }
@@ -57,9 +63,10 @@ pub enum WsError {
 ///
 /// # Errors
 ///
-/// [`WsError::Refused`] after answering a wrong path or a missing
-/// subprotocol; [`WsError::Handshake`] for a request that is not a
-/// WebSocket upgrade or an I/O error.
+/// [`WsError::Refused`] after answering a request it does not upgrade
+/// (a wrong path, no `mqtt` subprotocol, not a WebSocket upgrade: see
+/// [`accept_with_limit`]); [`WsError::Handshake`] when the stream fails or
+/// ends first.
 ///
 /// # Cancel safety
 ///
@@ -79,16 +86,29 @@ where
 /// session 17). 4 KiB is what tungstenite suggests for many connections.
 pub const WS_READ_BUFFER_BYTES: usize = 4 << 10;
 
+/// The largest upgrade request read, head and headers, in bytes: 16 KiB
+/// (a browser's request with cookies fits; nginx's default header buffers
+/// hold as much). A larger one is answered 431.
+pub const MAX_REQUEST_BYTES: usize = 16 << 10;
+
 /// As [`accept`], with messages (and frames) bounded by
 /// `max_message_bytes`; a larger message fails the read.
+///
+/// Every request that is not a WebSocket upgrade to `/mqtt` offering the
+/// `mqtt` subprotocol gets an HTTP answer before the connection closes,
+/// as RFC 6455 §4.2.1 requires of a server that refuses a handshake:
+/// 400 for a request that does not parse, a wrong HTTP version, a bad
+/// `Sec-WebSocket-Key` or no `mqtt` subprotocol; 404 for another path;
+/// 405 (with `Allow: GET`) for another method; 426 (with `Upgrade:
+/// websocket`) for a plain HTTP request; 426 with `Sec-WebSocket-Version:
+/// 13` for another protocol version (§4.4); 431 for a request of more than
+/// [`MAX_REQUEST_BYTES`].
 ///
 /// # Errors
 ///
 /// As [`accept`].
-// The refusal type is tungstenite's `Callback` contract, not ours.
-#[allow(clippy::result_large_err)]
 pub async fn accept_with_limit<S>(
-    stream: S,
+    mut stream: S,
     max_message_bytes: usize,
 ) -> Result<WsStream<S>, WsError>
 where
@@ -98,49 +118,160 @@ where
         .read_buffer_size(WS_READ_BUFFER_BYTES)
         .max_message_size(Some(max_message_bytes))
         .max_frame_size(Some(max_message_bytes));
-    let mut refused = None;
-    let check = |request: &Request, response: Response| {
-        let result = check_request(request, response);
-        if let Err(e) = &result {
-            refused = Some(e.status().as_u16());
-        }
-        result
+    let (request, leftover) = match read_request(&mut stream).await? {
+        Ok(read) => read,
+        Err(refusal) => return Err(refuse(&mut stream, refusal).await),
     };
-    match async_tungstenite::accept_hdr_async_with_config(stream, check, Some(config)).await {
-        Ok(inner) => Ok(WsStream {
-            inner,
-            pending: Bytes::new(),
-        }),
-        Err(_) if refused.is_some() => Err(WsError::Refused {
-            status: refused.unwrap_or_default(),
-        }),
-        Err(e) => Err(WsError::Handshake(e)),
+    let response = match check_request(&request) {
+        Ok(response) => response,
+        Err(refusal) => return Err(refuse(&mut stream, refusal).await),
+    };
+    let mut head = Vec::new();
+    write_response(&mut head, &response).map_err(WsError::Handshake)?;
+    stream.write_all(&head).await.map_err(handshake_io)?;
+    stream.flush().await.map_err(handshake_io)?;
+    let inner = if leftover.is_empty() {
+        WebSocketStream::from_raw_socket(stream, Role::Server, Some(config)).await
+    } else {
+        // Frames the client sent right behind its request.
+        WebSocketStream::from_partially_read(stream, leftover, Role::Server, Some(config)).await
+    };
+    Ok(WsStream {
+        inner,
+        pending: Bytes::new(),
+    })
+}
+
+/// An HTTP refusal of an upgrade request: status, extra header, body.
+struct Refusal {
+    status: StatusCode,
+    header: Option<(&'static str, &'static str)>,
+    body: &'static str,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, body: &'static str) -> Self {
+        Self {
+            status,
+            header: None,
+            body,
+        }
+    }
+
+    fn with(mut self, name: &'static str, value: &'static str) -> Self {
+        self.header = Some((name, value));
+        self
     }
 }
 
-#[allow(clippy::result_large_err)] // tungstenite's `Callback` signature
-fn check_request(request: &Request, mut response: Response) -> Result<Response, ErrorResponse> {
-    let refuse = |status: StatusCode, why: &str| {
-        let mut r = ErrorResponse::new(Some(why.to_owned()));
-        *r.status_mut() = status;
-        r
-    };
-    if request.uri().path() != PATH {
-        return Err(refuse(StatusCode::NOT_FOUND, "MQTT is served on /mqtt\n"));
+fn handshake_io(e: io::Error) -> WsError {
+    WsError::Handshake(tungstenite::Error::Io(e))
+}
+
+/// Read the request head (up to [`MAX_REQUEST_BYTES`]); returns it and the
+/// bytes read after it. The outer error is the stream's (EOF included),
+/// the inner one a request to refuse.
+async fn read_request<S: AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Result<Result<(Request, Vec<u8>), Refusal>, WsError> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut chunk).await.map_err(handshake_io)?;
+        if n == 0 {
+            return Err(handshake_io(io::ErrorKind::UnexpectedEof.into()));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        match Request::try_parse(&buf) {
+            Ok(Some((len, request))) => return Ok(Ok((request, buf.split_off(len)))),
+            Ok(None) if buf.len() >= MAX_REQUEST_BYTES => {
+                return Ok(Err(Refusal::new(
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "the upgrade request is larger than 16 KiB\n",
+                )))
+            }
+            Ok(None) => {}
+            Err(tungstenite::Error::Protocol(ProtocolError::WrongHttpMethod)) => {
+                return Ok(Err(Refusal::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "a WebSocket upgrade is a GET\n",
+                )
+                .with("Allow", "GET")))
+            }
+            Err(tungstenite::Error::Protocol(ProtocolError::WrongHttpVersion)) => {
+                return Ok(Err(Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "a WebSocket upgrade needs HTTP/1.1\n",
+                )))
+            }
+            Err(_) => {
+                return Ok(Err(Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "not an HTTP request\n",
+                )))
+            }
+        }
     }
-    let offers_mqtt = request
-        .headers()
-        .get_all("sec-websocket-protocol")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|p| p.trim() == SUBPROTOCOL);
-    if !offers_mqtt {
-        return Err(refuse(
+}
+
+/// Send `refusal` and make the error [`accept`] returns for it.
+async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, refusal: Refusal) -> WsError {
+    let mut head = format!(
+        "HTTP/1.1 {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n",
+        refusal.status,
+        refusal.body.len()
+    );
+    if let Some((name, value)) = refusal.header {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    head.push_str(refusal.body);
+    // The peer may be gone already; the refusal stands either way.
+    let _ = stream.write_all(head.as_bytes()).await;
+    let _ = stream.flush().await;
+    WsError::Refused {
+        status: refusal.status.as_u16(),
+    }
+}
+
+/// The 101 response to `request`, or why it is refused (see
+/// [`accept_with_limit`]).
+fn check_request(request: &Request) -> Result<Response, Refusal> {
+    if request.uri().path() != PATH {
+        return Err(Refusal::new(StatusCode::NOT_FOUND, "MQTT is served on /mqtt\n"));
+    }
+    let has = |name: &str, token: &str| {
+        request
+            .headers()
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|p| p.trim().eq_ignore_ascii_case(token))
+    };
+    if !has("connection", "upgrade") || !has("upgrade", "websocket") {
+        return Err(Refusal::new(
+            StatusCode::UPGRADE_REQUIRED,
+            "MQTT is served over WebSocket here: send a WebSocket upgrade\n",
+        )
+        .with("Upgrade", "websocket"));
+    }
+    if request.headers().get("sec-websocket-version").is_none_or(|v| v != "13") {
+        return Err(Refusal::new(
+            StatusCode::UPGRADE_REQUIRED,
+            "only WebSocket version 13 is served\n",
+        )
+        .with("Sec-WebSocket-Version", "13"));
+    }
+    if !has("sec-websocket-protocol", SUBPROTOCOL) {
+        return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "the WebSocket subprotocol must be mqtt\n",
         ));
     }
+    let mut response = create_response(request).map_err(|_| {
+        Refusal::new(StatusCode::BAD_REQUEST, "a bad Sec-WebSocket-Key\n")
+    })?;
     response.headers_mut().insert(
         "sec-websocket-protocol",
         HeaderValue::from_static(SUBPROTOCOL),
@@ -241,10 +372,11 @@ mod tests {
     use super::*;
 
     /// Runs `test` on a glommio executor with a listener on port 0.
-    fn run<F, Fut>(test: F)
+    fn run<F, Fut, T>(test: F) -> T
     where
         F: FnOnce(TcpListener) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()> + 'static,
+        Fut: std::future::Future<Output = T> + 'static,
+        T: Send + 'static,
     {
         glommio::LocalExecutorBuilder::default()
             .spawn(move || async move {
@@ -253,7 +385,7 @@ mod tests {
             })
             .unwrap()
             .join()
-            .unwrap();
+            .unwrap()
     }
 
     async fn client(
@@ -381,19 +513,102 @@ mod tests {
         });
     }
 
+    /// Send `request` on a raw connection; the status the broker's side
+    /// returned and the whole answer the client read.
+    async fn answer_to(listener: TcpListener, request: Vec<u8>) -> (u16, String) {
+        let addr = listener.local_addr().unwrap();
+        let server = glommio::spawn_local(async move {
+            let stream = listener.accept().await.unwrap();
+            match accept(stream).await {
+                Err(WsError::Refused { status }) => status,
+                other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+            }
+        });
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        // The refusal may come before the whole of a large request is sent.
+        let _ = c.write_all(&request).await;
+        let mut answer = Vec::new();
+        let _ = c.read_to_end(&mut answer).await;
+        (server.await, String::from_utf8_lossy(&answer).into_owned())
+    }
+
+    const UPGRADE: &str = "Connection: Upgrade\r\nUpgrade: websocket\r\n\
+        Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+
+    /// RFC 6455 §4.2.1: a server that refuses a handshake returns "an HTTP
+    /// response with an appropriate error code"; §4.4: for an unknown
+    /// version, 426 with the versions it understands.
     #[test]
-    fn a_plain_http_request_is_a_handshake_error() {
+    fn every_refused_request_gets_an_http_answer() {
+        let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+            ("plain GET", b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), 426, "upgrade: websocket"),
+            ("plain GET elsewhere", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), 404, ""),
+            (
+                "POST",
+                format!("POST /mqtt HTTP/1.1\r\nHost: x\r\n{UPGRADE}\r\n").into_bytes(),
+                405,
+                "allow: get",
+            ),
+            (
+                "version 8",
+                format!("GET /mqtt HTTP/1.1\r\nHost: x\r\n{}Sec-WebSocket-Protocol: mqtt\r\n\r\n",
+                    UPGRADE.replace("Version: 13", "Version: 8")).into_bytes(),
+                426,
+                "sec-websocket-version: 13",
+            ),
+            (
+                "bad key",
+                format!("GET /mqtt HTTP/1.1\r\nHost: x\r\n{}Sec-WebSocket-Protocol: mqtt\r\n\r\n",
+                    UPGRADE.replace("dGhlIHNhbXBsZSBub25jZQ==", "short")).into_bytes(),
+                400,
+                "",
+            ),
+            ("HTTP/1.0", b"GET /mqtt HTTP/1.0\r\n\r\n".to_vec(), 400, ""),
+            ("not HTTP", b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\r\n\r\n".to_vec(), 400, ""),
+            (
+                "17 KiB of headers",
+                format!("GET /mqtt HTTP/1.1\r\nX-Big: {}\r\n", "a".repeat(17 << 10)).into_bytes(),
+                431,
+                "",
+            ),
+        ];
+        for (what, request, status, header) in cases {
+            let (got, answer) = run(|listener| answer_to(listener, request));
+            assert_eq!(got, status, "{what}: {answer}");
+            let first = answer.lines().next().unwrap_or_default();
+            assert!(first.starts_with(&format!("HTTP/1.1 {status} ")), "{what}: {answer}");
+            assert!(answer.to_ascii_lowercase().contains(header), "{what}: {answer}");
+            assert!(answer.contains("Connection: close"), "{what}: {answer}");
+        }
+    }
+
+    #[test]
+    fn a_frame_sent_right_behind_the_request_is_read() {
         run(|listener| async move {
             let addr = listener.local_addr().unwrap();
             let server = glommio::spawn_local(async move {
                 let stream = listener.accept().await.unwrap();
-                accept(stream).await.map(|_| ())
+                let mut ws = accept(stream).await.unwrap();
+                let mut got = [0u8; 2];
+                ws.read_exact(&mut got).await.unwrap();
+                got
             });
             let mut c = TcpStream::connect(addr).await.unwrap();
-            c.write_all(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .unwrap();
-            assert!(matches!(server.await, Err(WsError::Handshake(_))));
+            // The request and a masked binary frame holding a PINGREQ, in one write.
+            let mut request = format!(
+                "GET /mqtt HTTP/1.1\r\nHost: x\r\n{UPGRADE}Sec-WebSocket-Protocol: mqtt\r\n\r\n"
+            )
+            .into_bytes();
+            let mask = [1u8, 2, 3, 4];
+            request.extend_from_slice(&[0x82, 0x82]);
+            request.extend_from_slice(&mask);
+            // PINGREQ is 0xC0 0x00, each byte XORed with its mask byte.
+            request.extend_from_slice(&[0xC0 ^ mask[0], mask[1]]);
+            c.write_all(&request).await.unwrap();
+            assert_eq!(server.await, [0xC0, 0x00]);
+            let mut head = [0u8; 12];
+            c.read_exact(&mut head).await.unwrap();
+            assert_eq!(&head, b"HTTP/1.1 101");
         });
     }
 }

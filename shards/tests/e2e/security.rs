@@ -1125,6 +1125,31 @@ fn websocket_upgrades_on_another_path_get_404_and_without_the_mqtt_subprotocol_g
     ws.connect_ok(&unique("ws-after"));
 }
 
+/// A plain HTTP request on the WebSocket listener (a health check, a
+/// browser) gets an HTTP answer, not a silent close: RFC 6455 §4.2.1 has a
+/// server that refuses a handshake return an HTTP error code. 426 names
+/// the upgrade it needs; the listener serves proper clients afterwards.
+#[test]
+fn a_plain_http_request_on_the_websocket_listener_gets_426_upgrade_required() {
+    let broker = ws_broker(&[]);
+    let addr = broker.listener("mqtt-ws");
+    let answer = |request: &str| {
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(WAIT)).unwrap();
+        tcp.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).expect("the broker answers, then closes");
+        answer
+    };
+    let plain = answer("GET /mqtt HTTP/1.1\r\nHost: broker\r\n\r\n");
+    assert!(plain.starts_with("HTTP/1.1 426 "), "{plain}");
+    assert!(plain.to_ascii_lowercase().contains("upgrade: websocket"), "{plain}");
+    let elsewhere = answer("GET /healthz HTTP/1.1\r\nHost: broker\r\n\r\n");
+    assert!(elsewhere.starts_with("HTTP/1.1 404 "), "{elsewhere}");
+    let mut ws = Mqtt::new(ws_connect(&broker), true);
+    ws.connect_ok(&unique("ws-after-http"));
+}
+
 /// WSS: WebSocket over TLS with the same certificate; the same exchange and
 /// frame alignment as over plain WebSocket.
 #[test]
