@@ -113,6 +113,9 @@ enum Early {
     /// protocol level is 5.
     TooLarge { size: usize, buffered: usize, v5: bool },
     Decode(DecodeError),
+    /// A CONNECT of protocol level 5 that does not decode: it is answered
+    /// with a CONNACK holding the error's reason code.
+    MalformedV5(DecodeError),
     NotConnect,
     Closed,
 }
@@ -128,6 +131,8 @@ async fn open_and_read_connect(
         .map_err(|e| (None, Early::Handshake(e)))?;
     let mut buf = BytesMut::new();
     loop {
+        // Read before `decode`, which takes the packet out of `buf`.
+        let v5 = buf.first().is_some_and(|b| b >> 4 == 1) && connect_protocol_level(&buf) == Some(5);
         match decode(&mut buf, None, settings.max_connect_packet_bytes) {
             Ok(Some(Packet::Connect(connect))) => {
                 return Ok((transport, tls_identity, connect, buf))
@@ -159,7 +164,14 @@ async fn open_and_read_connect(
                 let v5 = connect_protocol_level(&buf) == Some(5);
                 return Err((Some(transport), Early::TooLarge { size, buffered: buf.len(), v5 }));
             }
-            Err(e) => return Err((Some(transport), Early::Decode(e))),
+            Err(e) => {
+                let early = match e {
+                    DecodeError::UnsupportedProtocolVersion(_) => Early::Decode(e),
+                    e if v5 => Early::MalformedV5(e),
+                    e => Early::Decode(e),
+                };
+                return Err((Some(transport), early));
+            }
         }
         match read_some(&mut transport, &mut buf, &shard.scratch).await {
             ReadOutcome::Data(n) => {
@@ -281,16 +293,32 @@ pub(crate) async fn accepted(
             Box::pin(linger(&mut transport, size.saturating_sub(buffered))).await;
             return refused(&shard, &settings, "max_connect_packet_bytes");
         }
+        Some(Err((Some(mut transport), Early::MalformedV5(e)))) => {
+            // MQTT 5 §4.13.1: an error in a CONNECT may be answered with a
+            // CONNACK holding its reason code (0x81 Malformed Packet, 0x82
+            // Protocol Error) before the close [MQTT-3.1.4-1]. The rest of
+            // the packet is read first, so that the close does not reset
+            // the connection under the CONNACK.
+            debug!(target: "broker", error = %e, "malformed MQTT 5 CONNECT");
+            let connack = ConnAck {
+                reason: e.reason_code(),
+                ..ConnAck::default()
+            };
+            write_packet(&shard, &mut transport, &Packet::ConnAck(connack), ProtocolVersion::V5)
+                .await;
+            Box::pin(linger(&mut transport, settings.max_connect_packet_bytes)).await;
+            return refused(&shard, &settings, "malformed_connect");
+        }
         Some(Err((_, early))) => {
-            // A failed handshake, a malformed CONNECT, another packet first
-            // [MQTT-3.1.0-1], or EOF: close without CONNACK.
+            // A failed handshake, a malformed 3.1.x CONNECT, another packet
+            // first [MQTT-3.1.0-1], or EOF: close without CONNACK.
             let reason = match early {
                 Early::Handshake(e) => {
                     debug!(target: "broker", error = %e, "handshake failed");
                     "handshake_failed"
                 }
                 Early::TooLarge { .. } => "max_connect_packet_bytes",
-                Early::Decode(_) | Early::NotConnect => "malformed_connect",
+                Early::Decode(_) | Early::MalformedV5(_) | Early::NotConnect => "malformed_connect",
                 Early::Closed => "closed_before_connect",
             };
             return refused(&shard, &settings, reason);

@@ -118,6 +118,52 @@ fn unknown_protocol_level_gets_connack_1() {
     assert_eq!(client.packets_until_closed(WAIT), vec![(0x20, vec![0, 1])]);
 }
 
+/// A CONNECT with `flags`, `properties` (MQTT 5 only) and client
+/// identifier bytes `client_id`, keep alive 60.
+fn raw_connect(level: u8, flags: u8, properties: &[u8], client_id: &[u8]) -> Vec<u8> {
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', level, flags, 0, 60];
+    if level == 5 {
+        body.push(properties.len() as u8);
+        body.extend_from_slice(properties);
+    }
+    body.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
+    body.extend_from_slice(client_id);
+    let mut packet = vec![0x10, body.len() as u8];
+    packet.extend_from_slice(&body);
+    packet
+}
+
+/// A malformed MQTT 5 CONNECT gets a CONNACK with its reason code before
+/// the close (MQTT 5 §4.13.1, [MQTT-3.1.4-1]): 0x81 for a set reserved
+/// flag [MQTT-3.1.2-3] and for a client identifier that is not UTF-8
+/// [MQTT-1.5.4-1], 0x82 for a property given twice (§3.1.2.11). MQTT
+/// 3.1.1 has no such code: the connection is only closed.
+#[test]
+fn a_malformed_mqtt5_connect_gets_connack_0x81_or_0x82_before_the_close() {
+    let broker = Broker::two_shards(&[]);
+    // Session Expiry Interval (0x11) twice.
+    let twice = [0x11, 0, 0, 0, 10, 0x11, 0, 0, 0, 20];
+    let cases: [(&str, Vec<u8>, u8); 3] = [
+        ("reserved flag", raw_connect(5, 0x03, &[], b"reserved"), 0x81),
+        ("client id not UTF-8", raw_connect(5, 0x02, &[], b"\xff\xfe"), 0x81),
+        ("a property twice", raw_connect(5, 0x02, &twice, b"twice"), 0x82),
+    ];
+    for (what, connect, reason) in cases {
+        let mut client = RawClient::connect(broker.mqtt);
+        client.send(&connect);
+        assert_eq!(
+            client.packets_until_closed(WAIT),
+            vec![(0x20, vec![0, reason, 0])],
+            "{what}"
+        );
+    }
+    let mut v311 = RawClient::connect(broker.mqtt);
+    v311.send(&raw_connect(4, 0x03, &[], b"reserved311"));
+    assert_eq!(v311.packets_until_closed(WAIT), vec![], "3.1.1: closed without a packet");
+    let mut fine = RawClient::connect(broker.mqtt);
+    assert_eq!(fine.handshake(&wire::Connect::v5(&unique("after")).encode()).1, 0);
+}
+
 /// MQTT 3.1.1: an empty client identifier with clean session 0 gets CONNACK
 /// return code 2 and a close [MQTT-3.1.3-8]; with clean session 1 it is
 /// accepted [MQTT-3.1.3-6].
