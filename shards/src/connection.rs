@@ -194,13 +194,14 @@ const LINGER_MAX_TIME: Duration = Duration::from_secs(2);
 /// connection (and its `max_pending_connections` slot) any longer.
 const LINGER_IDLE: Duration = Duration::from_millis(200);
 
-/// Read and drop the rest of a packet the broker refused, `expected`
+/// Read and drop the rest of what the broker refused (a CONNECT, or what
+/// follows a refused WebSocket upgrade, `crate::ws`), `expected`
 /// bytes (at most [`LINGER_MAX_BYTES`], [`LINGER_MAX_TIME`], and until
 /// [`LINGER_IDLE`] passes without data), before the socket is closed.
 /// Closing with unread bytes makes the kernel answer with a TCP reset, and
 /// a reset can make the client drop the CONNACK that says why before
 /// reading it.
-async fn linger(transport: &mut Transport, expected: usize) {
+pub(crate) async fn linger<S: futures_lite::AsyncRead + Unpin>(transport: &mut S, expected: usize) {
     use futures_lite::io::AsyncReadExt;
     let budget = expected.min(LINGER_MAX_BYTES);
     let until = Instant::now() + LINGER_MAX_TIME;

@@ -20,12 +20,11 @@ use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use async_tungstenite::tungstenite::error::ProtocolError;
+use async_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
+use async_tungstenite::tungstenite::handshake::derive_accept_key;
 use async_tungstenite::tungstenite::handshake::machine::TryParse;
-use async_tungstenite::tungstenite::handshake::server::{
-    create_response, write_response, Request, Response,
-};
-use async_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
+use async_tungstenite::tungstenite::handshake::server::{write_response, Request, Response};
+use async_tungstenite::tungstenite::http::StatusCode;
 use async_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use async_tungstenite::tungstenite::{self, Message};
 use async_tungstenite::WebSocketStream;
@@ -97,12 +96,15 @@ pub const MAX_REQUEST_BYTES: usize = 16 << 10;
 /// Every request that is not a WebSocket upgrade to `/mqtt` offering the
 /// `mqtt` subprotocol gets an HTTP answer before the connection closes,
 /// as RFC 6455 §4.2.1 requires of a server that refuses a handshake:
-/// 400 for a request that does not parse, a wrong HTTP version, a bad
-/// `Sec-WebSocket-Key` or no `mqtt` subprotocol; 404 for another path;
-/// 405 (with `Allow: GET`) for another method; 426 (with `Upgrade:
-/// websocket`) for a plain HTTP request; 426 with `Sec-WebSocket-Version:
-/// 13` for another protocol version (§4.4); 431 for a request of more than
-/// [`MAX_REQUEST_BYTES`].
+/// 400 for a request that does not parse, a wrong HTTP version, no or
+/// two `Host` headers, no single valid `Sec-WebSocket-Key`, or no `mqtt`
+/// subprotocol (matched exactly, as it is echoed); 404 for another path;
+/// 405 (with `Allow: GET`, and no body for HEAD) for another method; 426
+/// (with `Upgrade: websocket`) for a plain HTTP request; 426 with
+/// `Sec-WebSocket-Version: 13` for another protocol version (§4.4); 431
+/// for a request of more than [`MAX_REQUEST_BYTES`] or 124 headers. What
+/// the client sends after a refused request is read for up to 1 s before
+/// the close, so that the answer is not lost to a reset.
 ///
 /// # Errors
 ///
@@ -170,10 +172,11 @@ fn handshake_io(e: io::Error) -> WsError {
 
 /// Read the request head (up to [`MAX_REQUEST_BYTES`]); returns it and the
 /// bytes read after it. The outer error is the stream's (EOF included),
-/// the inner one a request to refuse.
+/// the inner one a request to refuse, and whether it is a HEAD request
+/// (whose answer has no body, RFC 9110 §9.3.2).
 async fn read_request<S: AsyncRead + Unpin>(
     stream: &mut S,
-) -> Result<Result<(Request, Vec<u8>), Refusal>, WsError> {
+) -> Result<Result<(Request, Vec<u8>), (Refusal, bool)>, WsError> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     loop {
@@ -182,40 +185,45 @@ async fn read_request<S: AsyncRead + Unpin>(
             return Err(handshake_io(io::ErrorKind::UnexpectedEof.into()));
         }
         buf.extend_from_slice(&chunk[..n]);
-        match Request::try_parse(&buf) {
+        let too_large = || {
+            Refusal::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "the upgrade request is larger than 16 KiB or has more than 124 headers\n",
+            )
+        };
+        let refusal = match Request::try_parse(&buf) {
             Ok(Some((len, request))) => return Ok(Ok((request, buf.split_off(len)))),
-            Ok(None) if buf.len() >= MAX_REQUEST_BYTES => {
-                return Ok(Err(Refusal::new(
-                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                    "the upgrade request is larger than 16 KiB\n",
-                )))
-            }
-            Ok(None) => {}
-            Err(tungstenite::Error::Protocol(ProtocolError::WrongHttpMethod)) => {
-                return Ok(Err(Refusal::new(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "a WebSocket upgrade is a GET\n",
-                )
-                .with("Allow", "GET")))
-            }
-            Err(tungstenite::Error::Protocol(ProtocolError::WrongHttpVersion)) => {
-                return Ok(Err(Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    "a WebSocket upgrade needs HTTP/1.1\n",
-                )))
-            }
-            Err(_) => {
-                return Ok(Err(Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    "not an HTTP request\n",
-                )))
-            }
-        }
+            Ok(None) if buf.len() >= MAX_REQUEST_BYTES => too_large(),
+            Ok(None) => continue,
+            Err(tungstenite::Error::Capacity(CapacityError::TooManyHeaders)) => too_large(),
+            Err(tungstenite::Error::Protocol(ProtocolError::WrongHttpMethod)) => Refusal::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "a WebSocket upgrade is a GET\n",
+            )
+            .with("Allow", "GET"),
+            Err(tungstenite::Error::Protocol(ProtocolError::WrongHttpVersion)) => Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "a WebSocket upgrade needs HTTP/1.1\n",
+            ),
+            Err(_) => Refusal::new(StatusCode::BAD_REQUEST, "not an HTTP request\n"),
+        };
+        return Ok(Err((refusal, buf.starts_with(b"HEAD "))));
     }
 }
 
-/// Send `refusal` and make the error [`accept`] returns for it.
-async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, refusal: Refusal) -> WsError {
+/// At most this much of what follows a refused request is read and
+/// dropped before the close (by [`crate::connection::linger`], which also
+/// stops after 200 ms without data or 2 s in all): closing with unread
+/// bytes sends a reset, which can destroy the answer before the client
+/// reads it (RFC 9112 §9.6).
+const DRAIN_BYTES: usize = 64 << 10;
+
+/// Send `refusal` (without its body for a HEAD request), drain what the
+/// client still sends, and make the error [`accept`] returns for it.
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    (refusal, head_only): (Refusal, bool),
+) -> WsError {
     let mut head = format!(
         "HTTP/1.1 {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n",
         refusal.status,
@@ -225,58 +233,94 @@ async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, refusal: Refusal) -> WsEr
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    head.push_str(refusal.body);
+    if !head_only {
+        head.push_str(refusal.body);
+    }
     // The peer may be gone already; the refusal stands either way.
-    let _ = stream.write_all(head.as_bytes()).await;
-    let _ = stream.flush().await;
+    if stream.write_all(head.as_bytes()).await.is_ok() && stream.flush().await.is_ok() {
+        crate::connection::linger(stream, DRAIN_BYTES).await;
+    }
     WsError::Refused {
         status: refusal.status.as_u16(),
     }
 }
 
+/// Whether `key` is a `Sec-WebSocket-Key`: base64 of 16 bytes, so 22
+/// base64 characters and `==` (RFC 6455 §4.1, client requirement 7).
+fn is_websocket_key(key: &[u8]) -> bool {
+    key.len() == 24
+        && key.ends_with(b"==")
+        && key[..22].iter().all(|b| b.is_ascii_alphanumeric() || *b == b'+' || *b == b'/')
+}
+
 /// The 101 response to `request`, or why it is refused (see
-/// [`accept_with_limit`]).
-fn check_request(request: &Request) -> Result<Response, Refusal> {
-    if request.uri().path() != PATH {
-        return Err(Refusal::new(StatusCode::NOT_FOUND, "MQTT is served on /mqtt\n"));
-    }
-    let has = |name: &str, token: &str| {
-        request
-            .headers()
+/// [`accept_with_limit`]). Header names are case-insensitive, as are the
+/// `Connection` and `Upgrade` tokens, which may come in lists or on
+/// several lines; the subprotocol token is matched exactly (RFC 6455
+/// §4.2.2 has the server echo a value the client sent).
+fn check_request(request: &Request) -> Result<Response, (Refusal, bool)> {
+    let refuse = |refusal: Refusal| Err((refusal, false));
+    let headers = request.headers();
+    let tokens = |name: &'static str| {
+        headers
             .get_all(name)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .any(|p| p.trim().eq_ignore_ascii_case(token))
+            .map(str::trim)
     };
-    if !has("connection", "upgrade") || !has("upgrade", "websocket") {
-        return Err(Refusal::new(
-            StatusCode::UPGRADE_REQUIRED,
-            "MQTT is served over WebSocket here: send a WebSocket upgrade\n",
-        )
-        .with("Upgrade", "websocket"));
+    let once = |name: &'static str| {
+        let mut values = headers.get_all(name).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => Some(value),
+            _ => None,
+        }
+    };
+    if request.uri().path() != PATH {
+        return refuse(Refusal::new(StatusCode::NOT_FOUND, "MQTT is served on /mqtt\n"));
     }
-    if request.headers().get("sec-websocket-version").is_none_or(|v| v != "13") {
-        return Err(Refusal::new(
-            StatusCode::UPGRADE_REQUIRED,
-            "only WebSocket version 13 is served\n",
-        )
-        .with("Sec-WebSocket-Version", "13"));
+    if once("host").is_none() {
+        // RFC 9112 §3.2: a request without, or with more than one, Host.
+        return refuse(Refusal::new(StatusCode::BAD_REQUEST, "one Host header is needed\n"));
     }
-    if !has("sec-websocket-protocol", SUBPROTOCOL) {
-        return Err(Refusal::new(
+    if !tokens("connection").any(|t| t.eq_ignore_ascii_case("upgrade"))
+        || !tokens("upgrade").any(|t| t.eq_ignore_ascii_case("websocket"))
+    {
+        return refuse(
+            Refusal::new(
+                StatusCode::UPGRADE_REQUIRED,
+                "MQTT is served over WebSocket here: send a WebSocket upgrade\n",
+            )
+            .with("Upgrade", "websocket"),
+        );
+    }
+    if once("sec-websocket-version").is_none_or(|v| v != "13") {
+        return refuse(
+            Refusal::new(StatusCode::UPGRADE_REQUIRED, "only WebSocket version 13 is served\n")
+                .with("Sec-WebSocket-Version", "13"),
+        );
+    }
+    let Some(key) = once("sec-websocket-key").filter(|k| is_websocket_key(k.as_bytes())) else {
+        return refuse(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "one Sec-WebSocket-Key of 16 base64 bytes is needed\n",
+        ));
+    };
+    if !tokens("sec-websocket-protocol").any(|t| t == SUBPROTOCOL) {
+        return refuse(Refusal::new(
             StatusCode::BAD_REQUEST,
             "the WebSocket subprotocol must be mqtt\n",
         ));
     }
-    let mut response = create_response(request).map_err(|_| {
-        Refusal::new(StatusCode::BAD_REQUEST, "a bad Sec-WebSocket-Key\n")
-    })?;
-    response.headers_mut().insert(
-        "sec-websocket-protocol",
-        HeaderValue::from_static(SUBPROTOCOL),
-    );
-    Ok(response)
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .version(request.version())
+        .header("Connection", "Upgrade")
+        .header("Upgrade", "websocket")
+        .header("Sec-WebSocket-Accept", derive_accept_key(key.as_bytes()))
+        .header("Sec-WebSocket-Protocol", SUBPROTOCOL)
+        .body(())
+        .map_err(|_| (Refusal::new(StatusCode::BAD_REQUEST, "a bad upgrade request\n"), false))
 }
 
 /// A WebSocket connection seen as a byte stream (see the module docs).
@@ -367,6 +411,7 @@ mod tests {
     use async_tungstenite::tungstenite::client::IntoClientRequest;
     use futures_lite::{AsyncReadExt, AsyncWriteExt};
     use futures_util::StreamExt;
+    use async_tungstenite::tungstenite::http::HeaderValue;
     use glommio::net::{TcpListener, TcpStream};
 
     use super::*;
@@ -525,11 +570,51 @@ mod tests {
             }
         });
         let mut c = TcpStream::connect(addr).await.unwrap();
-        // The refusal may come before the whole of a large request is sent.
-        let _ = c.write_all(&request).await;
+        c.write_all(&request).await.unwrap();
+        c.shutdown(std::net::Shutdown::Write).await.unwrap();
         let mut answer = Vec::new();
-        let _ = c.read_to_end(&mut answer).await;
+        // A clean close (no reset): the broker read what it refused.
+        c.read_to_end(&mut answer).await.unwrap();
         (server.await, String::from_utf8_lossy(&answer).into_owned())
+    }
+
+    /// The status line and headers of the answer to `request` on a
+    /// connection the broker accepts.
+    async fn upgrade_answer(listener: TcpListener, request: String) -> String {
+        let addr = listener.local_addr().unwrap();
+        let server = glommio::spawn_local(async move {
+            let stream = listener.accept().await.unwrap();
+            accept(stream).await.map(|_| ()).map_err(|e| e.to_string())
+        });
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = vec![0u8; 512];
+        let n = c.read(&mut answer).await.unwrap();
+        server.await.expect("upgraded");
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    }
+
+    /// Header names and the Connection and Upgrade tokens are
+    /// case-insensitive and may be lists or repeated lines (RFC 6455
+    /// §4.2.1, RFC 9110 §5.3); the accept key is RFC 6455 §1.3's example.
+    #[test]
+    fn upgrades_with_token_lists_and_repeated_lines_are_accepted() {
+        for headers in [
+            "connection: keep-alive, UPGRADE\r\nupgrade: WebSocket\r\n",
+            "Connection: keep-alive\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nUpgrade: websocket\r\n",
+            "Connection: Upgrade\r\nUpgrade: foo, websocket\r\n",
+        ] {
+            let request = format!(
+                "GET /mqtt HTTP/1.1\r\nHost: x\r\n{headers}Sec-WebSocket-Version: 13\r\n\
+                 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+            );
+            let answer = run(|listener| upgrade_answer(listener, request));
+            assert!(answer.starts_with("HTTP/1.1 101"), "{headers}: {answer}");
+            assert!(
+                answer.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+                "{headers}: {answer}"
+            );
+        }
     }
 
     const UPGRADE: &str = "Connection: Upgrade\r\nUpgrade: websocket\r\n\
@@ -563,6 +648,50 @@ mod tests {
                 400,
                 "",
             ),
+            (
+                "subprotocol in another case",
+                format!("GET /mqtt HTTP/1.1\r\nHost: x\r\n{UPGRADE}Sec-WebSocket-Protocol: MQTT\r\n\r\n")
+                    .into_bytes(),
+                400,
+                "",
+            ),
+            (
+                "no Host",
+                format!("GET /mqtt HTTP/1.1\r\n{UPGRADE}Sec-WebSocket-Protocol: mqtt\r\n\r\n").into_bytes(),
+                400,
+                "",
+            ),
+            (
+                "two Hosts",
+                format!("GET /mqtt HTTP/1.1\r\nHost: x\r\nHost: y\r\n{UPGRADE}Sec-WebSocket-Protocol: mqtt\r\n\r\n")
+                    .into_bytes(),
+                400,
+                "",
+            ),
+            (
+                "two keys",
+                format!("GET /mqtt HTTP/1.1\r\nHost: x\r\n{UPGRADE}Sec-WebSocket-Key: AQIDBAUGBwgJCgsMDQ4PEA==\r\n\
+                         Sec-WebSocket-Protocol: mqtt\r\n\r\n")
+                    .into_bytes(),
+                400,
+                "",
+            ),
+            (
+                "130 headers",
+                format!(
+                    "GET /mqtt HTTP/1.1\r\nHost: x\r\n{UPGRADE}{}\r\n",
+                    (0..130).map(|i| format!("X-{i}: v\r\n")).collect::<String>()
+                )
+                .into_bytes(),
+                431,
+                "",
+            ),
+            (
+                "POST with a 3,000-byte body",
+                [b"POST /other HTTP/1.1\r\nHost: x\r\nContent-Length: 3000\r\n\r\n".as_slice(), &[b'x'; 3000]].concat(),
+                405,
+                "",
+            ),
             ("HTTP/1.0", b"GET /mqtt HTTP/1.0\r\n\r\n".to_vec(), 400, ""),
             ("not HTTP", b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\r\n\r\n".to_vec(), 400, ""),
             (
@@ -580,6 +709,12 @@ mod tests {
             assert!(answer.to_ascii_lowercase().contains(header), "{what}: {answer}");
             assert!(answer.contains("Connection: close"), "{what}: {answer}");
         }
+        // HEAD: the same refusal without its body (RFC 9110 §9.3.2).
+        let (status, answer) = run(|listener| {
+            answer_to(listener, format!("HEAD /mqtt HTTP/1.1\r\nHost: x\r\n{UPGRADE}\r\n").into_bytes())
+        });
+        assert_eq!(status, 405);
+        assert!(answer.ends_with("\r\n\r\n"), "{answer}");
     }
 
     #[test]
