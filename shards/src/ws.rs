@@ -6,8 +6,8 @@
 //! to async-tungstenite: only path `/mqtt` is served (404 otherwise) and
 //! the client must offer the `mqtt` subprotocol, which is echoed (400
 //! otherwise) [MQTT-6.0.0-3]. Any other request gets an HTTP error answer
-//! too (RFC 6455 §4.2.1; see [`accept_with_limit`]). The resulting [`WsStream`] is a plain byte stream for
-//! the MQTT codec: reads concatenate the payloads of binary messages (an
+//! too (RFC 6455 §4.2.1; see [`accept_with_limit`]). The resulting
+//! [`WsStream`] is a plain byte stream for the MQTT codec: reads concatenate the payloads of binary messages (an
 //! MQTT packet may span messages and a message may hold several packets
 //! [MQTT-6.0.0-2]); each write sends its bytes as one binary message;
 //! closing sends a WebSocket close frame. A text message is a protocol
@@ -144,11 +144,14 @@ where
     })
 }
 
-/// An HTTP refusal of an upgrade request: status, extra header, body.
+/// An HTTP refusal of an upgrade request: status, extra header, body,
+/// and whether the request was a HEAD, whose answer has no body (RFC 9110
+/// §9.3.2).
 struct Refusal {
     status: StatusCode,
     header: Option<(&'static str, &'static str)>,
     body: &'static str,
+    head_only: bool,
 }
 
 impl Refusal {
@@ -157,6 +160,7 @@ impl Refusal {
             status,
             header: None,
             body,
+            head_only: false,
         }
     }
 
@@ -172,11 +176,10 @@ fn handshake_io(e: io::Error) -> WsError {
 
 /// Read the request head (up to [`MAX_REQUEST_BYTES`]); returns it and the
 /// bytes read after it. The outer error is the stream's (EOF included),
-/// the inner one a request to refuse, and whether it is a HEAD request
-/// (whose answer has no body, RFC 9110 §9.3.2).
+/// the inner one a request to refuse.
 async fn read_request<S: AsyncRead + Unpin>(
     stream: &mut S,
-) -> Result<Result<(Request, Vec<u8>), (Refusal, bool)>, WsError> {
+) -> Result<Result<(Request, Vec<u8>), Refusal>, WsError> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     loop {
@@ -207,7 +210,10 @@ async fn read_request<S: AsyncRead + Unpin>(
             ),
             Err(_) => Refusal::new(StatusCode::BAD_REQUEST, "not an HTTP request\n"),
         };
-        return Ok(Err((refusal, buf.starts_with(b"HEAD "))));
+        return Ok(Err(Refusal {
+            head_only: buf.starts_with(b"HEAD "),
+            ..refusal
+        }));
     }
 }
 
@@ -220,10 +226,7 @@ const DRAIN_BYTES: usize = 64 << 10;
 
 /// Send `refusal` (without its body for a HEAD request), drain what the
 /// client still sends, and make the error [`accept`] returns for it.
-async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    (refusal, head_only): (Refusal, bool),
-) -> WsError {
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, refusal: Refusal) -> WsError {
     let mut head = format!(
         "HTTP/1.1 {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n",
         refusal.status,
@@ -233,7 +236,7 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    if !head_only {
+    if !refusal.head_only {
         head.push_str(refusal.body);
     }
     // The peer may be gone already; the refusal stands either way.
@@ -258,8 +261,7 @@ fn is_websocket_key(key: &[u8]) -> bool {
 /// `Connection` and `Upgrade` tokens, which may come in lists or on
 /// several lines; the subprotocol token is matched exactly (RFC 6455
 /// §4.2.2 has the server echo a value the client sent).
-fn check_request(request: &Request) -> Result<Response, (Refusal, bool)> {
-    let refuse = |refusal: Refusal| Err((refusal, false));
+fn check_request(request: &Request) -> Result<Response, Refusal> {
     let headers = request.headers();
     let tokens = |name: &'static str| {
         headers
@@ -277,16 +279,16 @@ fn check_request(request: &Request) -> Result<Response, (Refusal, bool)> {
         }
     };
     if request.uri().path() != PATH {
-        return refuse(Refusal::new(StatusCode::NOT_FOUND, "MQTT is served on /mqtt\n"));
+        return Err(Refusal::new(StatusCode::NOT_FOUND, "MQTT is served on /mqtt\n"));
     }
     if once("host").is_none() {
         // RFC 9112 §3.2: a request without, or with more than one, Host.
-        return refuse(Refusal::new(StatusCode::BAD_REQUEST, "one Host header is needed\n"));
+        return Err(Refusal::new(StatusCode::BAD_REQUEST, "one Host header is needed\n"));
     }
     if !tokens("connection").any(|t| t.eq_ignore_ascii_case("upgrade"))
         || !tokens("upgrade").any(|t| t.eq_ignore_ascii_case("websocket"))
     {
-        return refuse(
+        return Err(
             Refusal::new(
                 StatusCode::UPGRADE_REQUIRED,
                 "MQTT is served over WebSocket here: send a WebSocket upgrade\n",
@@ -295,19 +297,19 @@ fn check_request(request: &Request) -> Result<Response, (Refusal, bool)> {
         );
     }
     if once("sec-websocket-version").is_none_or(|v| v != "13") {
-        return refuse(
+        return Err(
             Refusal::new(StatusCode::UPGRADE_REQUIRED, "only WebSocket version 13 is served\n")
                 .with("Sec-WebSocket-Version", "13"),
         );
     }
     let Some(key) = once("sec-websocket-key").filter(|k| is_websocket_key(k.as_bytes())) else {
-        return refuse(Refusal::new(
+        return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "one Sec-WebSocket-Key of 16 base64 bytes is needed\n",
         ));
     };
     if !tokens("sec-websocket-protocol").any(|t| t == SUBPROTOCOL) {
-        return refuse(Refusal::new(
+        return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "the WebSocket subprotocol must be mqtt\n",
         ));
@@ -320,7 +322,7 @@ fn check_request(request: &Request) -> Result<Response, (Refusal, bool)> {
         .header("Sec-WebSocket-Accept", derive_accept_key(key.as_bytes()))
         .header("Sec-WebSocket-Protocol", SUBPROTOCOL)
         .body(())
-        .map_err(|_| (Refusal::new(StatusCode::BAD_REQUEST, "a bad upgrade request\n"), false))
+        .map_err(|_| Refusal::new(StatusCode::BAD_REQUEST, "a bad upgrade request\n"))
 }
 
 /// A WebSocket connection seen as a byte stream (see the module docs).
