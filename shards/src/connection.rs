@@ -224,6 +224,20 @@ pub(crate) async fn linger<S: futures_lite::AsyncRead + Unpin>(transport: &mut S
     }
 }
 
+/// Answer a refused MQTT 5 CONNECT with a CONNACK holding `reason` (none
+/// for 3.1.x, which has no code for it), then [`linger`] for the
+/// `expected` rest of it before the close.
+async fn refuse_connect(shard: &Shard, transport: &mut Transport, reason: Option<ReasonCode>, expected: usize) {
+    if let Some(reason) = reason {
+        let connack = ConnAck {
+            reason,
+            ..ConnAck::default()
+        };
+        write_packet(shard, transport, &Packet::ConnAck(connack), ProtocolVersion::V5).await;
+    }
+    linger(transport, expected).await;
+}
+
 fn refused(shard: &Shard, settings: &ConnSettings, reason: &'static str) {
     shard.metrics.connect_refused(reason);
     settings.gate.log_refusal(reason);
@@ -283,15 +297,8 @@ pub(crate) async fn accepted(
         Some(Err((Some(mut transport), Early::TooLarge { size, buffered, v5 }))) => {
             // MQTT 5 has a reason code for it (§3.2.2.2, 0x95 Packet too
             // large); MQTT 3.1.1 has none: the connection is only closed.
-            if v5 {
-                let connack = ConnAck {
-                    reason: ReasonCode::PACKET_TOO_LARGE,
-                    ..ConnAck::default()
-                };
-                write_packet(&shard, &mut transport, &Packet::ConnAck(connack), ProtocolVersion::V5)
-                    .await;
-            }
-            Box::pin(linger(&mut transport, size.saturating_sub(buffered))).await;
+            let reason = v5.then_some(ReasonCode::PACKET_TOO_LARGE);
+            Box::pin(refuse_connect(&shard, &mut transport, reason, size.saturating_sub(buffered))).await;
             return refused(&shard, &settings, "max_connect_packet_bytes");
         }
         Some(Err((Some(mut transport), Early::MalformedV5(e)))) => {
@@ -301,13 +308,8 @@ pub(crate) async fn accepted(
             // the packet is read first, so that the close does not reset
             // the connection under the CONNACK.
             debug!(target: "broker", error = %e, "malformed MQTT 5 CONNECT");
-            let connack = ConnAck {
-                reason: e.reason_code(),
-                ..ConnAck::default()
-            };
-            write_packet(&shard, &mut transport, &Packet::ConnAck(connack), ProtocolVersion::V5)
-                .await;
-            Box::pin(linger(&mut transport, settings.max_connect_packet_bytes)).await;
+            let expected = settings.max_connect_packet_bytes;
+            Box::pin(refuse_connect(&shard, &mut transport, Some(e.reason_code()), expected)).await;
             return refused(&shard, &settings, "malformed_connect");
         }
         Some(Err((_, early))) => {
