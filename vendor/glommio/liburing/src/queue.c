@@ -35,9 +35,15 @@ static inline bool sq_ring_needs_enter(struct io_uring *ring, unsigned *flags)
 	return false;
 }
 
+/*
+ * fleetmq patch (vendor/glommio/FLEETMQ-PATCH.md, change 6), as in liburing
+ * 2.2: also enter the kernel when it holds completions it has not posted yet
+ * (a ring made with IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG).
+ */
 static inline bool cq_ring_needs_flush(struct io_uring *ring)
 {
-	return IO_URING_READ_ONCE(*ring->sq.kflags) & IORING_SQ_CQ_OVERFLOW;
+	return IO_URING_READ_ONCE(*ring->sq.kflags) &
+		(IORING_SQ_CQ_OVERFLOW | IORING_SQ_TASKRUN);
 }
 
 static int __io_uring_peek_cqe(struct io_uring *ring,

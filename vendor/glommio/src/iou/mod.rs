@@ -92,6 +92,16 @@ bitflags::bitflags! {
         const CQSIZE    = 1 << 3;
         const CLAMP     = 1 << 4;
         const ATTACH_WQ = 1 << 5;
+        /// fleetmq patch (vendor/glommio/FLEETMQ-PATCH.md, change 6): the
+        /// kernel does not interrupt the running task to post completions
+        /// (no IPI); it posts them at its next entry into the kernel.
+        /// Linux 5.19 and later; older kernels refuse the flag (`EINVAL`).
+        const COOP_TASKRUN = 1 << 8;
+        /// fleetmq patch (change 6): with `COOP_TASKRUN`, the kernel sets
+        /// `IORING_SQ_TASKRUN` in the submission queue's flags while it
+        /// holds completions not yet posted, and liburing's peek then
+        /// enters the kernel to have them posted. Linux 5.19 and later.
+        const TASKRUN_FLAG = 1 << 9;
     }
 }
 

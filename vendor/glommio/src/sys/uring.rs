@@ -906,6 +906,30 @@ struct SleepableRing {
     in_kernel: usize,
 }
 
+/// fleetmq patch (see vendor/glommio/FLEETMQ-PATCH.md, change 6): a ring
+/// whose completions do not interrupt the executor's thread while it runs.
+/// Without `IORING_SETUP_COOP_TASKRUN`, a completion that another CPU
+/// produces (a socket poll made ready by a loopback write there) is handed
+/// to this thread with an inter-processor interrupt whenever the thread is
+/// running; with it, the completion waits for the thread's next system
+/// call or wakes the thread if it sleeps. `IORING_SETUP_TASKRUN_FLAG` has
+/// the kernel say when it holds such completions, and every peek at the
+/// completion queue then enters the kernel to have them posted (the
+/// vendored liburing's `cq_ring_needs_flush`, as in liburing 2.2), so an
+/// executor that looks for completions finds them as before. Kernels older
+/// than 5.19 refuse the flags with `EINVAL`: the ring is then made as
+/// upstream makes it.
+fn new_cooperative_ring(entries: u32) -> io::Result<iou::IoUring> {
+    match iou::IoUring::new_with_flags(
+        entries,
+        iou::SetupFlags::COOP_TASKRUN | iou::SetupFlags::TASKRUN_FLAG,
+        iou::SetupFeatures::empty(),
+    ) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => iou::IoUring::new(entries),
+        ring => ring,
+    }
+}
+
 impl SleepableRing {
     fn new(
         size: usize,
@@ -915,7 +939,7 @@ impl SleepableRing {
     ) -> io::Result<Self> {
         assert!(*IO_URING_RECENT_ENOUGH);
         Ok(SleepableRing {
-            ring: iou::IoUring::new(size as _)?,
+            ring: new_cooperative_ring(size as _)?,
             size,
             submission_queue: UringQueueState::with_capacity(size * 4),
             name,
