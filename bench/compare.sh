@@ -124,8 +124,14 @@ nats_bin() {
     [[ -x "$b" ]] && "$b" --version >/dev/null 2>&1 && echo "$b"
 }
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+free_port() { # [NOT]: a port nothing listens on now, other than NOT
+    python3 - "${1:-0}" <<'PY'
+import socket, sys
+while True:
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    if port != int(sys.argv[1]):
+        print(port); break
+PY
 }
 
 wait_port() { # PORT: until something accepts on it, 15 s at most
@@ -161,7 +167,7 @@ EOF
     nats)
         cat >"$dir/nats.conf" <<EOF
 server_name: bench
-listen: 127.0.0.1:$(free_port)
+listen: 127.0.0.1:$(free_port "$port")
 jetstream { store_dir: "$dir/js", max_memory_store: 1G, max_file_store: 4G }
 mqtt { listen: 127.0.0.1:$port }
 EOF
