@@ -733,9 +733,11 @@ fn drive(
             conn.unmovable.set(true);
         }
         let max_packet = settings.connect.max_packet_size;
+        // One clock read per batch of packets read together.
+        let mut read_at = conn.last_packet.get();
         let publish_will = 'conn: loop {
-            // One clock read per batch of packets read together.
-            let now = conn.last_read.get();
+            let now = read_at;
+            let mut decoded = false;
             loop {
                 if let Some(close) = conn.close.get() {
                     break 'conn close.publish_will;
@@ -744,6 +746,7 @@ fn drive(
                     // A packet that ends the connection sets `conn.close`,
                     // seen at the top of this loop.
                     Ok(Some(packet)) => {
+                        decoded = true;
                         let reach = shard.handle_packet(slot, &conn, packet, now);
                         if let Some(to) = mover.note(reach, shard.id, now, &conn.unmovable) {
                             if shard.may_move_to(to) {
@@ -751,7 +754,13 @@ fn drive(
                             }
                         }
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        if decoded {
+                            // Keep alive: a whole packet, not a byte, arrived.
+                            conn.last_packet.set(now);
+                        }
+                        break;
+                    }
                     Err(e) => {
                         // Malformed: MQTT 5 gets DISCONNECT 0x81/0x82/0x95;
                         // 3.1.1 a closed connection (MQTT 5 §4.13).
@@ -770,7 +779,7 @@ fn drive(
             {
                 Event::Read(n) => {
                     shard.metrics.bytes_in.inc_by(n as u64);
-                    conn.last_read.set(Instant::now());
+                    read_at = Instant::now();
                     conn.active.set(true);
                 }
                 Event::Park => {

@@ -186,8 +186,12 @@ pub(crate) struct ConnShared {
     pub(crate) close: Cell<Option<CloseRequest>>,
     /// The connection may not move to another shard (see [`placement`]).
     pub(crate) unmovable: Cell<bool>,
-    /// When the client last sent anything (keep alive).
-    pub(crate) last_read: Cell<Instant>,
+    /// When the last complete Control Packet from the client was read
+    /// (at CONNECT, the connection's start). Keep Alive counts packets,
+    /// not bytes: a client that sends a packet a byte at a time is still
+    /// closed 1.5 × Keep Alive after its last whole packet
+    /// `[MQTT-3.1.2-22]` (3.1.1: `[MQTT-3.1.2-24]`).
+    pub(crate) last_packet: Cell<Instant>,
     keep_alive: u16,
     /// When the client's credential expires (JWT `exp`).
     expires_at: Option<Instant>,
@@ -213,7 +217,7 @@ impl ConnShared {
             parkable: Cell::new(false),
             close: Cell::new(None),
             unmovable: Cell::new(false),
-            last_read: Cell::new(now),
+            last_packet: Cell::new(now),
             keep_alive,
             expires_at,
         }
@@ -221,7 +225,7 @@ impl ConnShared {
 
     /// The next time the connection's clocks must be checked.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        let keep_alive = keep_alive_deadline(self.last_read.get(), self.keep_alive);
+        let keep_alive = keep_alive_deadline(self.last_packet.get(), self.keep_alive);
         match (keep_alive, self.expires_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -232,7 +236,7 @@ impl ConnShared {
     pub(crate) fn check_deadlines(&self, now: Instant) {
         if self.expires_at.is_some_and(|at| at <= now) {
             self.request_close(Some(ReasonCode::MAXIMUM_CONNECT_TIME), true);
-        } else if keep_alive_deadline(self.last_read.get(), self.keep_alive)
+        } else if keep_alive_deadline(self.last_packet.get(), self.keep_alive)
             .is_some_and(|at| at <= now)
         {
             self.request_close(Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true);

@@ -85,7 +85,7 @@ pub(crate) struct Move {
     protocol: ProtocolVersion,
     keep_alive: u16,
     expires_at: Option<Instant>,
-    last_read: Instant,
+    last_packet: Instant,
     generation: u64,
 }
 
@@ -178,7 +178,7 @@ impl Shard {
             protocol: conn.protocol,
             keep_alive: conn.keep_alive,
             expires_at: conn.expires_at,
-            last_read: conn.last_read.get(),
+            last_packet: conn.last_packet.get(),
             generation,
         };
         self.queue_ordered(st, to, ShardMsg::Move(Box::new(moving)));
@@ -208,7 +208,7 @@ impl Shard {
             moving.protocol,
             moving.keep_alive,
             moving.expires_at,
-            moving.last_read,
+            moving.last_packet,
         ));
         conn.unmovable.set(true);
         if self.stopping.get() {

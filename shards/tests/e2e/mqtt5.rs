@@ -1099,6 +1099,63 @@ fn server_keep_alive_lowers_a_keep_alive_above_the_maximum() {
     );
 }
 
+/// Keep Alive counts Control Packets, not bytes: a client with Keep Alive
+/// 1 s that sends a PUBLISH one byte every 250 ms (the packet would take
+/// about 10 s) has sent no whole packet for 1.5 s and is closed with 0x8D
+/// [MQTT-3.1.2-22] (3.1.1: [MQTT-3.1.2-24]), instead of holding its partial
+/// packet open for as long as it keeps dribbling.
+#[test]
+fn a_client_that_sends_a_packet_a_byte_at_a_time_is_closed_after_keep_alive() {
+    let broker = Broker::start(&[]);
+    for v5 in [true, false] {
+        let id = unique("dribble");
+        let mut c = if v5 {
+            Client::open(
+                broker.mqtt,
+                &packet::connect(&id, true, 1, &Props::new()),
+                true,
+            )
+        } else {
+            let connect = wire::Connect {
+                keep_alive: 1,
+                ..wire::Connect::v311(&id)
+            };
+            Client::open(broker.mqtt, &connect.encode(), false)
+        };
+        assert_eq!(c.connack.reason, 0);
+        let publish = wire::publish_qos0("dribble/topic", &[b'x'; 24], v5);
+        let started = Instant::now();
+        let mut reason = None;
+        let mut closed = false;
+        for byte in &publish {
+            c.raw.send(std::slice::from_ref(byte));
+            match c.raw.read(Duration::from_millis(250)) {
+                Incoming::Packet { header: 0xE0, body } => {
+                    reason = body.first().copied();
+                    closed = matches!(c.raw.read(WAIT), Incoming::Closed);
+                    break;
+                }
+                Incoming::Packet { header, .. } => panic!("unexpected packet {header:02x}"),
+                Incoming::Closed => {
+                    closed = true;
+                    break;
+                }
+                Incoming::TimedOut => {}
+            }
+        }
+        let waited = started.elapsed();
+        assert!(
+            closed,
+            "v5={v5}: still open after the whole packet, dribbled over {waited:?}"
+        );
+        assert!(
+            waited < Duration::from_secs(4),
+            "v5={v5}: closed only after {waited:?}"
+        );
+        assert_eq!(reason, v5.then_some(0x8D), "v5={v5}: DISCONNECT reason");
+    }
+}
+
 /// An empty Client Identifier gets an Assigned Client Identifier, a new one
 /// each time [MQTT-3.2.2-16] [MQTT-3.1.3-7], and the session then is that
 /// identifier's: connecting with it takes the session over (0x8E).
