@@ -101,6 +101,10 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
             let mut addr: SocketAddr = addr
                 .parse()
                 .with_context(|| format!("{key}: bad address {addr}"))?;
+            if addr.port() != 0 {
+                refuse_if_listened_on(addr)
+                    .with_context(|| format!("cannot listen on {addr} ({key})"))?;
+            }
             for fds in per_shard.iter_mut() {
                 let listener = bind_reuseport(addr)
                     .with_context(|| format!("cannot listen on {addr} ({key})"))?;
@@ -483,6 +487,23 @@ fn spawn_reloader(
         }
     })?;
     Ok(handle)
+}
+
+/// Fails with `AddrInUse` when a socket already listens on `addr`.
+///
+/// The shards' sockets share their port through `SO_REUSEPORT`, which lets
+/// any other socket with that option, of the same user, join the group:
+/// a second broker started on the same port would start silently and take
+/// part of the connections. A bind without `SO_REUSEPORT` cannot join a
+/// listening group, so it fails when anything listens there, a fleetmq
+/// of an earlier start included (and, done by a later start, when this
+/// one listens). `SO_REUSEADDR` lets it pass connections of an earlier
+/// run that linger in `TIME_WAIT`. The probe is closed before the shards
+/// bind: a listener that appears in between is not seen.
+fn refuse_if_listened_on(addr: SocketAddr) -> std::io::Result<()> {
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    probe.bind(&addr.into())
 }
 
 /// A listening socket on `addr` that every shard binds (`SO_REUSEPORT`:

@@ -91,6 +91,28 @@ fn out_of_range_setting_stops_the_start_naming_key_and_range() {
     );
 }
 
+/// A second broker on a port the first already listens on refuses to
+/// start ("address in use") instead of joining the first one's
+/// `SO_REUSEPORT` group and taking part of its connections; the first
+/// keeps serving.
+#[test]
+fn a_second_broker_on_a_port_in_use_refuses_to_start() {
+    let first = Broker::start(&["--shards", "2"]);
+    let port = first.mqtt.port().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let stderr = serve_refused(&["--shards", "2", "--listen", &listen]);
+    assert!(stderr.contains(&listen), "names the address: {stderr}");
+    assert!(
+        stderr.to_lowercase().contains("address already in use")
+            || stderr.to_lowercase().contains("addrinuse"),
+        "says why: {stderr}"
+    );
+    assert!(
+        std::net::TcpStream::connect(first.mqtt).is_ok(),
+        "the first broker still accepts"
+    );
+}
+
 /// Listening beyond loopback without `auth.allow_anonymous = true` (and
 /// with no authentication method yet) refuses to start, saying why.
 #[test]
