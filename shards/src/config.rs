@@ -22,7 +22,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
-use fleetmq_core::settings::Settings;
+use fleetmq_core::settings::{Settings, SettingsError};
 use toml::{Table, Value};
 
 /// Prefix of environment variables that hold settings.
@@ -31,7 +31,8 @@ pub const ENV_PREFIX: &str = "FLEETMQ_";
 /// The flags shared by `fleetmq serve` and `fleetmq check-config`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServeArgs {
-    /// TOML configuration file (DESIGN.md §15).
+    /// TOML configuration file: the sections and keys `fleetmq check-config`
+    /// prints, each optional.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Set one setting, e.g. `--set limits.max_packet_size=2MiB`; wins over
@@ -117,7 +118,23 @@ pub fn load_from(
 ///
 /// Only if a value cannot be represented in TOML, which would be a bug.
 pub fn to_toml(settings: &Settings) -> anyhow::Result<String> {
-    toml::to_string(settings).context("printing settings as TOML")
+    let mut text = toml::to_string(settings).context("printing settings as TOML")?;
+    // TOML has no "unset": say what the absent key means, under its table.
+    if settings.auth.allow_anonymous.is_none() {
+        let now = if settings.anonymous_allowed() {
+            "accepted"
+        } else {
+            "refused"
+        };
+        let note = format!(
+            "# allow_anonymous unset: anonymous clients are accepted exactly while \
+             every listener is on loopback (here: {now}); set true or false to decide\n"
+        );
+        if let Some(at) = text.find("[auth]\n") {
+            text.insert_str(at + "[auth]\n".len(), &note);
+        }
+    }
+    Ok(text)
 }
 
 fn read_file(path: &Path) -> anyhow::Result<Table> {
@@ -169,7 +186,9 @@ fn set_path(table: &mut Table, key: &str, value: Value) -> anyhow::Result<()> {
 }
 
 /// Deserializes the merged table, naming the dotted key of any error (an
-/// unknown key, a wrong type, a bad unit).
+/// unknown key, a wrong type, a bad unit). A whole number too large or
+/// too small for its key's type is reported with the key's range, as
+/// [`Settings::validate`] reports one within the type but out of range.
 fn deserialize(table: Table) -> anyhow::Result<Settings> {
     serde_path_to_error::deserialize(Value::Table(table)).map_err(|e| {
         let path = e.path().to_string();
@@ -177,10 +196,44 @@ fn deserialize(table: Table) -> anyhow::Result<Settings> {
         let message = e.into_inner().message().to_owned();
         if path == "." {
             anyhow!("{message}")
+        } else if let Some((value, range)) = integer_beyond_its_type(&path, &message) {
+            anyhow!("{path} = {value} is out of range {range}")
         } else {
             anyhow!("{path}: {message}")
         }
     })
+}
+
+/// For serde's "invalid value: integer `70000`, expected u16" at `key`:
+/// the value, and the key's range. The range is what [`Settings::validate`]
+/// says for the key set to the type's largest, then smallest, value (each
+/// clamped to what TOML holds); when it accepts both, the type's own range.
+fn integer_beyond_its_type(key: &str, message: &str) -> Option<(String, String)> {
+    let rest = message.strip_prefix("invalid value: integer `")?;
+    let (value, rest) = rest.split_once('`')?;
+    let (min, max): (i128, i128) = match rest.strip_prefix(", expected ")? {
+        "u8" => (0, u8::MAX.into()),
+        "u16" => (0, u16::MAX.into()),
+        "u32" => (0, u32::MAX.into()),
+        "u64" | "usize" => (0, u64::MAX.into()),
+        "i8" => (i8::MIN.into(), i8::MAX.into()),
+        "i16" => (i16::MIN.into(), i16::MAX.into()),
+        "i32" => (i32::MIN.into(), i32::MAX.into()),
+        "i64" | "isize" => (i64::MIN.into(), i64::MAX.into()),
+        _ => return None,
+    };
+    let toml = |n: i128| n.clamp(i64::MIN.into(), i64::MAX.into()) as i64;
+    for probe in [toml(max), toml(min)] {
+        let mut table = Table::new();
+        set_path(&mut table, key, Value::Integer(probe)).ok()?;
+        let settings: Settings = Value::Table(table).try_into().ok()?;
+        if let Err(SettingsError::OutOfRange { key: k, range, .. }) = settings.validate() {
+            if k == key {
+                return Some((value.to_owned(), range));
+            }
+        }
+    }
+    Some((value.to_owned(), format!("{min}..={max}")))
 }
 
 #[cfg(test)]
@@ -354,6 +407,44 @@ mod tests {
         a.listen = vec!["0.0.0.0:1883".into()];
         let e = load_err(&a, &[]);
         assert!(e.contains("auth.allow_anonymous = true"), "{e}");
+    }
+
+    #[test]
+    fn printed_settings_say_what_an_unset_allow_anonymous_means_and_read_back() {
+        let settings = load_from(&args(), env(&[])).expect("defaults load");
+        let text = to_toml(&settings).expect("prints");
+        assert!(
+            text.contains("[auth]\n# allow_anonymous unset: ") && text.contains("(here: accepted)"),
+            "{text}"
+        );
+        let read: Settings = toml::from_str(&text).expect("the printed text is TOML");
+        assert_eq!(read.auth.allow_anonymous, None);
+        let mut a = args();
+        a.set = vec!["auth.allow_anonymous=false".into()];
+        let text = to_toml(&load_from(&a, env(&[])).expect("loads")).expect("prints");
+        assert!(
+            !text.contains("allow_anonymous unset") && text.contains("allow_anonymous = false"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn whole_numbers_beyond_their_type_are_refused_with_the_keys_range() {
+        let mut a = args();
+        a.set = vec!["limits.receive_maximum=70000".into()];
+        assert_eq!(
+            load_err(&a, &[]),
+            "limits.receive_maximum = 70000 is out of range 1..=65535"
+        );
+        let e = load_err(&args(), &[("FLEETMQ_LIMITS__MAX_CLIENTS", "-1")]);
+        assert_eq!(e, "limits.max_clients = -1 is out of range 1..=10000000");
+        // A key whose validation accepts its whole type: the type's range.
+        a.set = vec!["limits.topic_alias_maximum=65536".into()];
+        let e = load_err(&a, &[]);
+        assert_eq!(
+            e,
+            "limits.topic_alias_maximum = 65536 is out of range 0..=65535"
+        );
     }
 
     #[test]
