@@ -2,13 +2,16 @@
 //!
 //! Exit status: 0 on success; 1 when the broker could not be used or a
 //! check failed (loss at QoS 1/2, a regression in `compare`); 2 for bad
-//! options and for what is not implemented yet.
+//! options, for what is not implemented yet, and for input `compare`
+//! cannot compare.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use fleetmq_loadgen::compare::{compare, parse_fraction, Figures, Thresholds};
+use fleetmq_loadgen::compare::{
+    compare_files, parse_p99_regression, parse_throughput_ratio, Thresholds,
+};
 use fleetmq_loadgen::options::{RunArgs, SoakArgs};
 use fleetmq_loadgen::scenario::{run, RunError};
 
@@ -27,17 +30,20 @@ struct Cli {
 enum Command {
     /// Run one scenario and print (and optionally write as JSON) its result.
     Run(Box<RunArgs>),
-    /// Compare two `--json` results; exit 1 when the candidate regresses.
+    /// Compare two `--json` results of the same workload; exit 1 when the
+    /// candidate regresses, 2 when they cannot be compared.
     Compare {
         /// The baseline result.
         baseline: PathBuf,
         /// The candidate result.
         candidate: PathBuf,
-        /// Largest allowed p99 increase, e.g. 10% or 0.1.
-        #[arg(long, value_parser = parse_fraction, default_value = "10%")]
+        /// Largest allowed p99 increase: at least 0 %, as a percentage
+        /// (10%) or a fraction from 0 to 1 (0.1).
+        #[arg(long, value_parser = parse_p99_regression, default_value = "10%")]
         max_p99_regression: f64,
-        /// Smallest allowed candidate/baseline throughput ratio.
-        #[arg(long, value_parser = parse_fraction, default_value = "0.95")]
+        /// Smallest allowed candidate/baseline throughput ratio: above 0 and
+        /// at most 1 (0.95 or 95%).
+        #[arg(long, value_parser = parse_throughput_ratio, default_value = "0.95")]
         min_throughput_ratio: f64,
     },
     /// Long run checking every message (QoS 1/2: no loss, per-publisher
@@ -123,21 +129,14 @@ fn finish(report: fleetmq_loadgen::report::Report, json: Option<&std::path::Path
     }
 }
 
-fn compare_command(baseline: &PathBuf, candidate: &PathBuf, t: &Thresholds) -> ExitCode {
-    let read = |p: &PathBuf| -> Result<Figures, String> {
-        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", p.display()))?;
-        Figures::from_json(&v).map_err(|e| format!("{}: {e}", p.display()))
-    };
-    let (b, c) = match (read(baseline), read(candidate)) {
-        (Ok(b), Ok(c)) => (b, c),
-        (Err(e), _) | (_, Err(e)) => {
+fn compare_command(baseline: &Path, candidate: &Path, t: &Thresholds) -> ExitCode {
+    let verdict = match compare_files(baseline, candidate, t) {
+        Ok(v) => v,
+        Err(e) => {
             eprintln!("fleetmq-loadgen: {e}");
             return ExitCode::from(2);
         }
     };
-    let verdict = compare(&b, &c, t);
     print!("{}", verdict.table);
     if verdict.regressions.is_empty() {
         println!("no regression");

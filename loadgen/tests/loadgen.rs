@@ -730,3 +730,133 @@ fn idle_reports_its_connect_phase_as_such() {
     assert!(stdout.starts_with("scenario idle  (") && stdout.contains(" s to connect)"), "{stdout}");
 }
 
+
+/// `fleetmq-loadgen ARGS` under a 4 GiB address-space limit, killed after
+/// `limit`: a compare that reads without bound fails the test instead of
+/// the machine.
+fn loadgen_bounded(args: &[&str], limit: Duration) -> std::process::Output {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 4194304 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_fleetmq-loadgen"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fleetmq-loadgen runs");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("waits").is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fleetmq-loadgen {args:?} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// A minimal `run --json` result.
+fn result_json(scenario: &str, qos: u8, throughput: f64) -> serde_json::Value {
+    serde_json::json!({
+        "tool": "fleetmq-loadgen",
+        "scenario": scenario,
+        "options": {
+            "urls": ["mqtt://127.0.0.1:1883"],
+            "protocol": "3.1.1",
+            "qos": qos,
+            "payload_size": 64,
+            "rate": "max",
+            "window": 1000
+        },
+        "publishers": 10,
+        "subscribers": 1,
+        "throughput_per_s": throughput,
+        "latency_us": {"p50": 10, "p99": 20, "p999": 30}
+    })
+}
+
+fn write_result(name: &str, v: &serde_json::Value) -> PathBuf {
+    let path = temp_json(name);
+    std::fs::write(&path, v.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn compare_refuses_a_device_at_once_instead_of_reading_it_forever() {
+    let baseline = write_result("compare-device.json", &result_json("fan-in", 0, 100.0));
+    let out = loadgen_bounded(
+        &["compare", baseline.to_str().unwrap(), "/dev/zero"],
+        Duration::from_secs(10),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("/dev/zero: a device, not a regular file"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&baseline);
+}
+
+#[test]
+fn compare_refuses_different_scenarios_and_a_baseline_that_measured_nothing() {
+    let fan_in = write_result("compare-fan-in.json", &result_json("fan-in", 0, 100.0));
+    let fan_out = write_result("compare-fan-out.json", &result_json("fan-out", 0, 100.0));
+    let qos1 = write_result("compare-qos1.json", &result_json("fan-in", 1, 100.0));
+    let empty = write_result("compare-empty.json", &result_json("fan-in", 0, 0.0));
+    let negative = write_result("compare-negative.json", &result_json("fan-in", 0, -5.0));
+    for (candidate, needle) in [
+        (&fan_out, "scenario: fan-in vs fan-out"),
+        (&qos1, "--qos: 0 vs 1"),
+        (&negative, "throughput_per_s"),
+    ] {
+        let out = loadgen(&[
+            "compare",
+            fan_in.to_str().unwrap(),
+            candidate.to_str().unwrap(),
+        ]);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{candidate:?}: {stdout}{stderr}"
+        );
+        assert!(stderr.contains(needle), "{stderr}");
+        assert!(!stdout.contains("no regression"), "{stdout}");
+    }
+    let out = loadgen(&["compare", empty.to_str().unwrap(), fan_in.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("measured nothing"), "{stderr}");
+    let out = loadgen(&[
+        "compare",
+        fan_in.to_str().unwrap(),
+        fan_in.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no regression"));
+    for p in [fan_in, fan_out, qos1, empty, negative] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+#[test]
+fn compare_thresholds_outside_their_range_are_refused_naming_the_option() {
+    for (option, value, range) in [
+        ("--min-throughput-ratio", "0", "above 0 and at most 1"),
+        ("--min-throughput-ratio", "95", "above 0 and at most 1"),
+        ("--max-p99-regression", "-5%", "at least 0 %"),
+        ("--max-p99-regression", "10", "at least 0 %"),
+    ] {
+        let out = loadgen(&["compare", "a.json", "b.json", &format!("{option}={value}")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{option} {value}: {stderr}");
+        assert!(
+            stderr.contains(option) && stderr.contains(range),
+            "{stderr}"
+        );
+    }
+}
