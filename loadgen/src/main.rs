@@ -2,8 +2,8 @@
 //!
 //! Exit status: 0 on success; 1 when the broker could not be used or a
 //! check failed (loss at QoS 1/2, a regression in `compare`); 2 for bad
-//! options, for what is not implemented yet, and for input `compare`
-//! cannot compare.
+//! options (a `--json` path that cannot be written included), for what is
+//! not implemented yet, and for input `compare` cannot compare.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,6 +13,7 @@ use fleetmq_loadgen::compare::{
     compare_files, parse_p99_regression, parse_throughput_ratio, Thresholds,
 };
 use fleetmq_loadgen::options::{RunArgs, SoakArgs};
+use fleetmq_loadgen::report::{JsonFile, Report};
 use fleetmq_loadgen::scenario::{run, RunError};
 
 #[global_allocator]
@@ -88,9 +89,16 @@ fn soak_command(args: &SoakArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let json = match open_json(args.json.as_deref()) {
+        Ok(j) => j,
+        Err(code) => return code,
+    };
     match fleetmq_loadgen::verify::run(cfg) {
-        Ok(report) => finish(report, args.json.as_deref()),
+        Ok(report) => finish(report, json),
         Err(e) => {
+            if let Some(json) = json {
+                json.discard();
+            }
             eprintln!("fleetmq-loadgen: error: setup failed: {e}");
             ExitCode::from(1)
         }
@@ -98,25 +106,50 @@ fn soak_command(args: &SoakArgs) -> ExitCode {
 }
 
 fn run_command(args: RunArgs) -> ExitCode {
-    let json = args.json.clone();
+    // `run` checks them too; first here, so that bad options do not create
+    // the --json file.
+    if let Err(e) = args.check() {
+        eprintln!("fleetmq-loadgen: {e}");
+        return ExitCode::from(2);
+    }
+    let json = match open_json(args.json.as_deref()) {
+        Ok(j) => j,
+        Err(code) => return code,
+    };
     let report = match run(args) {
         Ok(r) => r,
-        Err(e @ (RunError::Usage(_) | RunError::NotImplemented(_))) => {
-            eprintln!("fleetmq-loadgen: {e}");
-            return ExitCode::from(2);
-        }
         Err(e) => {
-            eprintln!("fleetmq-loadgen: error: {e}");
-            return ExitCode::from(1);
+            if let Some(json) = json {
+                json.discard();
+            }
+            return match e {
+                RunError::Usage(_) | RunError::NotImplemented(_) => {
+                    eprintln!("fleetmq-loadgen: {e}");
+                    ExitCode::from(2)
+                }
+                e => {
+                    eprintln!("fleetmq-loadgen: error: {e}");
+                    ExitCode::from(1)
+                }
+            };
         }
     };
-    finish(report, json.as_deref())
+    finish(report, json)
 }
 
-fn finish(report: fleetmq_loadgen::report::Report, json: Option<&std::path::Path>) -> ExitCode {
+/// Opens the `--json` file before the run, so that a path that cannot be
+/// written fails at once (exit status 2).
+fn open_json(path: Option<&Path>) -> Result<Option<JsonFile>, ExitCode> {
+    path.map(JsonFile::create).transpose().map_err(|e| {
+        eprintln!("fleetmq-loadgen: --json: {e:#}");
+        ExitCode::from(2)
+    })
+}
+
+fn finish(report: Report, json: Option<JsonFile>) -> ExitCode {
     print!("{}", report.summary());
-    if let Some(path) = json {
-        if let Err(e) = report.write_json(path) {
+    if let Some(json) = json {
+        if let Err(e) = json.write(&report) {
             eprintln!("fleetmq-loadgen: error: {e:#}");
             return ExitCode::from(1);
         }

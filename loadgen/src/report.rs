@@ -2,6 +2,9 @@
 //! (figures, the serialized histogram, run metadata).
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -231,9 +234,64 @@ impl Report {
     /// # Errors
     /// When the file cannot be written.
     pub fn write_json(&self, path: &std::path::Path) -> anyhow::Result<()> {
-        let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(path, text + "\n")
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
+        JsonFile::create(path)?.write(self)
+    }
+}
+
+/// The `--json` file, opened before the run: a path that cannot be written
+/// (a missing folder, no permission, a directory) fails at once, not after
+/// the whole run. An existing file keeps its content until
+/// [`JsonFile::write`]; a file this created is removed again by
+/// [`JsonFile::discard`] when the run produced no report.
+#[derive(Debug)]
+pub struct JsonFile {
+    path: PathBuf,
+    file: File,
+    /// [`JsonFile::create`] made the file.
+    created: bool,
+}
+
+impl JsonFile {
+    /// Opens `path` for writing, creating it when missing.
+    ///
+    /// # Errors
+    /// When the file cannot be created or opened for writing; the message
+    /// names the path.
+    pub fn create(path: &Path) -> anyhow::Result<JsonFile> {
+        let fail = |e: std::io::Error| anyhow::anyhow!("cannot write {}: {e}", path.display());
+        let (file, created) = match File::options().write(true).create_new(true).open(path) {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                (File::options().write(true).open(path).map_err(fail)?, false)
+            }
+            Err(e) => return Err(fail(e)),
+        };
+        Ok(JsonFile {
+            path: path.to_path_buf(),
+            file,
+            created,
+        })
+    }
+
+    /// Replaces the file's content with `report` as pretty JSON.
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn write(mut self, report: &Report) -> anyhow::Result<()> {
+        let text = serde_json::to_string_pretty(report)? + "\n";
+        let fail = |e: std::io::Error| anyhow::anyhow!("cannot write {}: {e}", self.path.display());
+        // Not a regular file (`/dev/stdout`, a pipe): nothing to truncate.
+        if self.file.metadata().map_err(fail)?.is_file() {
+            self.file.set_len(0).map_err(fail)?;
+        }
+        self.file.write_all(text.as_bytes()).map_err(fail)
+    }
+
+    /// Removes the file again if [`JsonFile::create`] made it.
+    pub fn discard(self) {
+        if self.created {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -280,6 +338,46 @@ mod tests {
         let grew = idle_report(8_000, 8_064).summary();
         assert!(grew.contains("0.64 KiB per connection"), "{grew}");
         assert!(!grew.contains("fell"), "{grew}");
+    }
+
+    #[test]
+    fn a_json_path_in_a_missing_folder_fails_before_anything_runs() {
+        let path = std::env::temp_dir()
+            .join(format!("loadgen-no-such-folder-{}", std::process::id()))
+            .join("x.json");
+        let err = JsonFile::create(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("cannot write {}: ", path.display())),
+            "{err}"
+        );
+        assert!(
+            JsonFile::create(&std::env::temp_dir()).is_err(),
+            "a directory"
+        );
+    }
+
+    #[test]
+    fn a_json_file_is_replaced_on_write_and_removed_on_discard_only_if_new() {
+        let dir = std::env::temp_dir().join(format!("loadgen-json-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (old, new) = (dir.join("old.json"), dir.join("new.json"));
+        std::fs::write(&old, "x".repeat(100_000)).unwrap();
+        JsonFile::create(&old).unwrap().discard();
+        assert_eq!(
+            std::fs::read_to_string(&old).unwrap().len(),
+            100_000,
+            "kept"
+        );
+        JsonFile::create(&new).unwrap().discard();
+        assert!(
+            !new.exists(),
+            "a file made for a run that failed is removed"
+        );
+        let r = idle_report(8_000, 8_064);
+        JsonFile::create(&old).unwrap().write(&r).unwrap();
+        let back: Report = serde_json::from_str(&std::fs::read_to_string(&old).unwrap()).unwrap();
+        assert_eq!(back.scenario, "idle");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -860,3 +860,42 @@ fn compare_thresholds_outside_their_range_are_refused_naming_the_option() {
         );
     }
 }
+
+#[test]
+fn a_json_path_that_cannot_be_written_fails_before_the_run_starts() {
+    // A broker that is not there: a run that started would fail to connect.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let missing = "/nonexistent/dir/x.json";
+    for command in ["run fan-in", "run persistent", "soak"] {
+        let mut args: Vec<&str> = command.split(' ').collect();
+        args.extend(["--url", &url, "--duration", "1s", "--json", missing]);
+        let out = loadgen(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains(&format!("--json: cannot write {missing}")),
+            "{command}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("TCP connect failed"),
+            "{command}: {stderr}"
+        );
+    }
+    // A path that can be written, for a run that fails: no file is left.
+    let json = temp_json("unreachable.json");
+    let out = loadgen(&[
+        "run",
+        "fan-in",
+        "--url",
+        &url,
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!json.exists(), "the file made for the run is removed");
+}
