@@ -184,10 +184,23 @@ fn check_name(what: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Adds `user` to the password file at `path`, or changes their password
-/// and workspace (`None`: `default`). Creates the file (mode 0600) when it
-/// does not exist; other lines, comments included, are kept. The file is
-/// replaced atomically (temporary file in the same folder, then rename).
+/// What [`set_user`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserSet {
+    /// The user was not in the file and was added.
+    pub added: bool,
+    /// The user's workspace now.
+    pub workspace: String,
+    /// The user's workspace before, when the change moved them to another.
+    pub moved_from: Option<String>,
+}
+
+/// Adds `user` to the password file at `path`, or changes their password.
+/// `workspace` puts the user in that workspace; without it, an existing
+/// user keeps theirs and a new one is in [`DEFAULT_WORKSPACE`]. Creates the
+/// file (mode 0600) when it does not exist; other lines, comments included,
+/// are kept. The file is replaced atomically (temporary file in the same
+/// folder, then rename).
 ///
 /// # Errors
 ///
@@ -198,22 +211,32 @@ pub fn set_user(
     user: &str,
     password: &str,
     workspace: Option<&str>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<UserSet> {
     check_name("user name", user)?;
     if let Some(w) = workspace {
         check_name("workspace", w)?;
     }
+    let (mut lines, index, file) = read_lines(path, user)?;
+    let existing = file.users.get(user).map(|e| e.workspace.as_deref());
+    // An existing line without a workspace stays without one (`default`).
+    let kept = workspace.or(existing.flatten());
     let mut line = format!("{user}:{}", hash_password(password));
-    if let Some(w) = workspace {
+    if let Some(w) = kept {
         line.push(':');
         line.push_str(w);
     }
-    let (mut lines, index) = read_lines(path, user)?;
     match index {
         Some(i) => lines[i] = line,
         None => lines.push(line),
     }
-    write_atomically(path, &lines)
+    write_atomically(path, &lines)?;
+    let now = kept.unwrap_or(DEFAULT_WORKSPACE).to_owned();
+    let before = existing.map(|w| w.unwrap_or(DEFAULT_WORKSPACE));
+    Ok(UserSet {
+        added: existing.is_none(),
+        moved_from: before.filter(|b| *b != now).map(str::to_owned),
+        workspace: now,
+    })
 }
 
 /// Removes `user` from the password file at `path`, atomically as in
@@ -224,7 +247,7 @@ pub fn set_user(
 ///
 /// The file cannot be read, does not parse, or cannot be replaced.
 pub fn delete_user(path: &Path, user: &str) -> anyhow::Result<bool> {
-    let (mut lines, index) = read_lines(path, user)?;
+    let (mut lines, index, _) = read_lines(path, user)?;
     let Some(i) = index else {
         return Ok(false);
     };
@@ -233,21 +256,25 @@ pub fn delete_user(path: &Path, user: &str) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// The file's lines (empty when it does not exist) and the index of
-/// `user`'s line.
-fn read_lines(path: &Path, user: &str) -> anyhow::Result<(Vec<String>, Option<usize>)> {
+/// The file's lines (empty when it does not exist), the index of `user`'s
+/// line, and the file parsed.
+fn read_lines(
+    path: &Path,
+    user: &str,
+) -> anyhow::Result<(Vec<String>, Option<usize>, PasswordFile)> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("password file {}", path.display())),
     };
-    PasswordFile::parse(&text).with_context(|| format!("password file {}", path.display()))?;
+    let file =
+        PasswordFile::parse(&text).with_context(|| format!("password file {}", path.display()))?;
     let lines: Vec<String> = text.lines().map(str::to_owned).collect();
     let index = lines.iter().position(|l| {
         let l = l.trim();
         !l.starts_with('#') && l.split(':').next() == Some(user) && l.contains(':')
     });
-    Ok((lines, index))
+    Ok((lines, index, file))
 }
 
 fn write_atomically(path: &Path, lines: &[String]) -> anyhow::Result<()> {
@@ -305,7 +332,8 @@ pub struct PasswdArgs {
     /// Remove the user instead.
     #[arg(long)]
     pub delete: bool,
-    /// The user's workspace (default: `default`).
+    /// The user's workspace. Without it, a user already in the file keeps
+    /// theirs and a new user is in `default`.
     #[arg(long, value_name = "W", conflicts_with = "delete")]
     pub workspace: Option<String>,
 }
@@ -344,12 +372,22 @@ pub fn run_passwd(args: &PasswdArgs) -> anyhow::Result<String> {
     if password.is_empty() {
         bail!("the password is empty");
     }
-    set_user(&args.file, &args.user, &password, args.workspace.as_deref())?;
-    let workspace = args.workspace.as_deref().unwrap_or(DEFAULT_WORKSPACE);
-    Ok(format!(
-        "set the password of user {:?} (workspace {workspace:?}) in {file}",
-        args.user
-    ))
+    let set = set_user(&args.file, &args.user, &password, args.workspace.as_deref())?;
+    Ok(set_message(&args.user, &args.file, &set))
+}
+
+/// The line `fleetmq passwd` prints after [`set_user`]: whether the user was
+/// added or changed, and their workspace (kept, or moved from which).
+fn set_message(user: &str, file: &Path, set: &UserSet) -> String {
+    let (file, workspace) = (file.display(), &set.workspace);
+    if set.added {
+        return format!("added user {user:?} (workspace {workspace:?}) to {file}");
+    }
+    let how = match &set.moved_from {
+        Some(before) => format!("moved from workspace {before:?}"),
+        None => "kept".to_owned(),
+    };
+    format!("set the password of user {user:?} (workspace {workspace:?}, {how}) in {file}")
 }
 
 #[cfg(test)]
@@ -416,6 +454,50 @@ mod tests {
         );
         let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temporary file is left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_new_password_without_a_workspace_keeps_the_users_workspace() {
+        let dir = temp_dir("keep-workspace");
+        let path = dir.join("passwd");
+        let set = set_user(&path, "bob", "b-secret", Some("acme")).unwrap();
+        assert!(set.added);
+        assert_eq!(set.workspace, "acme");
+
+        let set = set_user(&path, "bob", "b-new", None).unwrap();
+        assert_eq!(
+            set,
+            UserSet {
+                added: false,
+                workspace: "acme".into(),
+                moved_from: None
+            }
+        );
+        let file = PasswordFile::load(&path).unwrap();
+        assert_eq!(file.verify("bob", b"b-new").as_deref(), Some("acme"));
+        assert!(
+            set_message("bob", &path, &set).contains("(workspace \"acme\", kept)"),
+            "{}",
+            set_message("bob", &path, &set)
+        );
+
+        let set = set_user(&path, "bob", "b-newer", Some("beta")).unwrap();
+        assert_eq!(set.moved_from.as_deref(), Some("acme"));
+        assert!(set_message("bob", &path, &set)
+            .contains("(workspace \"beta\", moved from workspace \"acme\")"));
+        assert_eq!(
+            PasswordFile::load(&path).unwrap().workspace_of("bob"),
+            Some("beta")
+        );
+
+        // A line without a workspace stays without one.
+        set_user(&path, "alice", "a-secret", None).unwrap();
+        let set = set_user(&path, "alice", "a-new", None).unwrap();
+        assert_eq!((set.workspace.as_str(), set.moved_from), ("default", None));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let alice = text.lines().find(|l| l.starts_with("alice:")).unwrap();
+        assert_eq!(alice.matches(':').count(), 1, "{alice}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -90,12 +90,12 @@ pub(crate) fn start(args: &[String]) -> Broker {
 }
 
 /// `fleetmq passwd FILE USER --password-stdin [--workspace W]`, the real
-/// binary.
+/// binary; returns what it printed on standard error.
 ///
 /// # Panics
 ///
 /// It does not exit 0 within 20 s.
-pub(crate) fn passwd(file: &Path, user: &str, password: &str, workspace: Option<&str>) {
+pub(crate) fn passwd(file: &Path, user: &str, password: &str, workspace: Option<&str>) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetmq"));
     cmd.arg("passwd")
         .arg(file)
@@ -120,6 +120,7 @@ pub(crate) fn passwd(file: &Path, user: &str, password: &str, workspace: Option<
     let mut err = String::new();
     let _ = child.stderr.take().unwrap().read_to_string(&mut err);
     assert!(status.success(), "fleetmq passwd {user}: {status:?}\n{err}");
+    err
 }
 
 /// `fleetmq passwd FILE USER --delete`.
@@ -1252,6 +1253,32 @@ fn a_password_file_made_by_fleetmq_passwd_admits_the_right_password_only() {
     assert_eq!(Login::v311(&unique("n")).reason(addr), 5, "no credentials");
     assert_refused(&broker, "bad_credentials", 4.0);
     assert_refused(&broker, "not_authorized", 2.0);
+}
+
+/// Changing a password without `--workspace` keeps the user's workspace,
+/// and `fleetmq passwd` says which it is.
+#[test]
+fn a_new_password_without_workspace_keeps_the_user_in_their_workspace() {
+    let dir = TempDir::new("passwd-workspace");
+    let file = dir.path("passwd");
+    let said = passwd(&file, "bob", "builder", Some("acme"));
+    assert!(
+        said.contains("added user \"bob\" (workspace \"acme\")"),
+        "{said}"
+    );
+    let said = passwd(&file, "bob", "b0b-new", None);
+    assert!(said.contains("(workspace \"acme\", kept)"), "{said}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("bob:") && l.ends_with(":acme")),
+        "{text}"
+    );
+    let said = passwd(&file, "bob", "b0b-newer", Some("beta"));
+    assert!(
+        said.contains("(workspace \"beta\", moved from workspace \"acme\")"),
+        "{said}"
+    );
 }
 
 /// The password file is re-read when it changes (polled every 2 s) and on
