@@ -195,18 +195,13 @@ fn fan_in_at_qos_1_delivers_every_message_it_counts() {
 
 #[test]
 fn an_unreachable_broker_fails_fast_with_a_clear_message() {
-    // Bind then drop a listener: a port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let url = unreachable_url();
     let started = std::time::Instant::now();
     let out = loadgen(&[
         "run",
         "fan-in",
         "--url",
-        &format!("mqtt://127.0.0.1:{port}"),
+        &url,
         "--duration",
         "1s",
     ]);
@@ -227,6 +222,17 @@ fn invalid_options_exit_2() {
         loadgen(&["run", "fan-in", "--rate", "lots"]).status.code(),
         Some(2)
     );
+}
+
+/// A `mqtt://` URL on loopback where nothing listens (a port the kernel
+/// just handed out and took back).
+fn unreachable_url() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("mqtt://127.0.0.1:{port}")
 }
 
 fn read_json(path: &std::path::Path) -> serde_json::Value {
@@ -366,12 +372,7 @@ fn soak_reports_every_interval_and_checks_every_message() {
 
 #[test]
 fn checked_flows_fail_fast_on_an_unreachable_broker_and_bad_options() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("mqtt://127.0.0.1:{port}");
+    let url = unreachable_url();
     let started = std::time::Instant::now();
     for args in [
         &["soak", "--url", &url, "--duration", "1s"][..],
@@ -864,12 +865,7 @@ fn compare_thresholds_outside_their_range_are_refused_naming_the_option() {
 #[test]
 fn a_json_path_that_cannot_be_written_fails_before_the_run_starts() {
     // A broker that is not there: a run that started would fail to connect.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("mqtt://127.0.0.1:{port}");
+    let url = unreachable_url();
     let missing = "/nonexistent/dir/x.json";
     for command in ["run fan-in", "run persistent", "soak"] {
         let mut args: Vec<&str> = command.split(' ').collect();
