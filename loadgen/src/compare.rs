@@ -323,8 +323,9 @@ pub fn compare(baseline: &Figures, candidate: &Figures, t: &Thresholds) -> Verdi
         ));
     }
     let p99_ratio = ratio(baseline.p99, candidate.p99);
-    // Both zero (no samples, e.g. idle) is not a regression.
-    if baseline.p99 > 0.0 && p99_ratio > 1.0 + t.max_p99_regression {
+    // Both zero (no samples, e.g. idle) is not a regression; a baseline
+    // of 0 µs against a candidate that has latency is (ratio infinite).
+    if p99_ratio > 1.0 + t.max_p99_regression {
         regressions.push(format!(
             "p99 {} µs is {:+.1} % over the baseline's {} µs (maximum {:+.1} %)",
             candidate.p99,
@@ -450,6 +451,17 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    #[test]
+    fn a_baseline_p99_of_zero_against_a_candidate_with_latency_is_a_regression() {
+        let v = compare(&fig(1000.0, 0.0), &fig(1000.0, 1071.0), &T);
+        assert_eq!(v.regressions.len(), 1);
+        assert!(v.regressions[0].starts_with("p99"), "{:?}", v.regressions);
+        // Both without latency samples (an idle run): no regression.
+        assert!(compare(&fig(1000.0, 0.0), &fig(1000.0, 0.0), &T)
+            .regressions
+            .is_empty());
     }
 
     #[test]

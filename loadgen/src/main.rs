@@ -40,11 +40,13 @@ enum Command {
         candidate: PathBuf,
         /// Largest allowed p99 increase: at least 0 %, as a percentage
         /// (10%) or a fraction from 0 to 1 (0.1).
-        #[arg(long, value_parser = parse_p99_regression, default_value = "10%")]
+        // A value may start with '-', so that `-5%` reaches the parser and
+        // gets its range in the error rather than clap's "unexpected argument".
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_p99_regression, default_value = "10%")]
         max_p99_regression: f64,
         /// Smallest allowed candidate/baseline throughput ratio: above 0 and
         /// at most 1 (0.95 or 95%).
-        #[arg(long, value_parser = parse_throughput_ratio, default_value = "0.95")]
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_throughput_ratio, default_value = "0.95")]
         min_throughput_ratio: f64,
     },
     /// Long run checking every message (QoS 1/2: no loss, per-publisher

@@ -849,16 +849,24 @@ fn compare_thresholds_outside_their_range_are_refused_naming_the_option() {
     for (option, value, range) in [
         ("--min-throughput-ratio", "0", "above 0 and at most 1"),
         ("--min-throughput-ratio", "95", "above 0 and at most 1"),
+        ("--min-throughput-ratio", "-1", "above 0 and at most 1"),
         ("--max-p99-regression", "-5%", "at least 0 %"),
         ("--max-p99-regression", "10", "at least 0 %"),
     ] {
-        let out = loadgen(&["compare", "a.json", "b.json", &format!("{option}={value}")]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{option} {value}: {stderr}");
-        assert!(
-            stderr.contains(option) && stderr.contains(range),
-            "{stderr}"
-        );
+        // `--option=value` and `--option value` alike, also for a value
+        // that starts with '-'.
+        let joined = format!("{option}={value}");
+        for args in [vec![joined.as_str()], vec![option, value]] {
+            let mut all = vec!["compare", "a.json", "b.json"];
+            all.extend(&args);
+            let out = loadgen(&all);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains(option) && stderr.contains(range),
+                "{args:?}: {stderr}"
+            );
+        }
     }
 }
 

@@ -204,13 +204,24 @@ fn deserialize(table: Table) -> anyhow::Result<Settings> {
     })
 }
 
-/// For serde's "invalid value: integer `70000`, expected u16" at `key`:
-/// the value, and the key's range. The range is what [`Settings::validate`]
+/// For serde's "invalid value: integer `70000`, expected u16" at `key`
+/// (or "invalid type: string \"…\"" for digits past 64 bits): the value,
+/// and the key's range. The range is what [`Settings::validate`]
 /// says for the key set to the type's largest, then smallest, value (each
 /// clamped to what TOML holds); when it accepts both, the type's own range.
 fn integer_beyond_its_type(key: &str, message: &str) -> Option<(String, String)> {
-    let rest = message.strip_prefix("invalid value: integer `")?;
-    let (value, rest) = rest.split_once('`')?;
+    // Past 64 bits a number is no TOML integer, and arrives as a string.
+    let (value, rest) = if let Some(rest) = message.strip_prefix("invalid value: integer `") {
+        rest.split_once('`')?
+    } else {
+        let rest = message.strip_prefix("invalid type: string \"")?;
+        let (value, rest) = rest.split_once('"')?;
+        let digits = value.strip_prefix('-').unwrap_or(value);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        (value, rest)
+    };
     let (min, max): (i128, i128) = match rest.strip_prefix(", expected ")? {
         "u8" => (0, u8::MAX.into()),
         "u16" => (0, u16::MAX.into()),
@@ -438,6 +449,12 @@ mod tests {
         );
         let e = load_err(&args(), &[("FLEETMQ_LIMITS__MAX_CLIENTS", "-1")]);
         assert_eq!(e, "limits.max_clients = -1 is out of range 1..=10000000");
+        // Past 64 bits (2^70): no TOML integer, the same answer.
+        a.set = vec!["limits.receive_maximum=1180591620717411303424".into()];
+        assert_eq!(
+            load_err(&a, &[]),
+            "limits.receive_maximum = 1180591620717411303424 is out of range 1..=65535"
+        );
         // A key whose validation accepts its whole type: the type's range.
         a.set = vec!["limits.topic_alias_maximum=65536".into()];
         let e = load_err(&a, &[]);

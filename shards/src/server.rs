@@ -500,11 +500,30 @@ fn spawn_reloader(
 /// one listens). `SO_REUSEADDR` lets it pass connections of an earlier
 /// run that linger in `TIME_WAIT`. The probe is closed before the shards
 /// bind: a listener that appears in between is not seen.
+///
+/// A broker that was just stopped (a restart) holds its listening sockets
+/// for some milliseconds after its process ends (io_uring releases them
+/// after the process): the probe tries again for up to
+/// [`LISTENER_RELEASE_WAIT`] before it gives up.
 fn refuse_if_listened_on(addr: SocketAddr) -> std::io::Result<()> {
-    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    probe.set_reuse_address(true)?;
-    probe.bind(&addr.into())
+    let give_up = Instant::now() + LISTENER_RELEASE_WAIT;
+    loop {
+        let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        probe.set_reuse_address(true)?;
+        match probe.bind(&addr.into()) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < give_up => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            result => return result,
+        }
+    }
 }
+
+/// How long [`refuse_if_listened_on`] waits for a listener that is going
+/// away (the stopped broker of a restart): its sockets were seen to linger
+/// 10–20 ms after its exit; a listener still there after this is taken to
+/// be live.
+const LISTENER_RELEASE_WAIT: Duration = Duration::from_secs(1);
 
 /// A listening socket on `addr` that every shard binds (`SO_REUSEPORT`:
 /// the kernel spreads new connections over the shards' sockets).
