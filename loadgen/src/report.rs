@@ -228,14 +228,6 @@ impl Report {
         s += &format!("check        {}\n", self.check);
         s
     }
-
-    /// Writes the report as pretty JSON to `path`.
-    ///
-    /// # Errors
-    /// When the file cannot be written.
-    pub fn write_json(&self, path: &std::path::Path) -> anyhow::Result<()> {
-        JsonFile::create(path)?.write(self)
-    }
 }
 
 /// The `--json` file, opened before the run: a path that cannot be written

@@ -737,7 +737,6 @@ fn drive(
         let mut read_at = conn.last_packet.get();
         let publish_will = 'conn: loop {
             let now = read_at;
-            let mut decoded = false;
             loop {
                 if let Some(close) = conn.close.get() {
                     break 'conn close.publish_will;
@@ -746,7 +745,8 @@ fn drive(
                     // A packet that ends the connection sets `conn.close`,
                     // seen at the top of this loop.
                     Ok(Some(packet)) => {
-                        decoded = true;
+                        // Keep alive: a whole packet, not a byte, arrived.
+                        conn.last_packet.set(now);
                         let reach = shard.handle_packet(slot, &conn, packet, now);
                         if let Some(to) = mover.note(reach, shard.id, now, &conn.unmovable) {
                             if shard.may_move_to(to) {
@@ -754,13 +754,7 @@ fn drive(
                             }
                         }
                     }
-                    Ok(None) => {
-                        if decoded {
-                            // Keep alive: a whole packet, not a byte, arrived.
-                            conn.last_packet.set(now);
-                        }
-                        break;
-                    }
+                    Ok(None) => break,
                     Err(e) => {
                         // Malformed: MQTT 5 gets DISCONNECT 0x81/0x82/0x95;
                         // 3.1.1 a closed connection (MQTT 5 §4.13).
