@@ -5,9 +5,14 @@
 # fleetmq/peer, and keeps every run's JSON under target/bench-results/.
 #
 # Environment (defaults in brackets):
-#   RUNS [6]             runs per (broker, scenario); the table shows medians
+#   RUNS [6]             runs per (broker, scenario), interleaved over the
+#                        brokers (run 1 of each, then run 2, ...); the table
+#                        shows medians
 #   DURATION [10s]       measured time per run; WARMUP [2s] before it
-#   BROKERS ["fleetmq mosquitto nats rumqttd"]
+#   BROKERS ["fleetmq mosquitto nats rumqttd"]; "fleetmq:N" is fleetmq with
+#                        --shards N, e.g. BROKERS="fleetmq fleetmq:2" with
+#                        BROKER_CPU=0,1 LOAD_CPU=0,1 compares shard counts
+#                        run by run
 #   SCENARIOS ["fanin-q0 fanin-q1 fanin-p99 fanout-q0 idle"]
 #       fanin-q0   fan-in FANIN_PUBLISHERS[100] → 1, QoS 0, --rate max: delivered msg/s
 #       fanin-q1   the same at QoS 1: delivered msg/s
@@ -94,7 +99,7 @@ log "fleetmq: $FLEETMQ; loadgen: $LOADGEN"
 # --- peers: install when missing ------------------------------------------
 ensure_peer() {
     case "$1" in
-    fleetmq) return 0 ;;
+    fleetmq | fleetmq:[0-9]*) return 0 ;;
     mosquitto)
         command -v mosquitto >/dev/null 2>&1 || {
             log "installing mosquitto (apt-get)"
@@ -148,9 +153,11 @@ start_broker() {
     local name=$1 port=$2 dir=$WORK/$1-$2
     mkdir -p "$dir"
     case "$name" in
-    fleetmq)
+    fleetmq | fleetmq:[0-9]*)
+        local shards=$FLEETMQ_SHARDS
+        [[ $name == fleetmq:* ]] && shards=${name#fleetmq:}
         RUST_LOG=warn taskset -c "$BROKER_CPU" "$FLEETMQ" serve --listen "127.0.0.1:$port" --admin "" \
-            --shards "$FLEETMQ_SHARDS" --set store.kind=none $FLEETMQ_ARGS >"$dir/log" 2>&1 &
+            --shards "$shards" --set store.kind=none $FLEETMQ_ARGS >"$dir/log" 2>&1 &
         ;;
     mosquitto)
         cat >"$dir/mosquitto.conf" <<EOF
@@ -262,9 +269,11 @@ done
 
 for s in $SCENARIOS; do
     scenario_args "$s" >/dev/null || { log "unknown scenario $s"; continue; }
-    for b in "${AVAILABLE[@]}"; do
-        figures=()
-        for r in $(seq "$RUNS"); do
+    # Runs are interleaved (run 1 of every broker, then run 2, ...) so that
+    # the machine's drift over the scenario falls on every broker alike.
+    declare -A FIGURES=()
+    for r in $(seq "$RUNS"); do
+        for b in "${AVAILABLE[@]}"; do
             port=$(free_port)
             start_broker "$b" "$port" || { log "$b/$s run $r: broker failed to start"; continue; }
             json=$OUT/$b/$s-$r.json
@@ -277,7 +286,7 @@ for s in $SCENARIOS; do
             if taskset -c "$LOAD_CPU" "$LOADGEN" run "${args[@]}" --url "mqtt://127.0.0.1:$port" --json "$json" \
                 >"$OUT/$b/$s-$r.txt" 2>&1 || [[ -s $json ]]; then
                 f=$(figure_of "$s" "$json" || echo nan)
-                figures+=("$f")
+                FIGURES[$b]+="$f"$'\n'
                 log "$b $s run $r: $f $(unit_of "$s") ($(jq -r .check "$json"))"
             else
                 log "$b $s run $r: loadgen failed: $(tail -n 1 "$OUT/$b/$s-$r.txt")"
@@ -289,8 +298,11 @@ for s in $SCENARIOS; do
             kill -0 "$BROKER_PID" 2>/dev/null || log "$b $s run $r: BROKER DIED (log: $WORK/$b-$port/log)"
             stop_broker
         done
-        RESULT[$b,$s]=$(printf '%s\n' "${figures[@]:-}" | { grep -v -e '^$' -e '^nan$' || true; } | median)
     done
+    for b in "${AVAILABLE[@]}"; do
+        RESULT[$b,$s]=$(printf '%s' "${FIGURES[$b]:-}" | { grep -v -e '^$' -e '^nan$' || true; } | median)
+    done
+    unset FIGURES
 done
 
 # --- table -------------------------------------------------------------------

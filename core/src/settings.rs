@@ -801,15 +801,26 @@ pub fn format_duration(d: Duration) -> String {
 ///
 /// # Errors
 ///
-/// A message naming the text when it is neither.
+/// A message naming the text when it is neither; one ending in
+/// [`TOO_LARGE`] when it is a duration too long to hold.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if let Ok(secs) = text.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("invalid duration {text:?} ({e}); use e.g. \"10s\", \"15m\", \"1h\""))
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{text:?}{TOO_LARGE}"));
+    }
+    humantime::parse_duration(text).map_err(|e| match e {
+        humantime::DurationError::NumberOverflow => format!("{text:?}{TOO_LARGE}"),
+        e => format!("invalid duration {text:?} ({e}); use e.g. \"10s\", \"15m\", \"1h\""),
+    })
 }
+
+/// How [`parse_size`] and [`parse_duration`] end the message for a
+/// well-formed value too large to hold (`"99999999999999999999B" is too
+/// large`), so that the settings loader can report the key's range instead.
+pub const TOO_LARGE: &str = " is too large";
 
 /// Formats a byte count in the largest binary unit that divides it exactly:
 /// `"1MiB"`, `"64KiB"`, `"1000B"`.
@@ -829,15 +840,19 @@ pub fn format_size(bytes: usize) -> String {
 ///
 /// # Errors
 ///
-/// A message naming the text when it is not a size or overflows `usize`.
+/// A message naming the text when it is not a size; one ending in
+/// [`TOO_LARGE`] when it overflows `usize`.
 pub fn parse_size(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let bad = || format!("invalid size {text:?}; use e.g. \"65536\", \"64KiB\", \"1MiB\"");
+    let too_large = || format!("{text:?}{TOO_LARGE}");
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let n: usize = digits.parse().map_err(|_| bad())?;
+    if digits.is_empty() {
+        return Err(bad());
+    }
     let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "kib" => KIB,
@@ -848,7 +863,8 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         "gb" => 1_000_000_000,
         _ => return Err(bad()),
     };
-    n.checked_mul(mult).ok_or_else(bad)
+    let n: usize = digits.parse().map_err(|_| too_large())?;
+    n.checked_mul(mult).ok_or_else(too_large)
 }
 
 /// A string or integer in a settings file, as the duration and size

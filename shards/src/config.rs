@@ -8,7 +8,9 @@
 //! 3. environment variables `FLEETMQ_SECTION__KEY=value`, e.g.
 //!    `FLEETMQ_LIMITS__MAX_PACKET_SIZE=2MiB` (section and key are joined by a
 //!    double underscore and lower-cased; variables starting `FLEETMQ_` without
-//!    `__` are not settings and are ignored);
+//!    `__` are not settings and are ignored, except one that reads as a
+//!    setting with a single underscore, `FLEETMQ_LIMITS_MAX_CLIENTS`, which
+//!    stops the start naming the right spelling);
 //! 4. `--set section.key=value`, repeatable, later ones winning;
 //! 5. the flags `--listen` (repeatable; replaces `listeners.tcp` when given),
 //!    `--admin` and `--shards`.
@@ -22,7 +24,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
-use fleetmq_core::settings::{Settings, SettingsError};
+use fleetmq_core::settings::{Settings, SettingsError, TOO_LARGE};
 use toml::{Table, Value};
 
 /// Prefix of environment variables that hold settings.
@@ -78,8 +80,16 @@ pub fn load_from(
     };
     let mut env: Vec<(String, String)> = env
         .into_iter()
-        .filter(|(name, _)| name.starts_with(ENV_PREFIX) && name.contains("__"))
+        .filter(|(name, _)| name.starts_with(ENV_PREFIX))
         .collect();
+    if let Some((name, key)) = env.iter().find_map(|(name, _)| Some((name, one_underscore_key(name)?))) {
+        let spelled = format!("{ENV_PREFIX}{}", key.replacen('.', "__", 1).to_ascii_uppercase());
+        bail!(
+            "environment variable {name} looks like the setting {key} with one underscore \
+             after the section; settings are spelled {spelled}"
+        );
+    }
+    env.retain(|(name, _)| name.contains("__"));
     // Deterministic order, so that two spellings of one key resolve the same
     // way every time.
     env.sort();
@@ -154,6 +164,46 @@ fn env_key(name: &str) -> anyhow::Result<String> {
     Ok(parts.join("."))
 }
 
+/// For a `FLEETMQ_` variable without `__` whose rest reads as a section, one
+/// underscore and a key of that section (`FLEETMQ_LIMITS_MAX_CLIENTS`): the
+/// dotted key it was meant to set. Other such variables are not settings
+/// (Kubernetes, for one, injects `FLEETMQ_ADMIN_SERVICE_HOST` for a Service
+/// named `fleetmq-admin`) and stay ignored.
+fn one_underscore_key(name: &str) -> Option<String> {
+    let rest = name.strip_prefix(ENV_PREFIX)?;
+    if rest.contains("__") {
+        return None;
+    }
+    let rest = rest.to_ascii_lowercase();
+    rest.match_indices('_').find_map(|(at, _)| {
+        let key = format!("{}.{}", &rest[..at], &rest[at + 1..]);
+        is_setting(&key).then_some(key)
+    })
+}
+
+/// Whether `key` (`section.key`) names a setting: its section is one the
+/// settings print (not `[cluster]`, which takes anything and is refused),
+/// and deserializing a table that sets only it reports no unknown field (a
+/// wrong type for the probe value is fine).
+fn is_setting(key: &str) -> bool {
+    let section = key.split('.').next().unwrap_or_default();
+    let sections = Table::try_from(Settings::default()).unwrap_or_default();
+    if !matches!(sections.get(section), Some(Value::Table(_))) {
+        return false;
+    }
+    let mut table = Table::new();
+    if set_path(&mut table, key, Value::Boolean(false)).is_err() {
+        return false;
+    }
+    match serde_path_to_error::deserialize::<_, Settings>(Value::Table(table)) {
+        Ok(_) => true,
+        Err(e) => {
+            let message = e.inner().message().to_owned();
+            !message.starts_with("unknown field") && !message.starts_with("unknown variant")
+        }
+    }
+}
+
 /// Reads `text` as a TOML literal when it is one, else as a plain string.
 fn literal(text: &str) -> Value {
     let doc = format!("v = {text}");
@@ -198,6 +248,8 @@ fn deserialize(table: Table) -> anyhow::Result<Settings> {
             anyhow!("{message}")
         } else if let Some((value, range)) = integer_beyond_its_type(&path, &message) {
             anyhow!("{path} = {value} is out of range {range}")
+        } else if let Some((value, range)) = too_large_for_its_key(&path, &message) {
+            anyhow!("{path} = {value} is out of range {range}")
         } else {
             anyhow!("{path}: {message}")
         }
@@ -234,17 +286,32 @@ fn integer_beyond_its_type(key: &str, message: &str) -> Option<(String, String)>
         _ => return None,
     };
     let toml = |n: i128| n.clamp(i64::MIN.into(), i64::MAX.into()) as i64;
-    for probe in [toml(max), toml(min)] {
+    let range = range_of(key, [toml(max), toml(min)]).unwrap_or_else(|| format!("{min}..={max}"));
+    Some((value.to_owned(), range))
+}
+
+/// For a size or duration too large to hold at `key` (`parse_size`'s
+/// "\"99999999999999999999B\" is too large"): the value, and the key's
+/// range as [`Settings::validate`] says it for the largest whole number.
+fn too_large_for_its_key(key: &str, message: &str) -> Option<(String, String)> {
+    let quoted = message.strip_suffix(TOO_LARGE)?;
+    let value = quoted.strip_prefix('"')?.strip_suffix('"')?;
+    Some((value.to_owned(), range_of(key, [i64::MAX])?))
+}
+
+/// The range [`Settings::validate`] names for `key` when it is set to one
+/// of the `probes` in turn (TOML integers: bytes for a size, seconds for a
+/// duration), or `None` when it accepts every probe.
+fn range_of(key: &str, probes: impl IntoIterator<Item = i64>) -> Option<String> {
+    probes.into_iter().find_map(|probe| {
         let mut table = Table::new();
         set_path(&mut table, key, Value::Integer(probe)).ok()?;
         let settings: Settings = Value::Table(table).try_into().ok()?;
-        if let Err(SettingsError::OutOfRange { key: k, range, .. }) = settings.validate() {
-            if k == key {
-                return Some((value.to_owned(), range));
-            }
+        match settings.validate() {
+            Err(SettingsError::OutOfRange { key: k, range, .. }) if k == key => Some(range),
+            _ => None,
         }
-    }
-    Some((value.to_owned(), format!("{min}..={max}")))
+    })
 }
 
 #[cfg(test)]
@@ -300,6 +367,29 @@ mod tests {
     fn nothing_given_means_the_defaults() {
         let s = load_from(&args(), env(&[])).unwrap();
         assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn a_setting_spelled_with_one_underscore_after_its_section_is_refused() {
+        for (name, key, spelled) in [
+            ("FLEETMQ_LIMITS_MAX_CLIENTS", "limits.max_clients", "FLEETMQ_LIMITS__MAX_CLIENTS"),
+            ("FLEETMQ_AUTH_ALLOW_ANONYMOUS", "auth.allow_anonymous", "FLEETMQ_AUTH__ALLOW_ANONYMOUS"),
+            ("fleetmq_server_shards", "server.shards", "FLEETMQ_SERVER__SHARDS"),
+        ] {
+            let name = name.to_ascii_uppercase();
+            let e = load_err(&args(), &[(&name, "20")]);
+            assert!(e.contains(&name) && e.contains(key) && e.contains(spelled), "{e}");
+        }
+        // What Kubernetes injects for Services named fleetmq-admin,
+        // fleetmq-cluster and fleetmq is not a setting, and stays ignored.
+        let injected = [
+            ("FLEETMQ_ADMIN_SERVICE_HOST", "10.0.0.1"),
+            ("FLEETMQ_ADMIN_PORT_8080_TCP_ADDR", "10.0.0.1"),
+            ("FLEETMQ_CLUSTER_SERVICE_PORT", "4222"),
+            ("FLEETMQ_PORT", "tcp://10.0.0.2:1883"),
+            ("FLEETMQ_LIMITS_BOGUS", "1"),
+        ];
+        assert_eq!(load_from(&args(), env(&injected)).unwrap(), Settings::default());
     }
 
     #[test]
@@ -462,6 +552,35 @@ mod tests {
             e,
             "limits.topic_alias_maximum = 65536 is out of range 0..=65535"
         );
+    }
+
+    #[test]
+    fn sizes_and_durations_too_large_to_hold_are_refused_with_the_keys_range() {
+        let mut a = args();
+        for (set, said) in [
+            (
+                "limits.max_packet_size=99999999999999999999B",
+                "limits.max_packet_size = 99999999999999999999B is out of range 64B..=256MiB",
+            ),
+            (
+                "limits.max_packet_size=18014398509481984GiB",
+                "limits.max_packet_size = 18014398509481984GiB is out of range 64B..=256MiB",
+            ),
+            (
+                "server.sys_interval=99999999999999999999",
+                "server.sys_interval = 99999999999999999999 is out of range 1s..=1h",
+            ),
+            (
+                "server.sys_interval=99999999999999999999h",
+                "server.sys_interval = 99999999999999999999h is out of range 1s..=1h",
+            ),
+        ] {
+            a.set = vec![set.into()];
+            assert_eq!(load_err(&a, &[]), said);
+        }
+        // Not a size at all: still the parser's explanation.
+        a.set = vec!["limits.max_packet_size=lots".into()];
+        assert!(load_err(&a, &[]).contains("invalid size \"lots\""));
     }
 
     #[test]

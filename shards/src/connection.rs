@@ -26,6 +26,7 @@ use tracing::debug;
 use crate::access::AclAuthorizer;
 use crate::auth::{AuthError, Authenticator, Credentials, Identity};
 use crate::limits::{Gate, Slot as LimitSlot};
+use crate::metrics::RefuseReason;
 use crate::park::Parked;
 use crate::shard::{
     owner_of, AttachError, ConnShared, Handoff, HandoffStream, Mover, Route, Shard, ShardMsg,
@@ -238,9 +239,9 @@ async fn refuse_connect(shard: &Shard, transport: &mut Transport, reason: Option
     linger(transport, expected).await;
 }
 
-fn refused(shard: &Shard, settings: &ConnSettings, reason: &'static str) {
+fn refused(shard: &Shard, settings: &ConnSettings, reason: RefuseReason) {
     shard.metrics.connect_refused(reason);
-    settings.gate.log_refusal(reason);
+    settings.gate.log_refusal(reason.as_str());
 }
 
 /// Serve a freshly accepted socket of a `kind` listener: limits, the TLS /
@@ -260,10 +261,10 @@ pub(crate) async fn accepted(
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     // Limits that hold before anything is read (DESIGN.md §9).
     let Some(pending) = settings.gate.pending() else {
-        return refused(&shard, &settings, "max_pending_connections");
+        return refused(&shard, &settings, RefuseReason::MaxPendingConnections);
     };
     let Ok(source_slot) = settings.gate.source(peer) else {
-        return refused(&shard, &settings, "max_connections_per_source");
+        return refused(&shard, &settings, RefuseReason::MaxConnectionsPerSource);
     };
     let opened = or(
         async { Some(open_and_read_connect(&shard, &settings, kind, stream).await) },
@@ -292,14 +293,14 @@ pub(crate) async fn accepted(
                 ProtocolVersion::V3_1_1,
             )
             .await;
-            return refused(&shard, &settings, "unsupported_protocol_version");
+            return refused(&shard, &settings, RefuseReason::UnsupportedProtocolVersion);
         }
         Some(Err((Some(mut transport), Early::TooLarge { size, buffered, v5 }))) => {
             // MQTT 5 has a reason code for it (§3.2.2.2, 0x95 Packet too
             // large); MQTT 3.1.1 has none: the connection is only closed.
             let reason = v5.then_some(ReasonCode::PACKET_TOO_LARGE);
             Box::pin(refuse_connect(&shard, &mut transport, reason, size.saturating_sub(buffered))).await;
-            return refused(&shard, &settings, "max_connect_packet_bytes");
+            return refused(&shard, &settings, RefuseReason::MaxConnectPacketBytes);
         }
         Some(Err((Some(mut transport), Early::MalformedV5(e)))) => {
             // MQTT 5 §4.13.1: an error in a CONNECT may be answered with a
@@ -310,7 +311,7 @@ pub(crate) async fn accepted(
             debug!(target: "broker", error = %e, "malformed MQTT 5 CONNECT");
             let expected = settings.max_connect_packet_bytes;
             Box::pin(refuse_connect(&shard, &mut transport, Some(e.reason_code()), expected)).await;
-            return refused(&shard, &settings, "malformed_connect");
+            return refused(&shard, &settings, RefuseReason::MalformedConnect);
         }
         Some(Err((_, early))) => {
             // A failed handshake, a malformed 3.1.x CONNECT, another packet
@@ -318,15 +319,15 @@ pub(crate) async fn accepted(
             let reason = match early {
                 Early::Handshake(e) => {
                     debug!(target: "broker", error = %e, "handshake failed");
-                    "handshake_failed"
+                    RefuseReason::HandshakeFailed
                 }
-                Early::TooLarge { .. } => "max_connect_packet_bytes",
-                Early::Decode(_) | Early::MalformedV5(_) | Early::NotConnect => "malformed_connect",
-                Early::Closed => "closed_before_connect",
+                Early::TooLarge { .. } => RefuseReason::MaxConnectPacketBytes,
+                Early::Decode(_) | Early::MalformedV5(_) | Early::NotConnect => RefuseReason::MalformedConnect,
+                Early::Closed => RefuseReason::ClosedBeforeConnect,
             };
             return refused(&shard, &settings, reason);
         }
-        None => return refused(&shard, &settings, "connect_timeout"),
+        None => return refused(&shard, &settings, RefuseReason::ConnectTimeout),
     };
     let refuse_with = |reason: ReasonCode, detail: &'static str| Refusal { reason, detail };
     if shard.global.connected.load(Ordering::Relaxed) >= settings.max_clients {
@@ -337,7 +338,7 @@ pub(crate) async fn accepted(
             refuse_with(ReasonCode::SERVER_BUSY, "too many clients"),
         ))
         .await;
-        return refused(&shard, &settings, "max_clients");
+        return refused(&shard, &settings, RefuseReason::MaxClients);
     }
     // Boxed, like the other rare or large steps below: this task's state is
     // held by every connection until its CONNECT is answered.
@@ -348,7 +349,7 @@ pub(crate) async fn accepted(
                 &shard,
                 &mut transport,
                 &connect,
-                refuse_with(reason, why),
+                refuse_with(reason, why.as_str()),
             ))
             .await;
             return refused(&shard, &settings, why);
@@ -364,7 +365,7 @@ pub(crate) async fn accepted(
                     "too many connections for this user",
                 );
                 Box::pin(refuse(&shard, &mut transport, &connect, refusal)).await;
-                return refused(&shard, &settings, "max_connections_per_credential");
+                return refused(&shard, &settings, RefuseReason::MaxConnectionsPerCredential);
             }
         }
     }
@@ -372,7 +373,7 @@ pub(crate) async fn accepted(
         Ok(n) => n,
         Err(refusal) => {
             Box::pin(refuse(&shard, &mut transport, &connect, refusal)).await;
-            return refused(&shard, &settings, "connect_refused");
+            return refused(&shard, &settings, RefuseReason::ConnectRefused);
         }
     };
     drop(pending);
@@ -463,9 +464,9 @@ async fn sign_in(
     connect: &Connect,
     peer: IpAddr,
     tls_identity: Option<String>,
-) -> Result<Identity, (ReasonCode, &'static str)> {
+) -> Result<Identity, (ReasonCode, RefuseReason)> {
     let Some(_checking) = settings.gate.authenticating() else {
-        return Err((ReasonCode::SERVER_BUSY, "max_connects_authenticating"));
+        return Err((ReasonCode::SERVER_BUSY, RefuseReason::MaxConnectsAuthenticating));
     };
     let auth = settings.auth.clone();
     let username = connect.username.as_ref().map(|u| u.to_string());
@@ -487,9 +488,9 @@ async fn sign_in(
         glommio::executor().spawn_blocking(check).await
     };
     result.map_err(|e| match e {
-        AuthError::BadCredentials => (ReasonCode::BAD_USER_NAME_OR_PASSWORD, "bad_credentials"),
-        AuthError::Throttled => (ReasonCode::NOT_AUTHORIZED, "auth_throttled"),
-        _ => (ReasonCode::NOT_AUTHORIZED, "not_authorized"),
+        AuthError::BadCredentials => (ReasonCode::BAD_USER_NAME_OR_PASSWORD, RefuseReason::BadCredentials),
+        AuthError::Throttled => (ReasonCode::NOT_AUTHORIZED, RefuseReason::AuthThrottled),
+        _ => (ReasonCode::NOT_AUTHORIZED, RefuseReason::NotAuthorized),
     })
 }
 
@@ -624,7 +625,7 @@ async fn serve(
         }
         Err(AttachError::Refused(refusal)) => {
             refuse(&shard, &mut connecting.transport, &connecting.connect, refusal).await;
-            refused(&shard, &settings, "client_id_in_use");
+            refused(&shard, &settings, RefuseReason::ClientIdInUse);
         }
         Err(AttachError::Elsewhere { to, generation }) => {
             hand_off(&shard, to, Route::ViaHome(generation), connecting).await;

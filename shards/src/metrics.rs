@@ -18,7 +18,7 @@
 //! | `fleetmq_messages_dropped_total` | counter | shard, reason ([`DropReason`]) |
 //! | `fleetmq_bytes_in_total` | counter | shard |
 //! | `fleetmq_bytes_out_total` | counter | shard |
-//! | `fleetmq_connect_refused_total` | counter | shard, reason |
+//! | `fleetmq_connect_refused_total` | counter | shard, reason ([`RefuseReason`]) |
 //! | `fleetmq_uptime_seconds` | gauge | — |
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -131,6 +131,98 @@ impl DropReason {
             DropReason::Expired => "expired",
             DropReason::NotAuthorized => "not_authorized",
             DropReason::ShardChannelFull => "shard_channel_full",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why a connection was refused before or at its CONNECT
+/// (`fleetmq_connect_refused_total{reason}`; DESIGN.md §9 and the
+/// `limits.*` settings). Every reason's series exists from the start, at 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RefuseReason {
+    /// `limits.max_pending_connections` sockets were already waiting for
+    /// their CONNECT.
+    MaxPendingConnections,
+    /// `limits.max_connections_per_source` from this address.
+    MaxConnectionsPerSource,
+    /// The CONNECT named a protocol level other than 3, 4 or 5
+    /// [MQTT-3.1.2-2].
+    UnsupportedProtocolVersion,
+    /// The CONNECT was larger than `limits.max_connect_packet_bytes`.
+    MaxConnectPacketBytes,
+    /// The first packet was not a well-formed CONNECT [MQTT-3.1.0-1].
+    MalformedConnect,
+    /// The TLS or WebSocket handshake failed.
+    HandshakeFailed,
+    /// The client closed before its CONNECT was complete.
+    ClosedBeforeConnect,
+    /// No complete CONNECT within `limits.connect_timeout`.
+    ConnectTimeout,
+    /// `limits.max_clients` clients were connected (Server busy).
+    MaxClients,
+    /// `limits.max_connects_authenticating` sign-ins were in progress.
+    MaxConnectsAuthenticating,
+    /// Wrong user name or password.
+    BadCredentials,
+    /// Too many failed sign-ins from this address.
+    AuthThrottled,
+    /// Authentication refused the client (no credentials, bad token, ...).
+    NotAuthorized,
+    /// `limits.max_connections_per_credential` for this user name.
+    MaxConnectionsPerCredential,
+    /// The CONNECT's fields could not be accepted (client identifier,
+    /// Session Expiry Interval, Will, ...): its CONNACK names the reason code.
+    ConnectRefused,
+    /// Another connection holds the client identifier and may not be taken
+    /// over.
+    ClientIdInUse,
+}
+
+impl RefuseReason {
+    /// Every reason, in label order.
+    pub const ALL: [RefuseReason; 16] = [
+        RefuseReason::MaxPendingConnections,
+        RefuseReason::MaxConnectionsPerSource,
+        RefuseReason::UnsupportedProtocolVersion,
+        RefuseReason::MaxConnectPacketBytes,
+        RefuseReason::MalformedConnect,
+        RefuseReason::HandshakeFailed,
+        RefuseReason::ClosedBeforeConnect,
+        RefuseReason::ConnectTimeout,
+        RefuseReason::MaxClients,
+        RefuseReason::MaxConnectsAuthenticating,
+        RefuseReason::BadCredentials,
+        RefuseReason::AuthThrottled,
+        RefuseReason::NotAuthorized,
+        RefuseReason::MaxConnectionsPerCredential,
+        RefuseReason::ConnectRefused,
+        RefuseReason::ClientIdInUse,
+    ];
+
+    /// The `reason` label value, snake_case, e.g. `"max_clients"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefuseReason::MaxPendingConnections => "max_pending_connections",
+            RefuseReason::MaxConnectionsPerSource => "max_connections_per_source",
+            RefuseReason::UnsupportedProtocolVersion => "unsupported_protocol_version",
+            RefuseReason::MaxConnectPacketBytes => "max_connect_packet_bytes",
+            RefuseReason::MalformedConnect => "malformed_connect",
+            RefuseReason::HandshakeFailed => "handshake_failed",
+            RefuseReason::ClosedBeforeConnect => "closed_before_connect",
+            RefuseReason::ConnectTimeout => "connect_timeout",
+            RefuseReason::MaxClients => "max_clients",
+            RefuseReason::MaxConnectsAuthenticating => "max_connects_authenticating",
+            RefuseReason::BadCredentials => "bad_credentials",
+            RefuseReason::AuthThrottled => "auth_throttled",
+            RefuseReason::NotAuthorized => "not_authorized",
+            RefuseReason::MaxConnectionsPerCredential => "max_connections_per_credential",
+            RefuseReason::ConnectRefused => "connect_refused",
+            RefuseReason::ClientIdInUse => "client_id_in_use",
         }
     }
 
@@ -281,6 +373,14 @@ impl Metrics {
                 })
                 .clone()
         });
+        let connect_refused = RefuseReason::ALL.map(|reason| {
+            self.connect_refused
+                .get_or_create(&ShardReason {
+                    shard,
+                    reason: reason.as_str(),
+                })
+                .clone()
+        });
         ShardMetrics {
             clients_connected: self.clients_connected.get_or_create(&label).clone(),
             connections_parked: self.connections_parked.get_or_create(&label).clone(),
@@ -290,7 +390,7 @@ impl Metrics {
             bytes_in: self.bytes_in.get_or_create(&label).clone(),
             bytes_out: self.bytes_out.get_or_create(&label).clone(),
             dropped,
-            connect_refused: self.connect_refused.clone(),
+            connect_refused,
             shard,
         }
     }
@@ -349,7 +449,7 @@ pub struct ShardMetrics {
     /// `fleetmq_bytes_out_total{shard}`: bytes written to MQTT connections.
     pub bytes_out: Counter,
     dropped: [Counter; DropReason::ALL.len()],
-    connect_refused: Family<ShardReason, Counter>,
+    connect_refused: [Counter; RefuseReason::ALL.len()],
     shard: usize,
 }
 
@@ -361,17 +461,9 @@ impl ShardMetrics {
     }
 
     /// Counts one connection refused for `reason`
-    /// (`fleetmq_connect_refused_total{shard,reason}`), e.g.
-    /// `"max_clients"`, `"not_authorized"`, `"connect_timeout"`. Takes a
-    /// read lock on the family (a write lock the first time a reason is
-    /// seen): fine for refusals, not for per-message paths.
-    pub fn connect_refused(&self, reason: &'static str) {
-        self.connect_refused
-            .get_or_create(&ShardReason {
-                shard: self.shard,
-                reason,
-            })
-            .inc();
+    /// (`fleetmq_connect_refused_total{shard,reason}`); one atomic add.
+    pub fn connect_refused(&self, reason: RefuseReason) {
+        self.connect_refused[reason.index()].inc();
     }
 
     /// The shard these handles belong to.
@@ -395,6 +487,8 @@ mod tests {
             "fleetmq_bytes_in_total{shard=\"0\"} 0",
             "fleetmq_bytes_out_total{shard=\"1\"} 0",
             "fleetmq_messages_dropped_total{shard=\"0\",reason=\"queue_full\"} 0",
+            "fleetmq_connect_refused_total{shard=\"1\",reason=\"max_clients\"} 0",
+            "fleetmq_connect_refused_total{shard=\"0\",reason=\"client_id_in_use\"} 0",
             "fleetmq_uptime_seconds ",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
@@ -410,8 +504,8 @@ mod tests {
         s1.messages_in.inc_by(3);
         s1.bytes_out.inc_by(100);
         s1.dropped(DropReason::ShardChannelFull);
-        s1.connect_refused("max_clients");
-        s1.connect_refused("max_clients");
+        s1.connect_refused(RefuseReason::MaxClients);
+        s1.connect_refused(RefuseReason::MaxClients);
         let again = m.shard(1);
         again.messages_in.inc();
         let text = m.render();
