@@ -25,6 +25,16 @@
 #                        on each CPU it is allowed, round-robin
 #   LOAD_THREADS [1]     loadgen executors, pinned round-robin over LOAD_CPU
 #   FLEETMQ_SHARDS [1]   fleetmq --shards
+#   ROTATE_SHARD_CPUS [0] 1: fleetmq with fewer shards than BROKER_CPU has
+#                        CPUs (a comma list) gets as many of them, starting at
+#                        a different one each run (run r: the r-th, wrapping),
+#                        instead of always the first. For shard counts compared
+#                        with the loadgen on the same CPUs: a 2-shard broker's
+#                        busy shard lands on either CPU (the subscriber's
+#                        client identifier decides), a 1-shard broker would
+#                        otherwise always share CPU 0 with the loadgen's
+#                        subscriber thread, which is faster (perf/RESULTS.md,
+#                        2026-12-04)
 #   FLEETMQ_ARGS [""]    more `fleetmq serve` arguments, e.g.
 #                        "--set server.move_publishers=false"
 #   KEEP_ALIVE [600]     Keep Alive (s) the loadgen's clients announce; rumqttd
@@ -59,6 +69,8 @@ IDLE_CONNECT_RATE=${IDLE_CONNECT_RATE:-5000}
 RUMQTTD_CONNECT_RATE=${RUMQTTD_CONNECT_RATE:-500}
 FLEETMQ_SHARDS=${FLEETMQ_SHARDS:-1}
 FLEETMQ_ARGS=${FLEETMQ_ARGS:-}
+ROTATE_SHARD_CPUS=${ROTATE_SHARD_CPUS:-0}
+RUN=1
 FANIN_PUBLISHERS=${FANIN_PUBLISHERS:-100}
 FANOUT_SUBSCRIBERS=${FANOUT_SUBSCRIBERS:-100}
 P99_RATE=${P99_RATE:-20000}
@@ -148,15 +160,27 @@ wait_port() { # PORT: until something accepts on it, 15 s at most
     return 1
 }
 
+# rotated_cpus N: N CPUs of BROKER_CPU (a comma list of single CPUs),
+# starting at the (RUN-1)-th and wrapping around.
+rotated_cpus() {
+    local -a cpus
+    IFS=, read -ra cpus <<<"$BROKER_CPU"
+    local n=$1 len=${#cpus[@]} out=() i
+    (( n <= 0 || n > len )) && n=$len
+    for (( i = 0; i < n; i++ )); do out+=("${cpus[$(( (RUN - 1 + i) % len ))]}"); done
+    (IFS=,; echo "${out[*]}")
+}
+
 # start_broker NAME PORT: starts it pinned to BROKER_CPU, sets BROKER_PID.
 start_broker() {
     local name=$1 port=$2 dir=$WORK/$1-$2
     mkdir -p "$dir"
     case "$name" in
     fleetmq | fleetmq:[0-9]*)
-        local shards=$FLEETMQ_SHARDS
+        local shards=$FLEETMQ_SHARDS cpus=$BROKER_CPU
         [[ $name == fleetmq:* ]] && shards=${name#fleetmq:}
-        RUST_LOG=warn taskset -c "$BROKER_CPU" "$FLEETMQ" serve --listen "127.0.0.1:$port" --admin "" \
+        [[ $ROTATE_SHARD_CPUS == 1 ]] && cpus=$(rotated_cpus "$shards")
+        RUST_LOG=warn taskset -c "$cpus" "$FLEETMQ" serve --listen "127.0.0.1:$port" --admin "" \
             --shards "$shards" --set store.kind=none $FLEETMQ_ARGS >"$dir/log" 2>&1 &
         ;;
     mosquitto)
@@ -273,6 +297,7 @@ for s in $SCENARIOS; do
     # the machine's drift over the scenario falls on every broker alike.
     declare -A FIGURES=()
     for r in $(seq "$RUNS"); do
+        RUN=$r
         for b in "${AVAILABLE[@]}"; do
             port=$(free_port)
             start_broker "$b" "$port" || { log "$b/$s run $r: broker failed to start"; continue; }
