@@ -34,7 +34,11 @@
 #                        client identifier decides), a 1-shard broker would
 #                        otherwise always share CPU 0 with the loadgen's
 #                        subscriber thread, which is faster (perf/RESULTS.md,
-#                        2026-12-04)
+#                        2026-12-04). A fleetmq of N > 1 shards gets, in run
+#                        r, loadgen client identifiers (--client-id-prefix)
+#                        that put subscriber 0 on shard (r-1) mod N
+#                        (`fleetmq home-shard`), so that its serving CPU
+#                        alternates as a 1-shard broker's does
 #   FLEETMQ_ARGS [""]    more `fleetmq serve` arguments, e.g.
 #                        "--set server.move_publishers=false"
 #   KEEP_ALIVE [600]     Keep Alive (s) the loadgen's clients announce; rumqttd
@@ -171,14 +175,31 @@ rotated_cpus() {
     (IFS=,; echo "${out[*]}")
 }
 
+# shards_of NAME: the shard count of fleetmq broker NAME (fleetmq:N or fleetmq).
+shards_of() {
+    if [[ $1 == fleetmq:* ]]; then echo "${1#fleetmq:}"; else echo "$FLEETMQ_SHARDS"; fi
+}
+
+# placed_prefix N: a loadgen client-identifier prefix whose subscriber 0
+# (`PREFIX-s0`) a fleetmq of N shards serves on shard (RUN-1) mod N.
+placed_prefix() {
+    local n=$1 k want shard
+    want=$(( (RUN - 1) % n ))
+    for (( k = 0; k < 1000; k++ )); do
+        shard=$("$FLEETMQ" home-shard --shards "$n" "lgr$RUN-$k-s0") || return 1
+        [[ $shard == "$want" ]] && { echo "lgr$RUN-$k"; return 0; }
+    done
+    return 1
+}
+
 # start_broker NAME PORT: starts it pinned to BROKER_CPU, sets BROKER_PID.
 start_broker() {
     local name=$1 port=$2 dir=$WORK/$1-$2
     mkdir -p "$dir"
     case "$name" in
     fleetmq | fleetmq:[0-9]*)
-        local shards=$FLEETMQ_SHARDS cpus=$BROKER_CPU
-        [[ $name == fleetmq:* ]] && shards=${name#fleetmq:}
+        local shards cpus=$BROKER_CPU
+        shards=$(shards_of "$name")
         [[ $ROTATE_SHARD_CPUS == 1 ]] && cpus=$(rotated_cpus "$shards")
         RUST_LOG=warn taskset -c "$cpus" "$FLEETMQ" serve --listen "127.0.0.1:$port" --admin "" \
             --shards "$shards" --set store.kind=none $FLEETMQ_ARGS >"$dir/log" 2>&1 &
@@ -308,6 +329,10 @@ for s in $SCENARIOS; do
             # idle: let the broker finish starting before its RSS is read
             # as the baseline (the same for every broker).
             [[ $s == idle ]] && { args+=(--broker-pid "$BROKER_PID"); sleep "${IDLE_SETTLE:-2}"; }
+            if [[ $ROTATE_SHARD_CPUS == 1 && $b == fleetmq* ]] && (( $(shards_of "$b") > 1 )); then
+                prefix=$(placed_prefix "$(shards_of "$b")") || { log "fleetmq home-shard failed"; exit 1; }
+                args+=(--client-id-prefix "$prefix")
+            fi
             if taskset -c "$LOAD_CPU" "$LOADGEN" run "${args[@]}" --url "mqtt://127.0.0.1:$port" --json "$json" \
                 >"$OUT/$b/$s-$r.txt" 2>&1 || [[ -s $json ]]; then
                 f=$(figure_of "$s" "$json" || echo nan)

@@ -145,11 +145,11 @@ async fn executor(
     let opts = Rc::new(args.connect_options(args.keep_alive, &transport));
     let urls = Rc::new(args.urls.clone());
     let hold = args.scenario == Scenario::Idle;
-    let pid = std::process::id();
+    let prefix = Rc::new(args.client_id_prefix());
     let mut tasks = Vec::new();
     for c in (thread as u64..args.connections).step_by(args.threads) {
-        let (shared, latency, opts, urls) =
-            (shared.clone(), latency.clone(), opts.clone(), urls.clone());
+        let (shared, latency, opts, urls, prefix) =
+            (shared.clone(), latency.clone(), opts.clone(), urls.clone(), prefix.clone());
         let due = t0 + schedule.due_at(c);
         tasks.push(glommio::spawn_local(async move {
             let now = now_ns();
@@ -157,7 +157,7 @@ async fn executor(
                 sleep(Duration::from_nanos(due - now)).await;
             }
             let url = &urls[c as usize % urls.len()];
-            match Conn::connect(url, &format!("lg{pid}-c{c}"), &opts).await {
+            match Conn::connect(url, &format!("{prefix}-c{c}"), &opts).await {
                 Ok(conn) => {
                     latency.borrow_mut().record_ns(now_ns().saturating_sub(due));
                     shared.connected.fetch_add(1, Ordering::AcqRel);

@@ -101,7 +101,7 @@ impl Plan {
 /// start, run them, and hand back its latencies.
 pub async fn executor(plan: Arc<Plan>, shared: Arc<Shared>, thread: usize) -> ThreadResult {
     let opts = plan.connect_options();
-    let pid = std::process::id();
+    let prefix = plan.args.client_id_prefix();
     let mut clients = Vec::new();
     for (c, role) in plan.roles_of(thread).into_iter().enumerate() {
         if shared.abort.load(Ordering::Acquire) {
@@ -109,8 +109,8 @@ pub async fn executor(plan: Arc<Plan>, shared: Arc<Shared>, thread: usize) -> Th
         }
         let url = &plan.args.urls[(c * plan.args.threads + thread) % plan.args.urls.len()];
         let id = match role {
-            Role::Subscriber(j) => format!("lg{pid}-s{j}"),
-            Role::Publisher(i) => format!("lg{pid}-p{i}"),
+            Role::Subscriber(j) => format!("{prefix}-s{j}"),
+            Role::Publisher(i) => format!("{prefix}-p{i}"),
         };
         let setup = async {
             let mut conn = Conn::connect(url, &id, &opts).await?;

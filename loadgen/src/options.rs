@@ -226,6 +226,12 @@ pub struct RunArgs {
     /// Topic prefix; default `loadgen/PID`.
     #[arg(long)]
     pub topic_prefix: Option<String>,
+    /// Client identifiers are `{prefix}-{role}{i}` (e.g. `lg4711-s0` for
+    /// subscriber 0); default `lg{PID}`. 1–64 characters, no control
+    /// characters. Lets a benchmark choose where a broker that places
+    /// clients by identifier serves them (`fleetmq home-shard`).
+    #[arg(long)]
+    pub client_id_prefix: Option<String>,
     /// connect-storm and idle: connections to open.
     #[arg(long, value_parser = parse_count, default_value = "1000")]
     pub connections: u64,
@@ -324,6 +330,12 @@ pub struct SoakArgs {
     /// Topic prefix; default `loadgen/PID`.
     #[arg(long)]
     pub topic_prefix: Option<String>,
+    /// Client identifiers are `{prefix}-{role}{i}` (e.g. `lg4711-s0` for
+    /// subscriber 0); default `lg{PID}`. 1–64 characters, no control
+    /// characters. Lets a benchmark choose where a broker that places
+    /// clients by identifier serves them (`fleetmq home-shard`).
+    #[arg(long)]
+    pub client_id_prefix: Option<String>,
     /// User name sent in CONNECT.
     #[arg(long)]
     pub username: Option<String>,
@@ -376,6 +388,7 @@ impl SoakArgs {
             return Err("--window must be at least 1".into());
         }
         check_prefix(&self.topic_prefix)?;
+        check_client_id_prefix(&self.client_id_prefix)?;
         let transport = self.transport.load(&self.urls)?;
         Ok(crate::verify::VerifyConfig {
             mode: crate::verify::Mode::Soak,
@@ -394,12 +407,30 @@ impl SoakArgs {
                 .topic_prefix
                 .clone()
                 .unwrap_or_else(|| format!("loadgen/{}", std::process::id())),
+            client_id_prefix: client_id_prefix(&self.client_id_prefix),
             share_group: String::new(),
             reconnect_every: Duration::ZERO,
             offline_for: Duration::ZERO,
             session_expiry: 0,
             report_every: Some(self.report_every),
         })
+    }
+}
+
+/// `--client-id-prefix`, or `lg{PID}` when absent.
+fn client_id_prefix(prefix: &Option<String>) -> String {
+    prefix.clone().unwrap_or_else(|| format!("lg{}", std::process::id()))
+}
+
+/// 1–64 characters without control characters: with the suffix a client
+/// identifier a broker takes, and one a log shows as it is
+/// (`[MQTT-1.5.4-2]`: no control characters in UTF-8 strings).
+fn check_client_id_prefix(prefix: &Option<String>) -> Result<(), String> {
+    match prefix {
+        Some(p) if p.is_empty() || p.chars().count() > 64 || p.chars().any(char::is_control) => {
+            Err("--client-id-prefix must be 1 to 64 characters without control characters".into())
+        }
+        _ => Ok(()),
     }
 }
 
@@ -514,7 +545,14 @@ impl RunArgs {
         {
             return Err("--share-group must be non-empty, without `/`, `+` or `#`".into());
         }
-        check_prefix(&self.topic_prefix)
+        check_prefix(&self.topic_prefix)?;
+        check_client_id_prefix(&self.client_id_prefix)
+    }
+
+    /// The client identifiers' prefix (`--client-id-prefix`, default
+    /// `lg{PID}`).
+    pub fn client_id_prefix(&self) -> String {
+        client_id_prefix(&self.client_id_prefix)
     }
 
     /// The checked-flow configuration of `persistent` and `shared`, over
@@ -541,6 +579,7 @@ impl RunArgs {
             publishers: self.publisher_count(),
             subscribers: self.subscriber_count(),
             prefix: self.prefix(),
+            client_id_prefix: self.client_id_prefix(),
             share_group: self.share_group.clone(),
             reconnect_every: self.reconnect_every,
             offline_for: self.offline_for,
@@ -619,5 +658,27 @@ mod tests {
         assert_eq!(parse_cpus("1"), Ok(CpuList(vec![1])));
         assert_eq!(parse_cpus("0,2-3"), Ok(CpuList(vec![0, 2, 3])));
         assert!(parse_cpus("3-1").is_err());
+    }
+
+    #[test]
+    fn client_id_prefixes_default_to_the_pid_and_refuse_control_characters() {
+        use clap::Parser;
+        let run = |extra: &[&str]| {
+            let mut argv = vec!["x", "fan-in"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).unwrap().run
+        };
+        let plain = run(&[]);
+        assert_eq!(plain.client_id_prefix(), format!("lg{}", std::process::id()));
+        assert_eq!(plain.check(), Ok(()));
+        let chosen = run(&["--client-id-prefix", "bench-7"]);
+        assert_eq!(chosen.client_id_prefix(), "bench-7");
+        assert_eq!(chosen.check(), Ok(()));
+        let long = "x".repeat(65);
+        for bad in ["", "a\u{0}b", "tab\there", long.as_str()] {
+            let err = run(&["--client-id-prefix", bad]).check().unwrap_err();
+            assert!(err.contains("--client-id-prefix"), "{bad:?}: {err}");
+        }
+        assert_eq!(run(&["--client-id-prefix", &"x".repeat(64)]).check(), Ok(()));
     }
 }

@@ -91,6 +91,8 @@ pub struct VerifyConfig {
     pub subscribers: usize,
     /// Topic prefix.
     pub prefix: String,
+    /// Client identifiers' prefix: `{client_id_prefix}-{tag}{i}`.
+    pub client_id_prefix: String,
     /// Shared subscription group name.
     pub share_group: String,
     /// Persistent: time connected between disconnects.
@@ -735,7 +737,7 @@ fn subscriber(ctx: &Ctx, j: usize) -> Latency {
         Mode::Shared => "sh",
         Mode::Soak => "sk",
     };
-    let id = format!("lg{}-{tag}{j}", std::process::id());
+    let id = format!("{}-{tag}{j}", cfg.client_id_prefix);
     let url = ctx.url(j);
     let mut st = SubState {
         order: OrderCheck::new(cfg.publishers),
@@ -916,7 +918,7 @@ fn receive(
 
 fn publisher(ctx: &Ctx, i: usize) {
     let url = ctx.url(ctx.cfg.subscribers + i);
-    let id = format!("lg{}-vp{i}", std::process::id());
+    let id = format!("{}-vp{i}", ctx.cfg.client_id_prefix);
     let conn = match SyncConn::connect(url, &id, &ctx.cfg.connect, true, None) {
         Ok(c) => c,
         Err(e) => {

@@ -38,6 +38,24 @@ enum Command {
     /// Add or change a user in a password file (prompting for the password
     /// twice, or reading it from standard input), or delete one.
     Passwd(fleetmq_shards::auth::password::PasswdArgs),
+    /// Print, one line per client identifier, the shard (0 to SHARDS-1)
+    /// that owns it in a broker of this build started with --shards
+    /// SHARDS: where its connections are served and its session kept,
+    /// unless the session moved to its subscribers' shard (DESIGN.md §3).
+    /// With the shard label of the metrics, it says which core serves a
+    /// device; benchmarks use it to place their subscribers.
+    HomeShard(HomeShardArgs),
+}
+
+/// Arguments of `fleetmq home-shard`.
+#[derive(Debug, clap::Args)]
+struct HomeShardArgs {
+    /// The broker's shard count (`server.shards`, as started), 1 to 64.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    shards: u16,
+    /// Client identifiers.
+    #[arg(required = true)]
+    client_ids: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -70,7 +88,20 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(&args),
         Command::CheckConfig(args) => check_config(&args),
         Command::Passwd(args) => passwd(&args),
+        Command::HomeShard(args) => home_shard(&args),
     }
+}
+
+fn home_shard(args: &HomeShardArgs) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    for id in &args.client_ids {
+        let shard = fleetmq_shards::home_shard(id, usize::from(args.shards));
+        // A closed stdout (e.g. `| head`) ends the listing, not an error.
+        if writeln!(out, "{shard}").is_err() {
+            break;
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn passwd(args: &fleetmq_shards::auth::password::PasswdArgs) -> ExitCode {

@@ -340,3 +340,39 @@ async fn random_take_overs_resumes_and_moves_keep_one_connection_per_client_iden
     subscriber.expect_no_publish(Duration::from_millis(100)).await;
     eprintln!("moves: {}", broker.metric_sum("fleetmq_publishers_moved_total"));
 }
+
+/// `fleetmq home-shard --shards 2` names, for each client identifier, the
+/// shard a two-shard broker serves it on (the `shard` label of
+/// `fleetmq_clients_connected`), and refuses a shard count out of 1..=64.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn home_shard_names_the_shard_a_client_is_served_on() {
+    let broker = Broker::two_shards(&[]);
+    let port = broker.mqtt_port();
+    let ids: Vec<String> = [0, 1, 1, 0].into_iter().map(|s| id_on(s, "home")).collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleetmq"))
+        .args(["home-shard", "--shards", "2"])
+        .args(&ids)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let named: Vec<usize> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(named, [0, 1, 1, 0]);
+    let mut clients = Vec::new();
+    for (id, &shard) in ids.iter().zip(&named) {
+        let before = connected_on(&broker, shard);
+        clients.push(v5::Client::connect(port, id).await);
+        assert_eq!(connected_on(&broker, shard), before + 1.0, "{id} on shard {shard}");
+    }
+    for bad in ["0", "65"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleetmq"))
+            .args(["home-shard", "--shards", bad, "x"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--shards {bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--shards"), "--shards {bad}");
+    }
+}
