@@ -73,7 +73,7 @@ impl Default for Server {
     }
 }
 
-/// `[listeners]`: `"HOST:PORT"` socket addresses per transport (DESIGN.md
+/// `[listeners]`: `"IP:PORT"` socket addresses per transport (DESIGN.md
 /// §11). Port 0 lets the operating system pick a free port.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -139,7 +139,7 @@ pub struct Tls {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Admin {
-    /// `"HOST:PORT"` of the admin HTTP server. Default `"127.0.0.1:8080"`;
+    /// `"IP:PORT"` of the admin HTTP server. Default `"127.0.0.1:8080"`;
     /// `""` disables it.
     pub listen: String,
 }
@@ -450,11 +450,21 @@ pub enum SettingsError {
         /// The value, formatted with its unit.
         value: String,
     },
-    /// An address is not a `HOST:PORT` socket address.
+    /// An address is not a `IP:PORT` socket address.
     BadAddress {
         /// Dotted key, e.g. `listeners.tcp[0]`.
         key: String,
         /// The value given.
+        value: String,
+    },
+    /// Two listeners (or a listener and `admin.listen`) on one address
+    /// with a port other than 0: the second could not be bound.
+    DuplicateAddress {
+        /// Dotted key of the first one, e.g. `listeners.tcp[0]`.
+        first: String,
+        /// Dotted key of the second one.
+        key: String,
+        /// The address both name.
         value: String,
     },
     /// No MQTT listener is configured at all.
@@ -485,11 +495,15 @@ impl fmt::Display for SettingsError {
             ),
             SettingsError::BadAddress { key, value } => write!(
                 f,
-                "{key} = {value:?} is not a socket address HOST:PORT (e.g. \"127.0.0.1:1883\", \"[::1]:1883\")"
+                "{key} = {value:?} is not a socket address IP:PORT (host names are not resolved; e.g. \"127.0.0.1:1883\", \"[::1]:1883\", \"0.0.0.0:1883\")"
+            ),
+            SettingsError::DuplicateAddress { first, key, value } => write!(
+                f,
+                "{key} = {value:?} is the address of {first} too: each listener needs an address of its own (port 0 excepted)"
             ),
             SettingsError::NoListeners => write!(
                 f,
-                "no MQTT listener: set listeners.tcp (or tls, ws, wss) to at least one HOST:PORT"
+                "no MQTT listener: set listeners.tcp (or tls, ws, wss) to at least one IP:PORT"
             ),
             SettingsError::AnonymousBeyondLoopback { key, value } => write!(
                 f,
@@ -568,16 +582,22 @@ impl Settings {
             return Err(SettingsError::ClusterUnavailable);
         }
         self.validate_ranges()?;
-        let mut any = false;
-        for (key, value) in self.listeners.all() {
-            any = true;
-            parse_addr(&key, value)?;
+        let mut bound: Vec<(SocketAddr, String)> = Vec::new();
+        let admin = (!self.admin.listen.is_empty())
+            .then(|| ("admin.listen".to_owned(), self.admin.listen.as_str()));
+        for (key, value) in self.listeners.all().chain(admin) {
+            let addr = parse_addr(&key, value)?;
+            if let Some((_, first)) = bound.iter().find(|(a, _)| *a == addr && a.port() != 0) {
+                return Err(SettingsError::DuplicateAddress {
+                    first: first.clone(),
+                    key,
+                    value: value.to_owned(),
+                });
+            }
+            bound.push((addr, key));
         }
-        if !any {
+        if !bound.iter().any(|(_, key)| key != "admin.listen") {
             return Err(SettingsError::NoListeners);
-        }
-        if !self.admin.listen.is_empty() {
-            parse_addr("admin.listen", &self.admin.listen)?;
         }
         let certificates = self.tls.use_identity_as_username
             && self.tls.require_client_cert
@@ -790,10 +810,31 @@ fn is_loopback(addr: &str) -> bool {
         .is_ok_and(|a| a.ip().is_loopback())
 }
 
-/// Formats a duration the way [`parse_duration`] reads it back, e.g.
-/// `"15m"`, `"1h 30m"`, `"0s"`.
+/// Formats a duration the way [`parse_duration`] reads it back, exactly,
+/// in days at most (not humantime's months and years of 30.44 and 365.25
+/// days, which made `1000h` read "1month 11days 5h 26m 24s"), e.g.
+/// `"15m"`, `"1h 30m"`, `"41d 16h"`, `"1s 500ms"`, `"0s"`.
 pub fn format_duration(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    const UNITS: [(u64, &str); 4] = [(86_400, "d"), (3_600, "h"), (60, "m"), (1, "s")];
+    let mut parts = Vec::new();
+    let mut secs = d.as_secs();
+    for (size, unit) in UNITS {
+        if secs >= size {
+            parts.push(format!("{}{unit}", secs / size));
+            secs %= size;
+        }
+    }
+    let nanos = d.subsec_nanos();
+    for (size, unit) in [(1_000_000, "ms"), (1_000, "us"), (1, "ns")] {
+        if (nanos / size) % 1_000 != 0 {
+            parts.push(format!("{}{unit}", (nanos / size) % 1_000));
+        }
+    }
+    if parts.is_empty() {
+        "0s".to_owned()
+    } else {
+        parts.join(" ")
+    }
 }
 
 /// Parses a duration with units (`"10s"`, `"15m"`, `"1h 30m"`, `"250ms"`,
@@ -1053,6 +1094,26 @@ mod tests {
     }
 
     #[test]
+    fn two_listeners_on_one_address_are_refused_unless_the_port_is_0() {
+        let mut s = Settings::default();
+        s.listeners.tcp = vec!["127.0.0.1:1884".into(), "127.0.0.1:1884".into()];
+        assert_eq!(
+            err(&s),
+            "listeners.tcp[1] = \"127.0.0.1:1884\" is the address of listeners.tcp[0] too: \
+             each listener needs an address of its own (port 0 excepted)"
+        );
+        s.listeners.tcp = vec!["127.0.0.1:1884".into()];
+        s.listeners.ws = vec!["127.0.0.1:8080".into()];
+        assert!(err(&s).starts_with("admin.listen = \"127.0.0.1:8080\" is the address of listeners.ws[0]"));
+        s.listeners.ws = vec!["127.0.0.1:0".into(), "127.0.0.1:0".into()];
+        s.admin.listen = "127.0.0.1:0".into();
+        s.validate().unwrap();
+        // Another IP on the same port is another address.
+        s.listeners.ws = vec!["127.0.0.2:1884".into()];
+        s.validate().unwrap();
+    }
+
+    #[test]
     fn port_zero_and_ipv6_loopback_are_accepted() {
         let mut s = Settings::default();
         s.listeners.tcp = vec!["127.0.0.1:0".into(), "[::1]:0".into()];
@@ -1105,7 +1166,7 @@ mod tests {
         s.limits.auth_failure_backoff_max = Duration::from_secs(10);
         assert_eq!(
             err(&s),
-            "limits.auth_failure_backoff_max = 10s is out of range 30s..=1day"
+            "limits.auth_failure_backoff_max = 10s is out of range 30s..=1d"
         );
         let mut s = Settings::default();
         s.auth.acl_cache_ttl = Duration::ZERO;
@@ -1147,6 +1208,18 @@ mod tests {
 #[cfg(test)]
 mod serde_tests {
     use super::*;
+
+    #[test]
+    fn durations_are_written_in_days_at_most_and_read_back_exactly() {
+        assert_eq!(format_duration(Duration::from_secs(1000 * 3600)), "41d 16h");
+        assert_eq!(format_duration(Duration::from_secs(u64::from(u32::MAX))), "49710d 6h 28m 15s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1s 500ms");
+        assert_eq!(format_duration(Duration::ZERO), "0s");
+        proptest::proptest!(|(secs in 0u64..=u64::from(u32::MAX) * 4, nanos in 0u32..1_000_000_000)| {
+            let d = Duration::new(secs, nanos);
+            proptest::prop_assert_eq!(parse_duration(&format_duration(d)), Ok(d));
+        });
+    }
 
     #[test]
     fn a_file_with_units_deserializes() {

@@ -56,7 +56,12 @@ impl Figures {
             for p in path {
                 cur = cur
                     .get(p)
-                    .ok_or_else(|| format!("missing field `{}`", path.join(".")))?;
+                    .ok_or_else(|| {
+                        format!(
+                            "missing field `{}`: not a result of `run --json`",
+                            path.join(".")
+                        )
+                    })?;
             }
             let n = cur
                 .as_f64()

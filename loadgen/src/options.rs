@@ -426,12 +426,20 @@ fn client_id_prefix(prefix: &Option<String>) -> String {
 /// identifier a broker takes, and one a log shows as it is
 /// (`[MQTT-1.5.4-2]`: no control characters in UTF-8 strings).
 fn check_client_id_prefix(prefix: &Option<String>) -> Result<(), String> {
-    match prefix {
-        Some(p) if p.is_empty() || p.chars().count() > 64 || p.chars().any(char::is_control) => {
-            Err("--client-id-prefix must be 1 to 64 characters without control characters".into())
-        }
-        _ => Ok(()),
-    }
+    let Some(p) = prefix else { return Ok(()) };
+    let chars = p.chars().count();
+    let why = if p.is_empty() {
+        "is empty".to_owned()
+    } else if chars > 64 {
+        format!("has {chars} characters")
+    } else if let Some(c) = p.chars().find(|c| c.is_control()) {
+        format!("holds the control character {c:?}")
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "--client-id-prefix {p:?} {why}: it must be 1 to 64 characters without control characters"
+    ))
 }
 
 fn check_prefix(prefix: &Option<String>) -> Result<(), String> {
@@ -675,9 +683,15 @@ mod tests {
         assert_eq!(chosen.client_id_prefix(), "bench-7");
         assert_eq!(chosen.check(), Ok(()));
         let long = "x".repeat(65);
-        for bad in ["", "a\u{0}b", "tab\there", long.as_str()] {
+        for (bad, why) in [
+            ("", "is empty"),
+            ("a\u{0}b", "control character '\\0'"),
+            ("tab\there", "control character '\\t'"),
+            (long.as_str(), "has 65 characters"),
+        ] {
             let err = run(&["--client-id-prefix", bad]).check().unwrap_err();
             assert!(err.contains("--client-id-prefix"), "{bad:?}: {err}");
+            assert!(err.contains(why), "{bad:?}: {err}");
         }
         assert_eq!(run(&["--client-id-prefix", &"x".repeat(64)]).check(), Ok(()));
     }

@@ -95,7 +95,11 @@ impl Report {
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
-        let options = serde_json::to_value(args).unwrap_or(serde_json::Value::Null);
+        let mut options = serde_json::to_value(args).unwrap_or(serde_json::Value::Null);
+        // The prefix the clients used, also when it was the default.
+        if let Some(o) = options.as_object_mut() {
+            o.insert("client_id_prefix".into(), args.client_id_prefix().into());
+        }
         Report::with_meta(&scenario, options, args.duration, latency)
     }
 
@@ -320,6 +324,19 @@ mod tests {
             ..Default::default()
         });
         r
+    }
+
+    #[test]
+    fn the_options_name_the_client_id_prefix_used_also_by_default() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let args = Cli::try_parse_from(["x", "fan-in"]).unwrap().run;
+        let report = Report::new(&args, &Latency::default());
+        assert_eq!(report.options["client_id_prefix"], format!("lg{}", std::process::id()));
     }
 
     #[test]

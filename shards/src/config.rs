@@ -43,10 +43,10 @@ pub struct ServeArgs {
     pub set: Vec<String>,
     /// MQTT TCP listener address; replaces `listeners.tcp` when given.
     /// Repeatable.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "IP:PORT")]
     pub listen: Vec<String>,
     /// Admin HTTP address (`admin.listen`); "" disables the admin server.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "IP:PORT")]
     pub admin: Option<String>,
     /// Number of shards (`server.shards`); 0 means one per core.
     #[arg(long, value_name = "N")]

@@ -41,7 +41,7 @@ enum Command {
     /// Print, one line per client identifier, the shard (0 to SHARDS-1)
     /// that owns it in a broker of this build started with --shards
     /// SHARDS: where its connections are served and its session kept,
-    /// unless the session moved to its subscribers' shard (DESIGN.md §3).
+    /// unless the session moved to its subscribers' shard (README, "Shards").
     /// With the shard label of the metrics, it says which core serves a
     /// device; benchmarks use it to place their subscribers.
     HomeShard(HomeShardArgs),
@@ -50,10 +50,13 @@ enum Command {
 /// Arguments of `fleetmq home-shard`.
 #[derive(Debug, clap::Args)]
 struct HomeShardArgs {
-    /// The broker's shard count (`server.shards`, as started), 1 to 64.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    /// The broker's shard count (`server.shards`, as started), 1 to 64; 0
+    /// (the broker's default) is one per CPU this command may run on, as a
+    /// broker started here with the same `taskset` would have.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(0..=64))]
     shards: u16,
-    /// Client identifiers.
+    /// Client identifiers, 1 to 65,535 bytes each (an empty one gets an
+    /// identifier the broker assigns, whose shard is not known before).
     #[arg(required = true)]
     client_ids: Vec<String>,
 }
@@ -72,9 +75,9 @@ fn main() -> ExitCode {
         Err(std::env::VarError::NotPresent) | Ok("" | "0" | "false" | "no") => false,
         Ok("1" | "true" | "yes") => true,
         _ => {
-            eprintln!(
+            tell(format_args!(
                 "fleetmq: error: FLEETMQ_THP must be 1/true/yes (keep transparent huge pages) or 0/false/no (turn them off, the default)"
-            );
+            ));
             return ExitCode::from(2);
         }
     };
@@ -93,9 +96,29 @@ fn main() -> ExitCode {
 }
 
 fn home_shard(args: &HomeShardArgs) -> ExitCode {
+    // All checked before the first line: a listing is whole or refused.
+    for id in &args.client_ids {
+        if id.is_empty() {
+            tell(format_args!(
+                "fleetmq: error: an empty client identifier has no home shard: the broker assigns one (fleetmq-…) at CONNECT [MQTT-3.1.3-6], served where that one lands"
+            ));
+            return ExitCode::from(2);
+        }
+        if id.len() > usize::from(u16::MAX) {
+            tell(format_args!(
+                "fleetmq: error: a client identifier of {} bytes is longer than an MQTT string can be (65,535 bytes, MQTT 5.0 §1.5.4)",
+                id.len()
+            ));
+            return ExitCode::from(2);
+        }
+    }
+    let shards = match args.shards {
+        0 => fleetmq_shards::server::shards_per_core(),
+        n => usize::from(n),
+    };
     let mut out = std::io::stdout().lock();
     for id in &args.client_ids {
-        let shard = fleetmq_shards::home_shard(id, usize::from(args.shards));
+        let shard = fleetmq_shards::home_shard(id, shards);
         // A closed stdout (e.g. `| head`) ends the listing, not an error.
         if writeln!(out, "{shard}").is_err() {
             break;
@@ -107,11 +130,11 @@ fn home_shard(args: &HomeShardArgs) -> ExitCode {
 fn passwd(args: &fleetmq_shards::auth::password::PasswdArgs) -> ExitCode {
     match fleetmq_shards::auth::password::run_passwd(args) {
         Ok(done) => {
-            eprintln!("fleetmq: {done}");
+            tell(format_args!("fleetmq: {done}"));
             ExitCode::SUCCESS
         }
         Err(err) => {
-            eprintln!("fleetmq: error: {err:#}");
+            tell(format_args!("fleetmq: error: {err:#}"));
             ExitCode::from(1)
         }
     }
@@ -125,13 +148,13 @@ fn serve(args: &ServeArgs) -> ExitCode {
     };
     let shutdown = Shutdown::new();
     if let Err(err) = watch_signals(shutdown.clone()) {
-        eprintln!("fleetmq: error: {err:#}");
+        tell(format_args!("fleetmq: error: {err:#}"));
         return ExitCode::from(1);
     }
     match fleetmq_shards::server::run(settings, shutdown) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("fleetmq: error: {err:#}");
+            tell(format_args!("fleetmq: error: {err:#}"));
             ExitCode::from(1)
         }
     }
@@ -149,15 +172,26 @@ fn check_config(args: &ServeArgs) -> ExitCode {
     }
 }
 
+/// Writes one line to stderr; a closed stderr drops it (`eprintln!` would
+/// panic, and the exit status would be 101 instead of the documented one).
+fn tell(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 fn refused(err: &anyhow::Error) -> ExitCode {
-    eprintln!("fleetmq: error: {err:#}");
+    tell(format_args!("fleetmq: error: {err:#}"));
     ExitCode::from(2)
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`; one that does
 /// not parse is named in a warning and `info` is used); colours only on a
 /// terminal and when `NO_COLOR` is unset or empty (no-color.org), so that
-/// files, journald and Kubernetes get plain lines.
+/// files, journald and Kubernetes get plain lines. A log line that cannot
+/// be written (stderr closed: a log collector gone, `| head`) is dropped:
+/// tracing-subscriber would otherwise report it with `eprintln!`, which
+/// panics on that same closed stderr, in whichever thread logged (found by
+/// a fresh-user pass: the signal thread died, and SIGTERM no longer
+/// stopped the broker).
 fn init_tracing() {
     use std::io::IsTerminal;
     let (filter, bad) = match std::env::var("RUST_LOG") {
@@ -171,6 +205,7 @@ fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .init();
     if let Some((spec, e)) = bad {
@@ -190,8 +225,10 @@ fn watch_signals(shutdown: Shutdown) -> anyhow::Result<()> {
                     tracing::warn!("broker: signal {signal} again, exiting now");
                     std::process::exit(130);
                 }
-                tracing::info!("broker: signal {signal}, shutting down");
+                // Triggered before the log line: the stop must not depend
+                // on stderr.
                 shutdown.trigger();
+                tracing::info!("broker: signal {signal}, shutting down");
             }
         })?;
     Ok(())

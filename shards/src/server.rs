@@ -1,5 +1,6 @@
 //! Starting and stopping the broker: listeners, shards, admin HTTP.
 
+use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
@@ -66,7 +67,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     raise_fd_limit(settings.limits.max_clients as u64);
     let cpus = allowed_cpus();
     let shards = if settings.server.shards == 0 {
-        cpus.len().max(1)
+        shards_per_core()
     } else {
         settings.server.shards
     };
@@ -223,16 +224,16 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(5));
     }
     for (kind, addr) in &bound {
-        println!("fleetmq: listening {} {addr}", kind.name());
+        announce(format_args!("fleetmq: listening {} {addr}", kind.name()));
         info!(target: "broker", %addr, shards, listener = kind.name(), "listening");
     }
     if let Some(admin) = &admin {
-        println!("fleetmq: listening admin {}", admin.local_addr);
+        announce(format_args!("fleetmq: listening admin {}", admin.local_addr));
     }
     // Ready for the admin endpoint first: whoever saw the line may ask
     // `/health/ready` at once (found as a 503 in an e2e test).
     ready.store(true, Ordering::Release);
-    println!("fleetmq: ready");
+    announce(format_args!("fleetmq: ready"));
 
     let mut failed = false;
     for handle in handles {
@@ -252,6 +253,15 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         bail!("a shard stopped with a panic");
     }
     Ok(())
+}
+
+/// Writes one start-up line (`fleetmq: listening …`, `fleetmq: ready`) to
+/// stdout and flushes it. A closed stdout (`fleetmq serve | head -1`) is
+/// not the broker's failure: the line is dropped (`println!` would panic
+/// the main thread and stop the broker).
+fn announce(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 async fn run_shard(
@@ -543,6 +553,13 @@ fn bind_reuseport(addr: SocketAddr) -> std::io::Result<StdListener> {
     // Linux caps the backlog at `net.core.somaxconn`.
     socket.listen(libc::c_int::MAX)?;
     Ok(socket.into())
+}
+
+/// The shard count `server.shards = 0` (the default) starts in this
+/// process: one per CPU it may run on (honours `taskset`), at least 1.
+#[must_use]
+pub fn shards_per_core() -> usize {
+    allowed_cpus().len().max(1)
 }
 
 /// The CPUs this process may run on (honours `taskset`), in order.

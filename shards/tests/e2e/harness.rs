@@ -424,7 +424,8 @@ impl Drop for MosquittoSub {
     }
 }
 
-fn line_channel(stdout: ChildStdout) -> Receiver<String> {
+/// The lines of `stdout`, read on a thread of their own.
+pub(crate) fn line_channel(stdout: ChildStdout) -> Receiver<String> {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {

@@ -550,7 +550,7 @@ fn out_of_range_limits_refuse_to_start_naming_the_key_and_its_range() {
         ),
         (
             "limits.auth_failure_backoff_max=10s",
-            "limits.auth_failure_backoff_max = 10s is out of range 30s..=1day",
+            "limits.auth_failure_backoff_max = 10s is out of range 30s..=1d",
         ),
         (
             "limits.max_connections_per_source=0",

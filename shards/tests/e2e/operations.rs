@@ -241,3 +241,73 @@ fn idle_connections_park_and_wake_for_publishes_deliveries_pings_and_keep_alive(
         "a parked client with Keep Alive 4 s closed after {after:?}, expected about 6 s"
     );
 }
+
+/// A closed stderr (the log collector gone, `fleetmq serve 2>&1 | head`)
+/// drops the log lines: the broker starts, serves (a protocol violation,
+/// logged by a shard, closes only its own connection `[MQTT-3.1.0-1]`),
+/// and SIGTERM stops it with exit 0. Found by a fresh-user pass: the line
+/// logged on SIGTERM panicked the signal thread, and only SIGKILL stopped
+/// the broker.
+#[test]
+fn a_closed_stderr_drops_log_lines_and_sigterm_still_stops_the_broker() {
+    use std::process::Stdio;
+
+    use crate::harness::{line_channel, wait_timeout};
+    use crate::raw::{wire, RawClient};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetmq"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "", "--shards", "2"])
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the fleetmq binary starts");
+    // Closed before the first log line.
+    drop(child.stderr.take());
+    let lines = line_channel(child.stdout.take().expect("stdout is piped"));
+    let mut mqtt = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = lines.recv_timeout(left) else {
+            let _ = child.kill();
+            panic!("not ready within 20 s with stderr closed: {:?}", child.wait());
+        };
+        if let Some(addr) = line.strip_prefix("fleetmq: listening mqtt-tcp ") {
+            mqtt = Some(addr.trim().parse().expect("an MQTT address"));
+        } else if line == "fleetmq: ready" {
+            break;
+        }
+    }
+    let mqtt = mqtt.expect("a listening line");
+    // Both shards serve one of these, each logging its connection.
+    let mut clients: Vec<RawClient> = (0..4)
+        .map(|i| {
+            let mut client = RawClient::connect(mqtt);
+            let id = unique(&format!("nostderr{i}"));
+            assert_eq!(client.handshake(&wire::Connect::v5(&id).encode()), (0, 0));
+            client
+        })
+        .collect();
+    // A PUBLISH before CONNECT: closed, and logged.
+    let mut rude = RawClient::connect(mqtt);
+    rude.send(&wire::publish_qos0("t", b"x", false));
+    assert!(rude.packets_until_closed(WAIT).is_empty());
+    let mut late = RawClient::connect(mqtt);
+    assert_eq!(late.handshake(&wire::Connect::v5(&unique("nostderr-late")).encode()), (0, 0));
+    clients.push(late);
+
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid");
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = wait_timeout(&mut child, Duration::from_secs(10));
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM with stderr closed: {status:?} (None: still running after 10 s)"
+    );
+    drop(clients);
+}

@@ -367,12 +367,42 @@ async fn home_shard_names_the_shard_a_client_is_served_on() {
         clients.push(v5::Client::connect(port, id).await);
         assert_eq!(connected_on(&broker, shard), before + 1.0, "{id} on shard {shard}");
     }
-    for bad in ["0", "65"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleetmq"))
-            .args(["home-shard", "--shards", bad, "x"])
+    let home_shard = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_fleetmq"))
+            .arg("home-shard")
+            .args(args)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    for bad in ["65", "x", "-1"] {
+        let out = home_shard(&["--shards", bad, "x"]);
         assert_eq!(out.status.code(), Some(2), "--shards {bad}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("--shards"), "--shards {bad}");
     }
+    // 0, the broker's default, is one shard per CPU this process may use.
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    let cpus = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set), 0);
+        libc::CPU_COUNT(&set) as usize
+    };
+    let out = home_shard(&["--shards", "0", &ids[0], &ids[1]]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let expected: String = ids[..2]
+        .iter()
+        .map(|id| format!("{}\n", fleetmq_shards::home_shard(id, cpus)))
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    // An empty identifier is one the broker assigns [MQTT-3.1.3-6]: no
+    // shard can be named for it; one longer than an MQTT string cannot
+    // connect. Either refuses the whole listing.
+    let too_long = "d".repeat(65_536);
+    for (bad, says) in [("", "empty client identifier"), (too_long.as_str(), "65,535")] {
+        let out = home_shard(&["--shards", "2", &ids[0], bad]);
+        assert_eq!(out.status.code(), Some(2), "{says}");
+        assert!(out.stdout.is_empty(), "{says}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(says), "{says}");
+    }
+    let out = home_shard(&["--shards", "2", &"d".repeat(65_535)]);
+    assert!(out.status.success(), "a 65,535-byte identifier has a shard");
 }
