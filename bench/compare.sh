@@ -6,8 +6,9 @@
 #
 # Environment (defaults in brackets):
 #   RUNS [6]             runs per (broker, scenario), interleaved over the
-#                        brokers (run 1 of each, then run 2, ...); the table
-#                        shows medians
+#                        brokers (run 1 of each, then run 2, ...; run r
+#                        starts with the r-th broker); the table shows
+#                        medians
 #   DURATION [10s]       measured time per run; WARMUP [2s] before it
 #   BROKERS ["fleetmq mosquitto nats rumqttd"]; "fleetmq:N" is fleetmq with
 #                        --shards N, e.g. BROKERS="fleetmq fleetmq:2" with
@@ -315,11 +316,17 @@ done
 for s in $SCENARIOS; do
     scenario_args "$s" >/dev/null || { log "unknown scenario $s"; continue; }
     # Runs are interleaved (run 1 of every broker, then run 2, ...) so that
-    # the machine's drift over the scenario falls on every broker alike.
+    # the machine's drift over the scenario falls on every broker alike,
+    # and each round starts one broker later (run r: the r-th first,
+    # wrapping), so that no broker always runs first: the broker run right
+    # after another was measured 12 % worse at p99 (perf/RESULTS.md,
+    # 2026-12-04, session 22).
     declare -A FIGURES=()
     for r in $(seq "$RUNS"); do
         RUN=$r
-        for b in "${AVAILABLE[@]}"; do
+        n=${#AVAILABLE[@]}
+        k=$(( (r - 1) % n ))
+        for b in "${AVAILABLE[@]:k}" "${AVAILABLE[@]:0:k}"; do
             port=$(free_port)
             start_broker "$b" "$port" || { log "$b/$s run $r: broker failed to start"; continue; }
             json=$OUT/$b/$s-$r.json
