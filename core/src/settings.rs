@@ -450,7 +450,7 @@ pub enum SettingsError {
         /// The value, formatted with its unit.
         value: String,
     },
-    /// An address is not a `IP:PORT` socket address.
+    /// An address is not an `IP:PORT` socket address.
     BadAddress {
         /// Dotted key, e.g. `listeners.tcp[0]`.
         key: String,
