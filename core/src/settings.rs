@@ -582,6 +582,9 @@ impl Settings {
             return Err(SettingsError::ClusterUnavailable);
         }
         self.validate_ranges()?;
+        if self.listeners.all().next().is_none() {
+            return Err(SettingsError::NoListeners);
+        }
         let mut bound: Vec<(SocketAddr, String)> = Vec::new();
         let admin = (!self.admin.listen.is_empty())
             .then(|| ("admin.listen".to_owned(), self.admin.listen.as_str()));
@@ -595,9 +598,6 @@ impl Settings {
                 });
             }
             bound.push((addr, key));
-        }
-        if !bound.iter().any(|(_, key)| key != "admin.listen") {
-            return Err(SettingsError::NoListeners);
         }
         let certificates = self.tls.use_identity_as_username
             && self.tls.require_client_cert

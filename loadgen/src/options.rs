@@ -598,7 +598,7 @@ impl RunArgs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -624,10 +624,11 @@ mod tests {
         assert_eq!(parse_payload_size("16"), Ok(16));
     }
 
+    /// `run`'s options alone, for tests that parse them.
     #[derive(clap::Parser)]
-    struct Cli {
+    pub(crate) struct Cli {
         #[command(flatten)]
-        run: RunArgs,
+        pub(crate) run: RunArgs,
     }
 
     #[test]

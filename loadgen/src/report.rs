@@ -329,12 +329,7 @@ mod tests {
     #[test]
     fn the_options_name_the_client_id_prefix_used_also_by_default() {
         use clap::Parser;
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            run: RunArgs,
-        }
-        let args = Cli::try_parse_from(["x", "fan-in"]).unwrap().run;
+        let args = crate::options::tests::Cli::try_parse_from(["x", "fan-in"]).unwrap().run;
         let report = Report::new(&args, &Latency::default());
         assert_eq!(report.options["client_id_prefix"], format!("lg{}", std::process::id()));
     }
