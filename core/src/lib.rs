@@ -1,6 +1,7 @@
 //! fleetmq-core: the broker's protocol core, with no I/O, no async and no
 //! clock reads (DESIGN.md §2).
 //!
+//! - [`cluster`]: membership and fencing, stored records, `[cluster]` settings.
 //! - [`packet`]: the MQTT 3.1 / 3.1.1 / 5.0 packet model and codec.
 //! - [`topic`]: topic name and filter validation and matching.
 //! - [`trie`]: the per-shard subscription trie.
@@ -10,6 +11,7 @@
 //! - [`placement`]: when a publisher moves to its subscribers' shard.
 //! - [`settings`]: settings with defaults, units and ranges (DESIGN.md §9, §15).
 
+pub mod cluster;
 pub mod packet;
 pub mod placement;
 pub mod route;

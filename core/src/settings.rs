@@ -39,10 +39,9 @@ pub struct Settings {
     pub store: Store,
     /// `[shared]`: shared subscription strategies (DESIGN.md §13).
     pub shared: Shared,
-    /// `[cluster]`: accepted by the parser so that [`Settings::validate`] can
-    /// refuse it with a clear message; cluster mode is not in this build.
-    #[serde(skip_serializing)]
-    pub cluster: Option<ClusterSection>,
+    /// `[cluster]`: absent = a single node (DESIGN.md §10, §15).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster::settings::Cluster>,
 }
 
 /// `[server]` settings.
@@ -417,18 +416,6 @@ impl Default for Store {
     }
 }
 
-/// A `[cluster]` section, whatever it holds; only its presence matters,
-/// because [`Settings::validate`] refuses it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClusterSection;
-
-impl<'de> Deserialize<'de> for ClusterSection {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        serde::de::IgnoredAny::deserialize(d)?;
-        Ok(ClusterSection)
-    }
-}
-
 /// Why [`Settings::validate`] refused the settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -479,8 +466,16 @@ pub enum SettingsError {
     },
     /// A store kind this build does not implement.
     StoreUnavailable(StoreKind),
-    /// A `[cluster]` section: cluster mode is not in this build.
-    ClusterUnavailable,
+    /// A `[cluster]` setting that is not valid for another reason than its
+    /// range (a replica ID with characters a NATS subject cannot carry).
+    Invalid {
+        /// Dotted key, e.g. `cluster.replica_id`.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// What is allowed.
+        allowed: &'static str,
+    },
 }
 
 impl fmt::Display for SettingsError {
@@ -523,10 +518,9 @@ impl fmt::Display for SettingsError {
                     "store.kind = \"{name}\" is not available in this build yet, use store.kind = \"none\""
                 )
             }
-            SettingsError::ClusterUnavailable => write!(
-                f,
-                "[cluster]: cluster mode is not available in this build; remove the [cluster] section"
-            ),
+            SettingsError::Invalid { key, value, allowed } => {
+                write!(f, "{key} = {value:?} is not valid: {allowed}")
+            }
         }
     }
 }
@@ -578,10 +572,10 @@ impl Settings {
     /// allowed and no password file, JWT key or required client certificate
     /// is set.
     pub fn validate(&self) -> Result<(), SettingsError> {
-        if self.cluster.is_some() {
-            return Err(SettingsError::ClusterUnavailable);
-        }
         self.validate_ranges()?;
+        if let Some(cluster) = &self.cluster {
+            cluster.validate()?;
+        }
         if self.listeners.all().next().is_none() {
             return Err(SettingsError::NoListeners);
         }
@@ -944,14 +938,14 @@ impl<'de> Deserialize<'de> for TextOrInt {
 
 /// Serde helpers for durations: a string with units or integer seconds in,
 /// a humantime string out.
-mod duration {
+pub(crate) mod duration {
     use super::*;
 
-    pub(super) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format_duration(*d))
     }
 
-    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
         d: D,
     ) -> Result<Duration, D::Error> {
         match TextOrInt::deserialize(d)? {
@@ -963,14 +957,14 @@ mod duration {
 
 /// Serde helpers for sizes: a string with units or integer bytes in, a
 /// string with the largest exact binary unit out.
-mod size {
+pub(crate) mod size {
     use super::*;
 
-    pub(super) fn serialize<S: serde::Serializer>(b: &usize, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: serde::Serializer>(b: &usize, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format_size(*b))
     }
 
-    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
         match TextOrInt::deserialize(d)? {
             TextOrInt::Int(n) => usize::try_from(n).map_err(serde::de::Error::custom),
             TextOrInt::Text(t) => parse_size(&t).map_err(serde::de::Error::custom),
@@ -1190,18 +1184,13 @@ mod tests {
     }
 
     #[test]
-    fn durable_stores_and_cluster_mode_are_refused_for_now() {
+    fn durable_stores_are_refused_for_now() {
         let mut s = Settings::default();
         s.store.kind = StoreKind::Local;
         assert_eq!(
             err(&s),
             "store.kind = \"local\" is not available in this build yet, use store.kind = \"none\""
         );
-        let s = Settings {
-            cluster: Some(ClusterSection),
-            ..Settings::default()
-        };
-        assert!(err(&s).contains("cluster mode is not available in this build"));
     }
 }
 
@@ -1270,18 +1259,21 @@ mod serde_tests {
     }
 
     #[test]
-    fn tls_is_accepted_and_cluster_parses_only_to_be_refused() {
+    fn a_cluster_section_takes_its_defaults_and_checks_its_ranges() {
         let s: Settings = toml::from_str(
             "[tls]\ncert = \"server.pem\"\nrequire_client_cert = true\n\
-             [cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\n",
+             [cluster]\nreplica_id = \"r1\"\nnats_urls = [\"nats://127.0.0.1:4222\"]\n",
         )
         .unwrap();
         assert_eq!(s.tls.cert, PathBuf::from("server.pem"));
-        assert!(s
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("cluster mode"));
+        s.validate().unwrap();
+        let cluster = s.cluster.as_ref().unwrap();
+        assert_eq!(cluster.member_ttl, Duration::from_secs(10));
+        let s: Settings = toml::from_str("[cluster]\nmember_ttl = \"3s\"\n").unwrap();
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "cluster.member_ttl = 3s is out of range 5s..=2m"
+        );
     }
 
     #[test]

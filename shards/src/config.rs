@@ -182,7 +182,8 @@ fn one_underscore_key(name: &str) -> Option<String> {
 }
 
 /// Whether `key` (`section.key`) names a setting: its section is one the
-/// settings print (not `[cluster]`, which takes anything and is refused),
+/// settings print (not `[cluster]`, absent by default, whose keys are only
+/// given with two underscores),
 /// and deserializing a table that sets only it reports no unknown field (a
 /// wrong type for the probe value is fine).
 fn is_setting(key: &str) -> bool {

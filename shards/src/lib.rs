@@ -17,6 +17,7 @@ mod limits;
 pub mod metrics;
 mod outbound;
 mod park;
+mod runtime;
 pub mod server;
 mod shard;
 pub mod shutdown;

@@ -4,7 +4,7 @@ use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,25 +12,20 @@ use anyhow::{bail, Context};
 use fleetmq_core::session::{ConnectLimits, SessionLimits};
 use fleetmq_core::settings::Settings;
 use fleetmq_core::topic::TopicLimits;
-use futures_lite::future::or;
-use futures_lite::StreamExt;
 use glommio::channels::channel_mesh::MeshBuilder;
-use glommio::net::TcpListener;
-use glommio::timer::sleep;
 use glommio::{LocalExecutorBuilder, Placement};
 use socket2::{Domain, Protocol, Socket, Type};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::auth::Authenticator;
-use crate::connection::{accepted, handed_over, moved_in, resume, ConnSettings};
+use crate::connection::ConnSettings;
 use crate::limits::Gate;
 use crate::metrics::Metrics;
-use crate::park::Parker;
-use crate::shard::{Global, Route, Shard, ShardLimits, ShardMsg};
+use crate::runtime::{run_shard, ShardStart, SHUTDOWN_POLL};
+use crate::shard::{Global, Shard, ShardLimits, ShardMsg};
 use crate::shutdown::Shutdown;
 use crate::tls::TlsConfig;
 use crate::transport::ListenerKind;
-use bytes::BytesMut;
 use fleetmq_core::session::AuthorizeCache;
 
 /// Capacity of each cross-shard channel, in messages (each message is a
@@ -45,16 +40,6 @@ const SHARD_CHANNEL_CAPACITY: usize = 1024;
 /// used up glommio takes buffers from the heap instead.
 const SHARD_IO_MEMORY: usize = 64 << 10;
 
-/// How often a shard checks the shutdown flag.
-const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
-
-/// A shard that ran tasks for less than 1/`QUIET_SHARE` of the last
-/// second is quiet: it gives its freed memory back to the system at once.
-const QUIET_SHARE: u32 = 20;
-
-/// How long a stopping shard waits for its connections to flush and close.
-const STOP_GRACE: Duration = Duration::from_secs(3);
-
 /// Run the broker with `settings` until `shutdown` fires: bind every
 /// listener (port 0 picks a free port, shared by all shards), start the
 /// admin HTTP server and one shard per core (or `server.shards`), print one
@@ -65,16 +50,60 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 /// A listener or the admin port cannot be bound, or a shard cannot start.
 pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     raise_fd_limit(settings.limits.max_clients as u64);
-    let cpus = allowed_cpus();
-    let shards = if settings.server.shards == 0 {
+    let shards = shard_count(&settings);
+    let (auth, tls) = load_security(&settings)?;
+    let listeners = bind_listeners(&settings, shards)?;
+    let reloader = spawn_reloader(auth.clone(), shutdown.clone())?;
+    let metrics = Metrics::new(shards);
+    let ready = Arc::new(AtomicBool::new(false));
+    let admin = start_admin(&settings, &metrics, &ready)?;
+    let conn_settings = conn_settings(&settings, auth, tls);
+    let plan = ShardPlan {
+        shards,
+        conn_settings: conn_settings.clone(),
+        limits: shard_limits(&settings),
+        metrics,
+        shutdown,
+        sys_interval: settings.server.sys_interval,
+    };
+    let handles = start_shards(plan, listeners.per_shard)?;
+    announce_ready(&listeners.bound, admin.as_ref(), shards, &ready);
+
+    let mut failed = false;
+    for handle in handles {
+        if handle.join().is_err() {
+            failed = true;
+        }
+    }
+    ready.store(false, Ordering::Release);
+    // What the last burst of refusals counted is in the log too.
+    conn_settings.gate.log_pending_refusals(true);
+    let _ = reloader.join();
+    if let Some(admin) = admin {
+        admin.stop();
+    }
+    info!(target: "broker", "stopped");
+    if failed {
+        bail!("a shard stopped with a panic");
+    }
+    Ok(())
+}
+
+/// The shard count: `server.shards`, or one per CPU when it is 0.
+fn shard_count(settings: &Settings) -> usize {
+    if settings.server.shards == 0 {
         shards_per_core()
     } else {
         settings.server.shards
-    };
+    }
+}
 
-    // Sign-in, access control and certificates, checked before binding.
+/// Sign-in, access control and certificates, loaded before binding.
+fn load_security(
+    settings: &Settings,
+) -> anyhow::Result<(Arc<Authenticator>, Option<Arc<TlsConfig>>)> {
     let auth = Arc::new(
-        Authenticator::from_settings(&settings)
+        Authenticator::from_settings(settings)
             .context("cannot load the authentication settings")?,
     );
     let needs_tls = !settings.listeners.tls.is_empty() || !settings.listeners.wss.is_empty();
@@ -85,9 +114,21 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     } else {
         None
     };
+    Ok((auth, tls))
+}
 
-    // Bind each listener once per shard with SO_REUSEPORT; port 0 is
-    // resolved by the first bind and reused by the others.
+/// Every MQTT listener, bound once per shard.
+struct Listeners {
+    /// Each shard's sockets, in shard order.
+    per_shard: Vec<Vec<(OwnedFd, ListenerKind)>>,
+    /// Each listener's kind and address (its port resolved), for the
+    /// start-up lines.
+    bound: Vec<(ListenerKind, SocketAddr)>,
+}
+
+/// Bind each listener once per shard with SO_REUSEPORT; port 0 is resolved
+/// by the first bind and reused by the others.
+fn bind_listeners(settings: &Settings, shards: usize) -> anyhow::Result<Listeners> {
     let mut per_shard: Vec<Vec<(OwnedFd, ListenerKind)>> =
         (0..shards).map(|_| Vec::new()).collect();
     let mut bound = Vec::new();
@@ -119,30 +160,38 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
             bound.push((kind, addr));
         }
     }
-    let reloader = spawn_reloader(auth.clone(), shutdown.clone())?;
+    Ok(Listeners { per_shard, bound })
+}
 
-    let metrics = Metrics::new(shards);
-    let ready = Arc::new(AtomicBool::new(false));
-    let admin = if settings.admin.listen.is_empty() {
-        None
-    } else {
-        let addr: SocketAddr = settings
-            .admin
-            .listen
-            .parse()
-            .with_context(|| format!("admin.listen: bad address {}", settings.admin.listen))?;
-        Some(
-            crate::admin::spawn(addr, metrics.clone(), ready.clone())
-                .context("cannot start the admin HTTP server")?,
-        )
-    };
+/// The admin HTTP server on `admin.listen`, or `None` when it is empty.
+fn start_admin(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+    ready: &Arc<AtomicBool>,
+) -> anyhow::Result<Option<crate::admin::AdminHandle>> {
+    if settings.admin.listen.is_empty() {
+        return Ok(None);
+    }
+    let addr: SocketAddr = settings
+        .admin
+        .listen
+        .parse()
+        .with_context(|| format!("admin.listen: bad address {}", settings.admin.listen))?;
+    let admin = crate::admin::spawn(addr, metrics.clone(), ready.clone())
+        .context("cannot start the admin HTTP server")?;
+    Ok(Some(admin))
+}
 
+/// What every connection task reads: the CONNECT limits, sign-in, TLS and
+/// the admission gate, from `settings.limits` and `settings.auth`.
+fn conn_settings(
+    settings: &Settings,
+    auth: Arc<Authenticator>,
+    tls: Option<Arc<TlsConfig>>,
+) -> ConnSettings {
     let limits = &settings.limits;
-    let topic = TopicLimits {
-        max_levels: limits.max_topic_levels as usize,
-        max_bytes: limits.max_topic_bytes as usize,
-    };
-    let conn_settings = ConnSettings {
+    let topic = topic_limits(settings);
+    ConnSettings {
         connect: ConnectLimits {
             receive_maximum: limits.receive_maximum,
             max_packet_size: limits.max_packet_size,
@@ -168,13 +217,25 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
             ttl: settings.auth.acl_cache_ttl,
             ..AuthorizeCache::default()
         },
-    };
-    let shard_limits = ShardLimits {
+    }
+}
+
+fn topic_limits(settings: &Settings) -> TopicLimits {
+    TopicLimits {
+        max_levels: settings.limits.max_topic_levels as usize,
+        max_bytes: settings.limits.max_topic_bytes as usize,
+    }
+}
+
+/// What each shard's sessions and queues may hold, from `settings.limits`.
+fn shard_limits(settings: &Settings) -> ShardLimits {
+    let limits = &settings.limits;
+    ShardLimits {
         session: Arc::new(SessionLimits {
             receive_maximum: limits.receive_maximum,
             max_queue: limits.max_subscriber_queue as usize,
             max_subscriptions: limits.max_subscriptions_per_client as usize,
-            topic,
+            topic: topic_limits(settings),
             max_inflight: limits.max_client_writes_pending.min(u32::from(u16::MAX)) as u16,
             topic_alias_maximum: limits.topic_alias_maximum,
         }),
@@ -183,76 +244,93 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         max_client_write_bytes: limits.max_client_write_bytes,
         shared: settings.shared.clone(),
         move_publishers: settings.server.move_publishers,
-    };
+    }
+}
 
+/// What [`start_shards`] gives every shard.
+struct ShardPlan {
+    shards: usize,
+    conn_settings: ConnSettings,
+    limits: ShardLimits,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+    /// `server.sys_interval`, for the shard that publishes `$SYS`.
+    sys_interval: Duration,
+}
+
+/// How long [`start_shards`] waits for every shard to accept connections.
+const SHARD_START_WAIT: Duration = Duration::from_secs(10);
+
+/// Start one executor per shard, each pinned to a CPU this process may run
+/// on, and wait until every one accepts connections.
+///
+/// # Errors
+/// An executor cannot be made, or the shards did not start within
+/// [`SHARD_START_WAIT`].
+fn start_shards(
+    plan: ShardPlan,
+    per_shard: Vec<Vec<(OwnedFd, ListenerKind)>>,
+) -> anyhow::Result<Vec<glommio::ExecutorJoinHandle<()>>> {
+    let cpus = allowed_cpus();
+    let shards = plan.shards;
     let global = Arc::new(Global::new(shards));
     let mesh = MeshBuilder::<ShardMsg, _>::full(shards, SHARD_CHANNEL_CAPACITY);
-    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::new();
     for (id, fds) in per_shard.into_iter().enumerate() {
         let cpu = cpus[id % cpus.len()];
-        let (mesh, metrics_all) = (mesh.clone(), metrics.clone());
-        let (metrics, global, shutdown) = (metrics.shard(id), global.clone(), shutdown.clone());
-        let (conn_settings, shard_limits, started) =
-            (conn_settings.clone(), shard_limits.clone(), started.clone());
-        // Shard 0 publishes the $SYS topics.
-        let sys = (id == 0).then(|| (metrics_all.clone(), settings.server.sys_interval));
+        let (mesh, global) = (mesh.clone(), global.clone());
+        let (conn_settings, limits) = (plan.conn_settings.clone(), plan.limits.clone());
+        let metrics = plan.metrics.shard(id);
+        let start = ShardStart {
+            fds,
+            shutdown: plan.shutdown.clone(),
+            started: started.clone(),
+            // Shard 0 publishes the $SYS topics.
+            sys: (id == 0).then(|| (plan.metrics.clone(), plan.sys_interval)),
+        };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("fleetmq-shard-{id}"))
             .io_memory(SHARD_IO_MEMORY)
             .spawn(move || async move {
                 let (senders, receivers) = mesh.join().await.expect("the shard mesh forms");
-                let shard = Rc::new(Shard::new(
-                    id,
-                    shards,
-                    shard_limits,
-                    metrics,
-                    global,
-                    senders,
-                ));
-                let settings = Rc::new(conn_settings);
-                run_shard(shard, settings, fds, receivers, shutdown, started, sys).await;
+                let shard = Rc::new(Shard::new(id, shards, limits, metrics, global, senders));
+                run_shard(shard, Rc::new(conn_settings), receivers, start).await;
             })
             .map_err(|e| anyhow::anyhow!("cannot start shard {id}: {e}"))?;
         handles.push(handle);
     }
-    let start_by = Instant::now() + Duration::from_secs(10);
+    let start_by = Instant::now() + SHARD_START_WAIT;
     while started.load(Ordering::Acquire) < shards {
         if Instant::now() > start_by {
             bail!("the shards did not start within 10 s");
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    for (kind, addr) in &bound {
+    Ok(handles)
+}
+
+/// Print the start-up lines and turn readiness on.
+fn announce_ready(
+    bound: &[(ListenerKind, SocketAddr)],
+    admin: Option<&crate::admin::AdminHandle>,
+    shards: usize,
+    ready: &AtomicBool,
+) {
+    for (kind, addr) in bound {
         announce(format_args!("fleetmq: listening {} {addr}", kind.name()));
         info!(target: "broker", %addr, shards, listener = kind.name(), "listening");
     }
-    if let Some(admin) = &admin {
-        announce(format_args!("fleetmq: listening admin {}", admin.local_addr));
+    if let Some(admin) = admin {
+        announce(format_args!(
+            "fleetmq: listening admin {}",
+            admin.local_addr
+        ));
     }
     // Ready for the admin endpoint first: whoever saw the line may ask
     // `/health/ready` at once (found as a 503 in an e2e test).
     ready.store(true, Ordering::Release);
     announce(format_args!("fleetmq: ready"));
-
-    let mut failed = false;
-    for handle in handles {
-        if handle.join().is_err() {
-            failed = true;
-        }
-    }
-    ready.store(false, Ordering::Release);
-    // What the last burst of refusals counted is in the log too.
-    conn_settings.gate.log_pending_refusals(true);
-    let _ = reloader.join();
-    if let Some(admin) = admin {
-        admin.stop();
-    }
-    info!(target: "broker", "stopped");
-    if failed {
-        bail!("a shard stopped with a panic");
-    }
-    Ok(())
 }
 
 /// Writes one start-up line (`fleetmq: listening …`, `fleetmq: ready`) to
@@ -262,192 +340,6 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
 fn announce(line: std::fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
-}
-
-async fn run_shard(
-    shard: Rc<Shard>,
-    settings: Rc<ConnSettings>,
-    fds: Vec<(OwnedFd, ListenerKind)>,
-    mut receivers: glommio::channels::channel_mesh::Receivers<ShardMsg>,
-    shutdown: Shutdown,
-    started: Arc<std::sync::atomic::AtomicUsize>,
-    sys: Option<(Arc<Metrics>, Duration)>,
-) {
-    for (from, mut stream) in receivers.streams() {
-        let (shard, settings) = (shard.clone(), settings.clone());
-        glommio::spawn_local(async move {
-            while let Some(msg) = stream.next().await {
-                // Connections are taken here, in channel order, before the
-                // messages after them (see `shard::placement`).
-                match msg {
-                    ShardMsg::Handoff(handoff) => {
-                        if let Route::NotHere(generation) = handoff.route {
-                            shard.forget_moved(from, &handoff.negotiated.client_id, generation);
-                        }
-                        // Connection tasks are made aside (crate::alloc).
-                        crate::alloc::spawn_aside(handed_over(
-                            shard.clone(),
-                            settings.clone(),
-                            *handoff,
-                        ));
-                    }
-                    ShardMsg::Move(moving) => {
-                        if let Some(moved) = shard.move_in(from, *moving) {
-                            moved_in(shard.clone(), settings.clone(), moved);
-                        }
-                    }
-                    other => {
-                        shard.on_remote(from, other);
-                        shard.try_flush();
-                    }
-                }
-            }
-        })
-        .detach();
-    }
-    for (fd, kind) in fds {
-        // SAFETY: the fd is a listening socket we own.
-        let listener = unsafe { TcpListener::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
-        let (shard, settings) = (shard.clone(), settings.clone());
-        glommio::spawn_local(async move {
-            loop {
-                // The pending accept's poll is not aside: it lives until
-                // the next connection arrives, and would hold a page of the
-                // aside heap resident when the connections it let in have
-                // parked (perf/RESULTS.md, 2026-12-02, session 17). The
-                // stream is: it lives while the connection is awake.
-                let accept = or(async { Some(listener.shared_accept().await) }, async {
-                    shard.stop_signal.wait().await;
-                    None
-                });
-                match accept.await {
-                    Some(Ok(socket)) => {
-                        let stream = crate::alloc::aside(|| socket.bind_to_executor());
-                        // Connection tasks are made aside (crate::alloc):
-                        // they end when their connection parks.
-                        crate::alloc::spawn_aside(accepted(
-                            shard.clone(),
-                            settings.clone(),
-                            stream,
-                            kind,
-                        ));
-                    }
-                    Some(Err(e)) => {
-                        warn!(target: "broker", error = %e, "accept failed");
-                        sleep(Duration::from_millis(10)).await;
-                    }
-                    None => break,
-                }
-            }
-        })
-        .detach();
-    }
-    // The flusher: sends what connections batched for the other shards
-    // once the ready tasks of this turn have run (see `Shard::flush_soon`).
-    {
-        let shard = shard.clone();
-        glommio::spawn_local(async move {
-            loop {
-                shard.flush_signal.wait().await;
-                shard.flush().await;
-            }
-        })
-        .detach();
-    }
-    let parker = match Parker::start(shard.id) {
-        Ok(parker) => {
-            let (shard, settings, waker) = (shard.clone(), settings.clone(), parker.clone());
-            glommio::spawn_local(async move {
-                loop {
-                    let woken = waker.next_woken().await;
-                    if woken.is_empty() {
-                        break;
-                    }
-                    for parked in woken {
-                        resume(shard.clone(), settings.clone(), parked, BytesMut::new());
-                    }
-                }
-            })
-            .detach();
-            Some(parker)
-        }
-        Err(e) => {
-            warn!(target: "broker", error = %e, "idle connections will not be parked");
-            None
-        }
-    };
-    started.fetch_add(1, Ordering::AcqRel);
-
-    let mut last_expiry = Instant::now();
-    let mut last_sys: Option<Instant> = None;
-    // glommio's stats restart from zero at each read.
-    let _ = glommio::executor().executor_stats();
-    let mut last_tick = Instant::now();
-    #[cfg(feature = "heap-census")]
-    let mut census_at = crate::census::due(last_tick);
-    // Time spent running tasks since the last expiry pass.
-    let mut ran_since_expiry = Duration::ZERO;
-    while !shutdown.is_triggered() {
-        sleep(SHUTDOWN_POLL).await;
-        shard.poll_inbox();
-        shard.try_flush();
-        let now = Instant::now();
-        let ran = glommio::executor().executor_stats().executor_runtime();
-        ran_since_expiry += ran;
-        let wall = now - std::mem::replace(&mut last_tick, now);
-        shard.set_load((ran.as_micros() * 1000 / wall.as_micros().max(1)).min(1000) as u32);
-        shard.check_deadlines(now);
-        #[cfg(feature = "heap-census")]
-        if census_at.last().is_some_and(|at| now >= *at) {
-            census_at.pop();
-            crate::census::take(shard.id);
-        }
-        // Let mimalloc finish the frees other threads handed to this
-        // thread's heap, free its empty pages and purge what is due. It
-        // does so on its own only when this thread allocates again, which
-        // a shard whose connections just parked may not do for seconds;
-        // a busy shard allocates, so it is left alone. Not forced: purges
-        // keep their delay (`MIMALLOC_PURGE_DELAY`).
-        if ran < wall / 2 {
-            crate::alloc::collect(false);
-        }
-        if let Some((metrics, interval)) = &sys {
-            if last_sys.is_none_or(|at| now.duration_since(at) >= *interval) {
-                last_sys = Some(now);
-                shard.publish_sys(&metrics.totals());
-                shard.try_flush();
-            }
-        }
-        if now.duration_since(last_expiry) >= Duration::from_secs(1) {
-            let quiet = ran_since_expiry < now.duration_since(last_expiry) / QUIET_SHARE;
-            ran_since_expiry = Duration::ZERO;
-            last_expiry = now;
-            shard.expire(now, parker.is_some());
-            shard.try_flush();
-            if shard.id == 0 {
-                settings.gate.log_pending_refusals(false);
-            }
-            if quiet {
-                // A quiet shard (its connections idle or parked) returns
-                // what it freed now rather than page by page: a forced
-                // collect also frees the pages mimalloc keeps for reuse
-                // and purges without waiting. It walks every page of this
-                // thread's heap, at most once a second and only when quiet.
-                crate::alloc::collect(true);
-            }
-        }
-    }
-    shard.stop_signal.notify();
-    shard.close_all();
-    for parked in parker.iter().flat_map(|p| p.stop()) {
-        resume(shard.clone(), settings.clone(), parked, BytesMut::new());
-    }
-    // Also until what is queued for the other shards (a connection moving
-    // or handed over) is sent: they close it themselves.
-    let stop_by = Instant::now() + STOP_GRACE;
-    while (shard.live_connections.get() > 0 || !shard.try_flush()) && Instant::now() < stop_by {
-        sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// How often the reloader looks at the password, ACL and JWKS files.
@@ -475,27 +367,29 @@ fn spawn_reloader(
     };
     let files = auth.watched_files();
     let mut last = stamp(&files);
-    let handle = std::thread::Builder::new().name("fleetmq-reload".into()).spawn(move || {
-        let mut waited = Duration::ZERO;
-        while !shutdown.is_triggered() {
-            std::thread::sleep(SHUTDOWN_POLL);
-            waited += SHUTDOWN_POLL;
-            let signalled = hup.swap(false, Ordering::AcqRel);
-            if !signalled && waited < RELOAD_POLL {
-                continue;
-            }
-            waited = Duration::ZERO;
-            let now = stamp(&files);
-            if signalled || now != last {
-                last = now;
-                // A file that fails is logged by `reload` (each one, with
-                // the previous data kept).
-                if auth.reload().is_ok() {
-                    info!(target: "broker", signalled, "reloaded password, ACL and key files");
+    let handle = std::thread::Builder::new()
+        .name("fleetmq-reload".into())
+        .spawn(move || {
+            let mut waited = Duration::ZERO;
+            while !shutdown.is_triggered() {
+                std::thread::sleep(SHUTDOWN_POLL);
+                waited += SHUTDOWN_POLL;
+                let signalled = hup.swap(false, Ordering::AcqRel);
+                if !signalled && waited < RELOAD_POLL {
+                    continue;
+                }
+                waited = Duration::ZERO;
+                let now = stamp(&files);
+                if signalled || now != last {
+                    last = now;
+                    // A file that fails is logged by `reload` (each one, with
+                    // the previous data kept).
+                    if auth.reload().is_ok() {
+                        info!(target: "broker", signalled, "reloaded password, ACL and key files");
+                    }
                 }
             }
-        }
-    })?;
+        })?;
     Ok(handle)
 }
 

@@ -1,0 +1,8 @@
+//! The cluster's pure parts (DESIGN.md §4–§5, §10): the membership and
+//! fencing machine, the records stored in JetStream and their keys, and
+//! the `[cluster]` settings. No I/O and no clock reads: the bridge
+//! (`fleetmq-nats-bridge`) drives them.
+
+pub mod membership;
+pub mod records;
+pub mod settings;

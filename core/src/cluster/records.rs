@@ -1,0 +1,287 @@
+//! The records a replica stores in JetStream, and their keys (DESIGN.md
+//! §4). Pure data: encode to bytes, decode from bytes.
+//!
+//! Every record carries its `format`; a replica reads the formats in
+//! [`FORMATS_READ`] and writes [`FORMAT`]. The format floor (the
+//! `mqtt-cluster-floor` bucket, key [`FLOOR_KEY`]) is the oldest format a
+//! replica must read to join: one that cannot read it refuses to start.
+//!
+//! Records are JSON (`nats kv get` shows them as they are); keys are made
+//! from client identifiers with [`client_key`], which maps any UTF-8
+//! string onto the KV key alphabet `[-/_=.a-zA-Z0-9]`.
+
+use std::ops::RangeInclusive;
+
+use base64::Engine as _;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// The record format this build writes.
+pub const FORMAT: u16 = 1;
+
+/// The record formats this build reads.
+pub const FORMATS_READ: RangeInclusive<u16> = 1..=1;
+
+/// The key of the format floor in `mqtt-cluster-floor`.
+pub const FLOOR_KEY: &str = "floor";
+
+/// The KV buckets of DESIGN.md §4, each the stream `KV_<bucket>`.
+pub mod bucket {
+    /// Live replicas; entries expire `member_ttl` after their last write.
+    pub const MEMBERS: &str = "mqtt-members";
+    /// Which replica and connection owns each client identifier.
+    pub const SESSIONS: &str = "mqtt-sessions";
+    /// One retained message per topic.
+    pub const RETAINED: &str = "mqtt-retained";
+    /// Each connection's will, with the identity that declared it.
+    pub const WILLS: &str = "mqtt-session-will";
+    /// Each persistent session (the persistent-sessions issue).
+    pub const SESSION_STATE: &str = "mqtt-session-state";
+    /// Each persistent session's read position (the persistent-sessions issue).
+    pub const SESSION_CURSOR: &str = "mqtt-session-cursor";
+    /// Open inbound QoS 2 flows of persistent sessions.
+    pub const SESSION_QOS2: &str = "mqtt-session-qos2";
+    /// The format floor.
+    pub const FLOOR: &str = "mqtt-cluster-floor";
+    /// Which replica wants which topic filters (the mesh issue).
+    pub const ROUTES: &str = "mqtt-routes";
+    /// The leader lock that elects the sweeper.
+    pub const LEADER: &str = "mqtt-leader";
+
+    /// Every bucket a replica creates at start.
+    pub const ALL: [&str; 10] = [
+        MEMBERS,
+        SESSIONS,
+        RETAINED,
+        WILLS,
+        SESSION_STATE,
+        SESSION_CURSOR,
+        SESSION_QOS2,
+        FLOOR,
+        ROUTES,
+        LEADER,
+    ];
+}
+
+/// Why a stored record could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// The bytes are not a record of the expected kind.
+    #[error("malformed record: {0}")]
+    Malformed(String),
+    /// The record is in a format this build does not read.
+    #[error("record format {0} is not read by this build (reads {min}..={max})", min = FORMATS_READ.start(), max = FORMATS_READ.end())]
+    UnknownFormat(u16),
+}
+
+/// A stored record: serialized with its format, checked on decode.
+pub trait Record: Serialize + DeserializeOwned {
+    /// The record's format field.
+    fn format(&self) -> u16;
+
+    /// The record as stored.
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("records serialize")
+    }
+
+    /// A record read back.
+    ///
+    /// # Errors
+    /// [`RecordError::Malformed`] for bytes that are not this record,
+    /// [`RecordError::UnknownFormat`] for a format outside [`FORMATS_READ`].
+    fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        #[derive(Deserialize)]
+        struct Probe {
+            format: u16,
+        }
+        let probe: Probe =
+            serde_json::from_slice(bytes).map_err(|e| RecordError::Malformed(e.to_string()))?;
+        if !FORMATS_READ.contains(&probe.format) {
+            return Err(RecordError::UnknownFormat(probe.format));
+        }
+        serde_json::from_slice(bytes).map_err(|e| RecordError::Malformed(e.to_string()))
+    }
+}
+
+/// A replica's entry in `mqtt-members` (key: the replica ID), rewritten
+/// every T/10 with a TTL of T.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// Record format ([`FORMAT`]).
+    pub format: u16,
+    /// The replica ID (`cluster.replica_id`).
+    pub replica: String,
+    /// A random identifier of this process: two processes started with one
+    /// replica ID tell each other apart by it.
+    pub instance: String,
+    /// When this process started, Unix milliseconds.
+    pub started_at_ms: u64,
+    /// `member_ttl` in milliseconds (the same on every replica).
+    pub member_ttl_ms: u64,
+    /// The address other replicas dial for the mesh (`mesh_advertise`).
+    pub mesh: String,
+    /// The mesh protocol versions this replica speaks.
+    pub mesh_versions: Vec<u16>,
+    /// The oldest and newest record formats this replica reads.
+    pub reads: [u16; 2],
+}
+
+impl Record for MemberRecord {
+    fn format(&self) -> u16 {
+        self.format
+    }
+}
+
+/// The owner of a client identifier in `mqtt-sessions` (key:
+/// [`client_key`]): the replica and connection that serves it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    /// Record format ([`FORMAT`]).
+    pub format: u16,
+    /// The client identifier.
+    pub client_id: String,
+    /// The owning replica ID.
+    pub replica: String,
+    /// The owning process ([`MemberRecord::instance`]).
+    pub instance: String,
+    /// The connection on that process, unique for the process's life.
+    pub conn: u64,
+    /// When the claim was made, Unix milliseconds.
+    pub claimed_at_ms: u64,
+}
+
+impl Record for OwnerRecord {
+    fn format(&self) -> u16 {
+        self.format
+    }
+}
+
+/// The format floor in `mqtt-cluster-floor` (key [`FLOOR_KEY`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FloorRecord {
+    /// Record format of this record itself (always readable: the floor
+    /// record's shape never changes).
+    pub format: u16,
+    /// The oldest record format a replica must read to join.
+    pub floor: u16,
+}
+
+impl Record for FloorRecord {
+    fn format(&self) -> u16 {
+        // The floor record is read whatever its format: its one field is
+        // what says whether the rest can be read.
+        FORMAT
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        serde_json::from_slice(bytes).map_err(|e| RecordError::Malformed(e.to_string()))
+    }
+}
+
+/// Whether a replica that reads [`FORMATS_READ`] may join a cluster whose
+/// floor is `floor`.
+pub fn floor_readable(floor: u16) -> bool {
+    FORMATS_READ.contains(&floor)
+}
+
+/// The KV key of a client identifier: `c.` and its UTF-8 bytes in
+/// base64url without padding (`[-_a-zA-Z0-9]`); the empty identifier is
+/// `c.=` (a key may not end with a dot).
+pub fn client_key(client_id: &str) -> String {
+    if client_id.is_empty() {
+        return "c.=".to_owned();
+    }
+    format!("c.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(client_id))
+}
+
+/// The client identifier of a key made by [`client_key`], `None` for
+/// any other key.
+pub fn client_id_of_key(key: &str) -> Option<String> {
+    let encoded = key.strip_prefix("c.")?;
+    if encoded == "=" {
+        return Some(String::new());
+    }
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(encoded).ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// Whether `id` can be a replica ID: 1 to 64 characters of
+/// `[-_a-zA-Z0-9]` (it is a KV key and a NATS subject token).
+pub fn valid_replica_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn member() -> MemberRecord {
+        MemberRecord {
+            format: FORMAT,
+            replica: "r1".into(),
+            instance: "a1b2".into(),
+            started_at_ms: 1_764_892_800_000,
+            member_ttl_ms: 10_000,
+            mesh: "10.0.0.1:7884".into(),
+            mesh_versions: vec![1],
+            reads: [1, 1],
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let m = member();
+        assert_eq!(MemberRecord::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn a_record_of_an_unknown_format_is_refused_naming_it() {
+        let mut m = member();
+        m.format = 9;
+        let err = MemberRecord::decode(&m.encode()).unwrap_err();
+        assert_eq!(err, RecordError::UnknownFormat(9));
+        assert!(err.to_string().contains("format 9"));
+    }
+
+    #[test]
+    fn garbage_is_malformed_not_a_panic() {
+        assert!(matches!(OwnerRecord::decode(b"{"), Err(RecordError::Malformed(_))));
+        assert!(matches!(OwnerRecord::decode(b"{\"format\":1}"), Err(RecordError::Malformed(_))));
+    }
+
+    #[test]
+    fn the_floor_is_readable_only_within_the_formats_read() {
+        assert!(floor_readable(1));
+        assert!(!floor_readable(2));
+        let f = FloorRecord { format: 7, floor: 2 };
+        assert_eq!(FloorRecord::decode(&f.encode()).unwrap().floor, 2);
+    }
+
+    #[test]
+    fn replica_ids_are_key_tokens() {
+        assert!(valid_replica_id("fleetmq-0"));
+        assert!(!valid_replica_id(""));
+        assert!(!valid_replica_id("a.b"));
+        assert!(!valid_replica_id("a b"));
+        assert!(!valid_replica_id(&"x".repeat(65)));
+    }
+
+    proptest! {
+        #[test]
+        fn any_client_id_maps_to_a_valid_key_and_back(id in ".{0,200}") {
+            let key = client_key(&id);
+            prop_assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_=./".contains(&b)));
+            prop_assert!(!key.ends_with('.'));
+            prop_assert_eq!(client_id_of_key(&key), Some(id));
+        }
+
+        #[test]
+        fn decoding_any_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = OwnerRecord::decode(&bytes);
+            let _ = MemberRecord::decode(&bytes);
+            let _ = FloorRecord::decode(&bytes);
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! The `[cluster]` section (DESIGN.md §10, §15). Absent: a single node.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::settings::{duration, format_duration, format_size, size, SettingsError};
+
+/// `[cluster]` settings. Every key has a default; ranges are checked by
+/// [`Cluster::validate`] (called by `Settings::validate`).
+///
+/// ```toml
+/// [cluster]
+/// replica_id = "r1"
+/// nats_urls = ["nats://10.0.0.5:4222", "nats://10.0.0.6:4222"]
+/// member_ttl = "10s"
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Cluster {
+    /// This replica's ID, unique in the cluster: 1–64 characters of
+    /// `[-_a-zA-Z0-9]`. Default: the host name (with other characters
+    /// replaced by `-`).
+    pub replica_id: String,
+    /// NATS servers to connect to (any of them; the client follows the
+    /// cluster's gossip). Default `["nats://127.0.0.1:4222"]`. `tls://`
+    /// URLs require TLS.
+    pub nats_urls: Vec<String>,
+    /// A NATS credentials file (user JWT and NKey seed, `.creds`). Default
+    /// none.
+    pub nats_credentials: PathBuf,
+    /// A file holding an NKey seed (`SU...`) to sign in with. Default none.
+    pub nats_nkey_file: PathBuf,
+    /// NATS user name (with `nats_password`). Default none.
+    pub nats_user: String,
+    /// NATS password. Default none.
+    pub nats_password: String,
+    /// NATS token. Default none.
+    pub nats_token: String,
+    /// Require TLS to NATS even on `nats://` URLs. Default false.
+    pub nats_tls: bool,
+    /// PEM CA certificates that NATS servers are verified against, instead
+    /// of the system roots. Default none.
+    pub nats_tls_ca: PathBuf,
+    /// PEM client certificate for TLS to NATS (with `nats_tls_key`).
+    /// Default none.
+    pub nats_tls_cert: PathBuf,
+    /// PEM key of `nats_tls_cert`. Default none.
+    pub nats_tls_key: PathBuf,
+    /// `memberTTL` = T: membership entries expire T after their last write;
+    /// heartbeat T/10, self-fence 7T/6, peers gone T/2 after their entry
+    /// (DESIGN.md §5). The same on every replica. Default 10 s, range
+    /// 5 s..=2 min.
+    #[serde(with = "duration")]
+    pub member_ttl: Duration,
+    /// How long the wills of a stopped, fenced or gone replica's
+    /// connections wait for their clients to come back. Default 30 s,
+    /// range 0..=10 min.
+    #[serde(with = "duration")]
+    pub will_stop_grace: Duration,
+    /// CONNECT arrival to CONNACK, at most (DESIGN.md §8); past it CONNACK
+    /// 0x88. Default 20 s, range 5 s..=120 s.
+    #[serde(with = "duration")]
+    pub connect_budget: Duration,
+    /// How long a publish waits for the session log or retained bucket
+    /// before it is refused. Default 10 s, range 1 s..=60 s.
+    #[serde(with = "duration")]
+    pub session_log_append_wait: Duration,
+    /// Largest size of a workspace's session log. Default 256 MiB, range
+    /// 1 MiB..=1 TiB.
+    #[serde(with = "size")]
+    pub session_log_max_bytes: usize,
+    /// Copies of every stream and bucket: 1, 3 or 5. Default 3.
+    pub nats_replicas: u8,
+    /// Where the mesh listens. Default `0.0.0.0:7884`.
+    pub mesh_listen: String,
+    /// The address other replicas dial for the mesh. Default: `mesh_listen`.
+    pub mesh_advertise: String,
+    /// This replica's mesh certificate (from `fleetmq cert`). Default none.
+    pub mesh_cert: PathBuf,
+    /// Its key. Default none.
+    pub mesh_key: PathBuf,
+    /// The deployment's mesh CA. Default none.
+    pub mesh_ca: PathBuf,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster {
+            replica_id: String::new(),
+            nats_urls: vec!["nats://127.0.0.1:4222".to_owned()],
+            nats_credentials: PathBuf::new(),
+            nats_nkey_file: PathBuf::new(),
+            nats_user: String::new(),
+            nats_password: String::new(),
+            nats_token: String::new(),
+            nats_tls: false,
+            nats_tls_ca: PathBuf::new(),
+            nats_tls_cert: PathBuf::new(),
+            nats_tls_key: PathBuf::new(),
+            member_ttl: Duration::from_secs(10),
+            will_stop_grace: Duration::from_secs(30),
+            connect_budget: Duration::from_secs(20),
+            session_log_append_wait: Duration::from_secs(10),
+            session_log_max_bytes: 256 << 20,
+            nats_replicas: 3,
+            mesh_listen: "0.0.0.0:7884".to_owned(),
+            mesh_advertise: String::new(),
+            mesh_cert: PathBuf::new(),
+            mesh_key: PathBuf::new(),
+            mesh_ca: PathBuf::new(),
+        }
+    }
+}
+
+fn out_of_range(key: &'static str, value: String, range: &str) -> SettingsError {
+    SettingsError::OutOfRange { key, value, range: range.to_owned() }
+}
+
+fn check_duration(key: &'static str, d: Duration, min: Duration, max: Duration) -> Result<(), SettingsError> {
+    if d < min || d > max {
+        return Err(out_of_range(
+            key,
+            format_duration(d),
+            &format!("{}..={}", format_duration(min), format_duration(max)),
+        ));
+    }
+    Ok(())
+}
+
+impl Cluster {
+    /// Checks every range.
+    ///
+    /// # Errors
+    /// The first key out of its range (DESIGN.md §10), a replica ID that is
+    /// not 1–64 characters of `[-_a-zA-Z0-9]`, or no NATS URL.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let secs = Duration::from_secs;
+        check_duration("cluster.member_ttl", self.member_ttl, secs(5), secs(120))?;
+        check_duration("cluster.will_stop_grace", self.will_stop_grace, secs(0), secs(600))?;
+        check_duration("cluster.connect_budget", self.connect_budget, secs(5), secs(120))?;
+        check_duration(
+            "cluster.session_log_append_wait",
+            self.session_log_append_wait,
+            secs(1),
+            secs(60),
+        )?;
+        if !(1 << 20..=1 << 40).contains(&self.session_log_max_bytes) {
+            return Err(out_of_range(
+                "cluster.session_log_max_bytes",
+                format_size(self.session_log_max_bytes),
+                "1MiB..=1TiB",
+            ));
+        }
+        if ![1, 3, 5].contains(&self.nats_replicas) {
+            return Err(out_of_range("cluster.nats_replicas", self.nats_replicas.to_string(), "1, 3 or 5"));
+        }
+        if !self.replica_id.is_empty() && !crate::cluster::records::valid_replica_id(&self.replica_id) {
+            return Err(SettingsError::Invalid {
+                key: "cluster.replica_id",
+                value: self.replica_id.clone(),
+                allowed: "1 to 64 characters of [-_a-zA-Z0-9]",
+            });
+        }
+        if self.nats_urls.is_empty() {
+            return Err(SettingsError::Invalid {
+                key: "cluster.nats_urls",
+                value: String::new(),
+                allowed: "at least one NATS URL, e.g. [\"nats://127.0.0.1:4222\"]",
+            });
+        }
+        Ok(())
+    }
+
+    /// The replica ID: `replica_id`, or else `host_name` with every
+    /// character outside `[-_a-zA-Z0-9]` replaced by `-`, cut to 64.
+    pub fn replica_id_or(&self, host_name: &str) -> String {
+        if !self.replica_id.is_empty() {
+            return self.replica_id.clone();
+        }
+        let id: String = host_name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+            .take(64)
+            .collect();
+        if id.is_empty() { "fleetmq".to_owned() } else { id }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_those_of_design_section_10() {
+        let c = Cluster::default();
+        c.validate().unwrap();
+        assert_eq!(c.member_ttl, Duration::from_secs(10));
+        assert_eq!(c.will_stop_grace, Duration::from_secs(30));
+        assert_eq!(c.connect_budget, Duration::from_secs(20));
+        assert_eq!(c.nats_replicas, 3);
+    }
+
+    #[test]
+    fn each_range_names_its_key() {
+        let mut c = Cluster { nats_replicas: 2, ..Cluster::default() };
+        assert_eq!(c.validate().unwrap_err().to_string(), "cluster.nats_replicas = 2 is out of range 1, 3 or 5");
+        c.nats_replicas = 1;
+        c.connect_budget = Duration::from_secs(121);
+        assert!(c.validate().unwrap_err().to_string().starts_with("cluster.connect_budget = 2m 1s"));
+        c.connect_budget = Duration::from_secs(20);
+        c.replica_id = "a.b".into();
+        assert!(c.validate().unwrap_err().to_string().contains("cluster.replica_id"));
+    }
+
+    #[test]
+    fn the_replica_id_defaults_to_a_cleaned_host_name() {
+        let c = Cluster::default();
+        assert_eq!(c.replica_id_or("node-1.example.com"), "node-1-example-com");
+        assert_eq!(c.replica_id_or(""), "fleetmq");
+        let c = Cluster { replica_id: "r7".into(), ..Cluster::default() };
+        assert_eq!(c.replica_id_or("host"), "r7");
+    }
+}
