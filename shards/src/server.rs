@@ -49,6 +49,9 @@ const SHARD_IO_MEMORY: usize = 64 << 10;
 /// # Errors
 /// A listener or the admin port cannot be bound, or a shard cannot start.
 pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
+    if settings.cluster.is_some() {
+        bail!("[cluster]: cluster mode is not available in this build yet; remove the [cluster] section");
+    }
     raise_fd_limit(settings.limits.max_clients as u64);
     let shards = shard_count(&settings);
     let (auth, tls) = load_security(&settings)?;
