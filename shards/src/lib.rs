@@ -11,6 +11,7 @@ pub mod alloc;
 pub mod auth;
 #[cfg(feature = "heap-census")]
 mod census;
+pub mod cert;
 pub mod config;
 mod connection;
 mod limits;

@@ -45,6 +45,11 @@ enum Command {
     /// With the shard label of the metrics, it says which core serves a
     /// device; benchmarks use it to place their subscribers.
     HomeShard(HomeShardArgs),
+    /// Make the mesh CA (DIR/ca.pem, DIR/ca.key) and one certificate and
+    /// key per replica (DIR/r1.pem, DIR/r1.key, ...) for the TLS 1.3
+    /// links between replicas (DESIGN.md §11); keys are written mode 0600
+    /// and existing files are kept unless --force.
+    Cert(fleetmq_shards::cert::CertArgs),
 }
 
 /// Arguments of `fleetmq home-shard`.
@@ -92,6 +97,7 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => check_config(&args),
         Command::Passwd(args) => passwd(&args),
         Command::HomeShard(args) => home_shard(&args),
+        Command::Cert(args) => cert(&args),
     }
 }
 
@@ -131,6 +137,21 @@ fn passwd(args: &fleetmq_shards::auth::password::PasswdArgs) -> ExitCode {
     match fleetmq_shards::auth::password::run_passwd(args) {
         Ok(done) => {
             tell(format_args!("fleetmq: {done}"));
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            tell(format_args!("fleetmq: error: {err:#}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn cert(args: &fleetmq_shards::cert::CertArgs) -> ExitCode {
+    match fleetmq_shards::cert::run_cert(args) {
+        Ok(lines) => {
+            for line in lines {
+                tell(format_args!("fleetmq: {line}"));
+            }
             ExitCode::SUCCESS
         }
         Err(err) => {

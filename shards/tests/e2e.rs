@@ -82,3 +82,8 @@ mod limits;
 /// resume, clean start and wills across the move.
 #[path = "e2e/placement.rs"]
 mod placement;
+
+/// `fleetmq cert`: the mesh CA and replica certificates, proven by a
+/// mutual TLS 1.3 handshake.
+#[path = "e2e/cert.rs"]
+mod cert;

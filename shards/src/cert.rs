@@ -1,0 +1,460 @@
+//! `fleetmq cert --out DIR [--replicas N] [--names a,b,c] [--san ...]
+//! [--days D] [--force]`: the mesh CA and one certificate per replica
+//! (DESIGN.md §11 and §15).
+//!
+//! Writes `DIR/ca.pem` and `DIR/ca.key` (the mesh CA, path length 0), and
+//! per replica `DIR/<name>.pem` and `DIR/<name>.key`, the names being
+//! `r1`..`rN` or those given with `--names`. Each replica certificate is
+//! signed by the CA, carries the extended key usages serverAuth and
+//! clientAuth (one certificate both accepts and dials mesh links with TLS
+//! 1.3 mutual authentication), and the subject alternative names: the
+//! replica name (a DNS name) and every `--san` entry (DNS names or IP
+//! addresses). Keys are ECDSA P-256 in PKCS#8 PEM, written with mode 0600;
+//! certificates with mode 0644. Nothing is written when any of the files
+//! exists, unless `--force`; nothing is written either when a name is
+//! refused.
+
+use std::fs::{OpenOptions, Permissions};
+use std::io::Write;
+use std::net::IpAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use rand::RngCore;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+};
+use time::{Duration, OffsetDateTime};
+
+/// The replica count when neither `--replicas` nor `--names` is given.
+pub const DEFAULT_REPLICAS: u16 = 3;
+/// The most replicas one `fleetmq cert` makes certificates for.
+pub const MAX_REPLICAS: u16 = 1000;
+/// Validity of the CA and the replica certificates when `--days` is not
+/// given: 3650 days (about ten years).
+pub const DEFAULT_DAYS: u32 = 3650;
+/// The file stem of the CA (`ca.pem`, `ca.key`): no replica may be named so.
+const CA_STEM: &str = "ca";
+
+/// Arguments of `fleetmq cert` (DESIGN.md §15).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CertArgs {
+    /// The folder to write into; created when missing.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// How many replicas, named r1..rN (1 to 1000; default 3). With
+    /// --names, it must equal the number of names.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_REPLICAS)))]
+    pub replicas: Option<u16>,
+    /// The replica IDs (`cluster.replica_id`), comma-separated: DNS names
+    /// of letters, digits, `-` and `.`; each becomes its certificate's
+    /// subject alternative name and its file name (NAME.pem, NAME.key).
+    #[arg(long, value_name = "A,B,C", value_delimiter = ',')]
+    pub names: Vec<String>,
+    /// Extra subject alternative names for every replica certificate,
+    /// comma-separated: DNS names or IP addresses (e.g.
+    /// `mesh.example.net,10.0.0.7`).
+    #[arg(long, value_name = "NAME|IP,...", value_delimiter = ',')]
+    pub san: Vec<String>,
+    /// Validity of the CA and the certificates, days from now (1 to
+    /// 36500; default 3650).
+    #[arg(long, value_name = "D", default_value_t = DEFAULT_DAYS,
+          value_parser = clap::value_parser!(u32).range(1..=36_500))]
+    pub days: u32,
+    /// Replace files that exist (otherwise nothing is written and the
+    /// existing files are named).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// One certificate and its private key, both PEM.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    /// The file stem: `ca` or the replica name.
+    pub name: String,
+    /// The certificate, PEM (`-----BEGIN CERTIFICATE-----`).
+    pub cert_pem: String,
+    /// The private key, PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`).
+    pub key_pem: String,
+}
+
+/// What `fleetmq cert` writes: the CA first, then one entry per replica.
+#[derive(Debug, Clone)]
+pub struct MeshCerts {
+    /// The mesh CA.
+    pub ca: Issued,
+    /// One per replica, in the order the names were given.
+    pub replicas: Vec<Issued>,
+    /// The end of the validity of every certificate.
+    pub not_after: OffsetDateTime,
+}
+
+/// Carries out `fleetmq cert` and returns the lines to print on success,
+/// one per certificate written.
+///
+/// # Errors
+///
+/// A refused replica name or `--san` entry, `--replicas` and `--names`
+/// disagreeing, files that exist (without `--force`), or a folder or file
+/// that cannot be created or written (named in the message).
+pub fn run_cert(args: &CertArgs) -> anyhow::Result<Vec<String>> {
+    let names = replica_names(args.replicas, &args.names)?;
+    let extra = extra_sans(&args.san)?;
+    let files = planned_files(&args.out, &names);
+    if !args.force {
+        let existing: Vec<String> = files
+            .iter()
+            .filter(|path| path.symlink_metadata().is_ok())
+            .map(|path| path.display().to_string())
+            .collect();
+        if !existing.is_empty() {
+            bail!(
+                "refusing to overwrite {} (nothing written; --force replaces them)",
+                existing.join(", ")
+            );
+        }
+    }
+    let certs = generate(&names, &extra, args.days, OffsetDateTime::now_utc())?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating the folder {}", args.out.display()))?;
+    for issued in std::iter::once(&certs.ca).chain(&certs.replicas) {
+        let (cert, key) = file_pair(&args.out, &issued.name);
+        write_file(&cert, &issued.cert_pem, 0o644, args.force)?;
+        write_file(&key, &issued.key_pem, 0o600, args.force)?;
+    }
+    let until = certs.not_after.date();
+    let dir = args.out.display();
+    let mut lines = vec![format!(
+        "wrote {dir}/ca.pem and {dir}/ca.key: the mesh CA, valid until {until} (keep ca.key off the replicas)"
+    )];
+    lines.extend(names.iter().map(|n| {
+        format!("wrote {dir}/{n}.pem and {dir}/{n}.key: replica {n}, valid until {until}")
+    }));
+    Ok(lines)
+}
+
+/// The replica names: `--names` as given, or `r1`..`rN`.
+///
+/// # Errors
+///
+/// A name refused by [`check_replica_name`], a name given twice (ignoring
+/// case), or `replicas` different from the number of names.
+pub fn replica_names(replicas: Option<u16>, names: &[String]) -> anyhow::Result<Vec<String>> {
+    if names.is_empty() {
+        let n = replicas.unwrap_or(DEFAULT_REPLICAS);
+        return Ok((1..=n).map(|i| format!("r{i}")).collect());
+    }
+    if let Some(n) = replicas {
+        if usize::from(n) != names.len() {
+            bail!(
+                "--replicas {n} but --names gives {} names (give one of them, or make them agree)",
+                names.len()
+            );
+        }
+    }
+    if names.len() > usize::from(MAX_REPLICAS) {
+        bail!(
+            "--names gives {} names; at most {MAX_REPLICAS}",
+            names.len()
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    for name in names {
+        check_replica_name(name)?;
+        if !seen.insert(name.to_ascii_lowercase()) {
+            bail!("replica name {name:?} is given twice (names are compared ignoring case)");
+        }
+    }
+    Ok(names.to_vec())
+}
+
+/// Checks that `name` can be a replica ID here: a DNS name (labels of 1 to
+/// 63 ASCII letters, digits and `-`, not starting or ending with `-`,
+/// joined by `.`; 253 bytes at most), not an IP address, and not `ca`
+/// (that file is the CA's).
+///
+/// # Errors
+///
+/// The rule broken, naming the name.
+pub fn check_replica_name(name: &str) -> anyhow::Result<()> {
+    if name.parse::<IpAddr>().is_ok() {
+        bail!("replica name {name:?} is an IP address; name replicas with DNS names and add addresses with --san");
+    }
+    check_dns_name(name).with_context(|| format!("replica name {name:?}"))?;
+    if name.eq_ignore_ascii_case(CA_STEM) {
+        bail!("replica name {name:?} is taken: ca.pem and ca.key are the CA's files");
+    }
+    Ok(())
+}
+
+/// The `--san` entries: IP addresses, or DNS names as
+/// [`check_replica_name`] takes them (a leading `*.` allowed).
+fn extra_sans(entries: &[String]) -> anyhow::Result<Vec<SanType>> {
+    let mut sans = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let entry = entry.trim();
+        if let Ok(ip) = entry.parse::<IpAddr>() {
+            sans.push(SanType::IpAddress(ip));
+            continue;
+        }
+        let bare = entry.strip_prefix("*.").unwrap_or(entry);
+        check_dns_name(bare).with_context(|| format!("--san entry {entry:?}"))?;
+        sans.push(SanType::DnsName(entry.try_into().with_context(|| {
+            format!("--san entry {entry:?} is not an ASCII DNS name")
+        })?));
+    }
+    Ok(sans)
+}
+
+/// The DNS name rules of [`check_replica_name`].
+fn check_dns_name(name: &str) -> anyhow::Result<()> {
+    if name.is_empty() {
+        bail!("is empty");
+    }
+    if name.len() > 253 {
+        bail!("is {} bytes long; a DNS name has at most 253", name.len());
+    }
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            bail!(
+                "has a label of {} bytes; each dot-separated part has 1 to 63",
+                label.len()
+            );
+        }
+        if let Some(c) = label
+            .chars()
+            .find(|c| !c.is_ascii_alphanumeric() && *c != '-')
+        {
+            bail!("contains {c:?}; only ASCII letters, digits, '-' and '.' are allowed");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            bail!("has a part starting or ending with '-'");
+        }
+    }
+    Ok(())
+}
+
+/// The files `fleetmq cert` writes into `dir`.
+fn planned_files(dir: &Path, names: &[String]) -> Vec<PathBuf> {
+    std::iter::once(CA_STEM)
+        .chain(names.iter().map(String::as_str))
+        .flat_map(|stem| {
+            let (cert, key) = file_pair(dir, stem);
+            [cert, key]
+        })
+        .collect()
+}
+
+/// `DIR/<stem>.pem` and `DIR/<stem>.key`.
+fn file_pair(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("{stem}.pem")),
+        dir.join(format!("{stem}.key")),
+    )
+}
+
+/// Makes the CA and one certificate per name, valid from a day before
+/// `now` (clock skew between replicas) to `days` days after it; the extra
+/// subject alternative names go into every replica certificate.
+///
+/// # Errors
+///
+/// rcgen refuses a parameter (a name that is not an ASCII string) or key
+/// generation fails.
+pub fn generate(
+    names: &[String],
+    extra: &[SanType],
+    days: u32,
+    now: OffsetDateTime,
+) -> anyhow::Result<MeshCerts> {
+    let not_before = now - Duration::days(1);
+    let not_after = now + Duration::days(i64::from(days));
+    let ca_key = KeyPair::generate().context("generating the CA key")?;
+    let mut ca_params = CertificateParams::default();
+    // A name of its own per CA: a peer with a certificate of another
+    // deployment's CA is then refused as unknown, not checked against this
+    // CA's key.
+    let mut tag = [0u8; 4];
+    rand::thread_rng().fill_bytes(&mut tag);
+    let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    ca_params.distinguished_name = subject(&format!("fleetmq mesh CA {tag}"));
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca_params.not_before = not_before;
+    ca_params.not_after = not_after;
+    ca_params.serial_number = Some(random_serial());
+    let ca_cert = ca_params
+        .self_signed(&ca_key)
+        .context("signing the CA certificate")?;
+    let mut replicas = Vec::with_capacity(names.len());
+    for name in names {
+        let key = KeyPair::generate().with_context(|| format!("generating the key of {name}"))?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = subject(name);
+        params.subject_alt_names =
+            vec![SanType::DnsName(name.as_str().try_into().with_context(
+                || format!("replica name {name:?} is not an ASCII DNS name"),
+            )?)];
+        params.subject_alt_names.extend_from_slice(extra);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        params.not_before = not_before;
+        params.not_after = not_after;
+        params.serial_number = Some(random_serial());
+        let cert = params
+            .signed_by(&key, &ca_cert, &ca_key)
+            .with_context(|| format!("signing the certificate of {name}"))?;
+        replicas.push(Issued {
+            name: name.clone(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        });
+    }
+    Ok(MeshCerts {
+        ca: Issued {
+            name: CA_STEM.to_owned(),
+            cert_pem: ca_cert.pem(),
+            key_pem: ca_key.serialize_pem(),
+        },
+        replicas,
+        not_after,
+    })
+}
+
+/// Subject `CN=<common_name>, O=fleetmq`.
+fn subject(common_name: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "fleetmq");
+    dn.push(DnType::CommonName, common_name);
+    dn
+}
+
+/// 16 random bytes, the first below 0x80 so the DER integer is positive.
+fn random_serial() -> SerialNumber {
+    let mut bytes = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    bytes[0] &= 0x7f;
+    bytes[0] |= 0x01;
+    SerialNumber::from_slice(&bytes)
+}
+
+/// Writes `text` to `path` with permission bits `mode`: a new file, or with
+/// `replace` an existing one truncated, its mode set before the first byte
+/// is written (a replaced key is never readable by others).
+fn write_file(path: &Path, text: &str, mode: u32, replace: bool) -> anyhow::Result<()> {
+    let mut options = OpenOptions::new();
+    options.write(true).mode(mode);
+    if replace {
+        options.create(true).truncate(true);
+    } else {
+        options.create_new(true);
+    }
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.set_permissions(Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn replicas_default_to_r1_to_r3_and_follow_the_count() {
+        assert_eq!(
+            replica_names(None, &[]).unwrap(),
+            names(&["r1", "r2", "r3"])
+        );
+        assert_eq!(replica_names(Some(1), &[]).unwrap(), names(&["r1"]));
+        assert_eq!(replica_names(Some(5), &[]).unwrap().last().unwrap(), "r5");
+    }
+
+    #[test]
+    fn names_are_dns_names_unique_and_not_ca() {
+        let ok = names(&["broker-a", "b.example.net", "C3"]);
+        assert_eq!(replica_names(None, &ok).unwrap(), ok);
+        assert_eq!(replica_names(Some(3), &ok).unwrap(), ok);
+        let refused =
+            |list: &[&str]| format!("{:#}", replica_names(None, &names(list)).unwrap_err());
+        assert!(refused(&["a", "A"]).contains("twice"));
+        assert!(refused(&["ca"]).contains("CA's files"));
+        assert!(refused(&["a/b"]).contains("'/'"));
+        assert!(refused(&["../x"]).contains("replica name"));
+        assert!(refused(&[""]).contains("empty"));
+        assert!(refused(&["-a"]).contains("'-'"));
+        assert!(refused(&["10.0.0.1"]).contains("IP address"));
+        assert!(refused(&[&"x".repeat(64)]).contains("1 to 63"));
+        let counted = replica_names(Some(2), &ok).unwrap_err().to_string();
+        assert!(counted.contains("--replicas 2"), "{counted}");
+    }
+
+    #[test]
+    fn extra_sans_take_ips_dns_names_and_wildcards_only() {
+        let sans = extra_sans(&names(&["10.0.0.7", "::1", "mesh.example.net", "*.svc"])).unwrap();
+        assert_eq!(sans.len(), 4);
+        assert!(matches!(sans[0], SanType::IpAddress(_)));
+        assert!(matches!(sans[2], SanType::DnsName(_)));
+        assert!(extra_sans(&names(&["bad name"])).is_err());
+        assert!(extra_sans(&names(&[""])).is_err());
+    }
+
+    #[test]
+    fn replica_certificates_are_ca_signed_for_both_ends_and_named() {
+        let now = OffsetDateTime::now_utc();
+        let extra = extra_sans(&names(&["10.1.2.3", "mesh.local"])).unwrap();
+        let certs = generate(&names(&["r1", "r2"]), &extra, 30, now).unwrap();
+        let ca_der = CertificateDer::from_pem_slice(certs.ca.cert_pem.as_bytes()).unwrap();
+        let (_, ca) = X509Certificate::from_der(&ca_der).unwrap();
+        assert!(ca.is_ca());
+        assert_eq!(
+            ca.basic_constraints()
+                .unwrap()
+                .unwrap()
+                .value
+                .path_len_constraint,
+            Some(0)
+        );
+        assert_eq!(certs.replicas.len(), 2);
+        for issued in &certs.replicas {
+            let der = CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap();
+            let (_, cert) = X509Certificate::from_der(&der).unwrap();
+            assert!(!cert.is_ca());
+            assert_eq!(cert.issuer(), ca.subject());
+            let eku = cert.extended_key_usage().unwrap().unwrap().value;
+            assert!(eku.server_auth && eku.client_auth);
+            let sans = &cert
+                .subject_alternative_name()
+                .unwrap()
+                .unwrap()
+                .value
+                .general_names;
+            assert!(sans.contains(&GeneralName::DNSName(&issued.name)));
+            assert!(sans.contains(&GeneralName::DNSName("mesh.local")));
+            assert!(sans.contains(&GeneralName::IPAddress(&[10, 1, 2, 3])));
+            let days = cert.validity().not_after.timestamp() - now.unix_timestamp();
+            assert!((29 * 86_400..=30 * 86_400).contains(&days), "{days}");
+            assert!(issued.key_pem.starts_with("-----BEGIN PRIVATE KEY-----"));
+        }
+    }
+}
