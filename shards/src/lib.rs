@@ -23,6 +23,7 @@ pub mod server;
 mod shard;
 pub mod shutdown;
 mod signal;
+mod store;
 pub mod tls;
 mod transport;
 pub mod ws;

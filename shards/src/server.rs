@@ -297,7 +297,8 @@ fn start_shards(
             .io_memory(SHARD_IO_MEMORY)
             .spawn(move || async move {
                 let (senders, receivers) = mesh.join().await.expect("the shard mesh forms");
-                let shard = Rc::new(Shard::new(id, shards, limits, metrics, global, senders));
+                let store = crate::store::ShardStore::None;
+                let shard = Rc::new(Shard::new(id, shards, limits, metrics, global, senders, store));
                 run_shard(shard, Rc::new(conn_settings), receivers, start).await;
             })
             .map_err(|e| anyhow::anyhow!("cannot start shard {id}: {e}"))?;

@@ -109,6 +109,13 @@ pub fn client_key(client_id: &str) -> u64 {
 pub enum Output {
     /// Write this packet to the client.
     Send(Packet),
+    /// Write this acknowledgement (PUBACK, PUBREC, SUBACK, UNSUBACK) once
+    /// what the caller did for this packet's other outputs (the message
+    /// routed and stored, the subscription changed) is durable in the store
+    /// (DESIGN.md §7): at once with `store.kind = "none"`, after the sync
+    /// that covers them with a durable store. Acknowledgements of one
+    /// connection are written in the order they were returned.
+    Acknowledge(Packet),
     /// Write a PUBLISH for `delivery` with this packet identifier (QoS > 0)
     /// and DUP flag.
     Deliver {
@@ -818,7 +825,7 @@ impl Session {
                 if forward {
                     out.push(Output::Publish(into_message(publish, now)));
                 }
-                out.push(Output::Send(Packet::PubAck(PubResponse {
+                out.push(Output::Acknowledge(Packet::PubAck(PubResponse {
                     packet_id,
                     reason: ack_reason,
                     properties: Props::default(),
@@ -844,7 +851,7 @@ impl Session {
                 }
                 // A resent PUBLISH with a packet id we hold is not forwarded
                 // again `[MQTT-4.3.3-10]`; PUBREC again either way.
-                out.push(Output::Send(Packet::PubRec(PubResponse {
+                out.push(Output::Acknowledge(Packet::PubRec(PubResponse {
                     packet_id,
                     reason: ack_reason,
                     properties: Props::default(),
@@ -889,7 +896,7 @@ impl Session {
             };
             reasons.push(reason);
         }
-        out.push(Output::Send(Packet::SubAck(SubAck {
+        out.push(Output::Acknowledge(Packet::SubAck(SubAck {
             packet_id: subscribe.packet_id,
             properties: Props::default(),
             reasons,
@@ -932,7 +939,7 @@ impl Session {
         }
         // Unsubscribe first, then UNSUBACK `[MQTT-3.10.4-4]`.
         out.extend(changes);
-        out.push(Output::Send(Packet::UnsubAck(UnsubAck {
+        out.push(Output::Acknowledge(Packet::UnsubAck(UnsubAck {
             packet_id: unsubscribe.packet_id,
             properties: Props::default(),
             reasons,

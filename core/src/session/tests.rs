@@ -154,7 +154,7 @@ fn inbound_qos2_is_forwarded_once_even_when_the_publish_is_resent() {
     s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
     s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
     let forwarded = out.iter().filter(|o| matches!(o, Output::Publish(_))).count();
-    let pubrecs = out.iter().filter(|o| matches!(o, Output::Send(Packet::PubRec(_)))).count();
+    let pubrecs = out.iter().filter(|o| matches!(o, Output::Acknowledge(Packet::PubRec(_)))).count();
     assert_eq!((forwarded, pubrecs), (1, 2));
     out.clear();
     s.handle(Packet::PubRel(PubResponse::success(pid(9))), t0, &mut out);
@@ -188,7 +188,7 @@ fn qos1_publish_is_forwarded_then_acknowledged() {
     let mut out = vec![];
     s.handle(publish("x/y", QoS::AtLeastOnce, Some(5)), t0, &mut out);
     assert!(matches!(&out[0], Output::Publish(m) if m.topic == "x/y" && m.received_at == t0));
-    assert_eq!(out[1], Output::Send(Packet::PubAck(PubResponse::success(pid(5)))));
+    assert_eq!(out[1], Output::Acknowledge(Packet::PubAck(PubResponse::success(pid(5)))));
 }
 
 #[test]
@@ -257,7 +257,7 @@ fn subscribe_grants_requested_qos_and_rejects_invalid_filters() {
     };
     let mut out = vec![];
     s.handle(Packet::Subscribe(sub), t0, &mut out);
-    let Output::Send(Packet::SubAck(ack)) = &out[0] else { panic!("SUBACK first: {out:?}") };
+    let Output::Acknowledge(Packet::SubAck(ack)) = &out[0] else { panic!("SUBACK first: {out:?}") };
     assert_eq!(ack.reasons, vec![ReasonCode::GRANTED_QOS_2, ReasonCode::TOPIC_FILTER_INVALID, ReasonCode::GRANTED_QOS_0]);
     assert!(matches!(&out[1], Output::Subscribed { filter, existed: false, .. } if filter == "a/#"));
     assert!(matches!(&out[2], Output::Subscribed { filter, .. } if filter == "$share/g/a"));
@@ -272,7 +272,7 @@ fn subscriptions_beyond_the_limit_get_quota_exceeded() {
     let mut out = vec![];
     let filters = vec![("a".into(), SubscriptionOptions::default()), ("b".into(), SubscriptionOptions::default())];
     s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters }), t0, &mut out);
-    let Output::Send(Packet::SubAck(ack)) = &out[0] else { panic!() };
+    let Output::Acknowledge(Packet::SubAck(ack)) = &out[0] else { panic!() };
     assert_eq!(ack.reasons, vec![ReasonCode::GRANTED_QOS_0, ReasonCode::QUOTA_EXCEEDED]);
 }
 
@@ -297,7 +297,7 @@ fn unsubscribed(protocol: ProtocolVersion, filters: &[&str]) -> (Session, Vec<Ou
 fn unsubscribe_of_an_invalid_filter_is_0x8f_in_v5_and_closes_in_3_1_1() {
     let (_, out) = unsubscribed(ProtocolVersion::V5, &["a/#/b", "a"]);
     assert_eq!(out[0], Output::Unsubscribed { filter: "a".into() });
-    let Output::Send(Packet::UnsubAck(ack)) = &out[1] else { panic!("{out:?}") };
+    let Output::Acknowledge(Packet::UnsubAck(ack)) = &out[1] else { panic!("{out:?}") };
     assert_eq!(ack.reasons, vec![ReasonCode::TOPIC_FILTER_INVALID, ReasonCode::SUCCESS]);
 
     let (s, out) = unsubscribed(ProtocolVersion::V3_1_1, &["a", "a/#/b"]);
@@ -310,7 +310,7 @@ fn unsubscribe_of_an_invalid_filter_is_0x8f_in_v5_and_closes_in_3_1_1() {
 fn unsubscribe_reports_which_subscriptions_existed() {
     let (_, out) = unsubscribed(ProtocolVersion::V5, &["a", "b"]);
     assert_eq!(out[0], Output::Unsubscribed { filter: "a".into() });
-    let Output::Send(Packet::UnsubAck(ack)) = &out[1] else { panic!() };
+    let Output::Acknowledge(Packet::UnsubAck(ack)) = &out[1] else { panic!() };
     assert_eq!(ack.reasons, vec![ReasonCode::SUCCESS, ReasonCode::NO_SUBSCRIPTION_EXISTED]);
 }
 
@@ -552,7 +552,7 @@ fn clients_may_not_publish_into_sys() {
         let mut s = session_with(protocol, 10, SessionLimits::default());
         let mut out = vec![];
         s.handle(publish("$SYS/broker/version", QoS::AtLeastOnce, Some(1)), t0, &mut out);
-        let Output::Send(Packet::PubAck(ack)) = &out[0] else { panic!("{out:?}") };
+        let Output::Acknowledge(Packet::PubAck(ack)) = &out[0] else { panic!("{out:?}") };
         assert_eq!(ack.reason, reason);
         assert_eq!(out.len(), 1, "nothing forwarded");
         assert_eq!(s.take_drops().not_authorized, 1);

@@ -17,6 +17,7 @@
 
 mod groups;
 mod inbox;
+mod index;
 mod placement;
 
 use std::cell::{Cell, RefCell};
@@ -52,6 +53,7 @@ use crate::metrics::{DropReason, ShardMetrics};
 use crate::outbound::{frame_for, FrameCache};
 use crate::signal::Signal;
 use inbox::{Control, Inbox, Retained};
+use index::ClientIndex;
 
 /// Size of a shard's read scratch buffer: the most one read takes from a
 /// socket.
@@ -315,43 +317,6 @@ pub(crate) struct ShardLimits {
     pub(crate) move_publishers: bool,
 }
 
-/// The slots of a shard's sessions by client identifier. The table holds
-/// only slots: it hashes the identifier with a per-process random key and
-/// compares it with the session's own copy, so it keeps no second
-/// reference to it (4 bytes a client instead of 40, DESIGN.md §3: an idle
-/// connection should cost little).
-#[derive(Default)]
-struct ClientIndex {
-    table: hashbrown::HashTable<Slot>,
-    hasher: std::hash::RandomState,
-}
-
-impl ClientIndex {
-    /// The slot of the session `client_id`, if `clients` holds one.
-    fn get(&self, clients: &Slab<Client>, client_id: &str) -> Option<Slot> {
-        let hash = hash_id(&self.hasher, client_id);
-        self.table
-            .find(hash, |&slot| clients[slot as usize].session.client_id() == client_id)
-            .copied()
-    }
-
-    /// Index `slot`, whose session is in `clients` and whose client
-    /// identifier is not indexed yet.
-    fn insert(&mut self, clients: &Slab<Client>, slot: Slot) {
-        let hash_of = |slot: Slot| hash_id(&self.hasher, clients[slot as usize].session.client_id());
-        self.table.insert_unique(hash_of(slot), slot, |&slot| hash_of(slot));
-    }
-
-    /// Forget `slot`, indexed under `client_id` (the session may already
-    /// be out of the slab).
-    fn remove(&mut self, client_id: &str, slot: Slot) {
-        let hash = hash_id(&self.hasher, client_id);
-        if let Ok(entry) = self.table.find_entry(hash, |&s| s == slot) {
-            entry.remove();
-        }
-    }
-}
-
 /// Drop the entries of connections that have ended from `deadlines` once
 /// they are more than half of it, and give back the capacity they held.
 /// An ended connection's entry otherwise stays until its keep-alive
@@ -387,12 +352,6 @@ fn push_deadline(
     entry: Reverse<(Instant, Slot, u64)>,
 ) {
     crate::alloc::giving_back(|| deadlines.push(entry));
-}
-
-/// The [`ClientIndex`] hash of `client_id`.
-fn hash_id(hasher: &std::hash::RandomState, client_id: &str) -> u64 {
-    use std::hash::BuildHasher;
-    hasher.hash_one(client_id)
 }
 
 struct State {
@@ -456,6 +415,9 @@ pub(crate) struct Shard {
     /// The buffer every connection of the shard reads into before keeping
     /// what it needs (see `connection::read_some`).
     pub(crate) scratch: RefCell<Vec<u8>>,
+    /// Where accepted values become durable, and the acknowledgements
+    /// waiting for it (see [`crate::store`]).
+    pub(crate) store: crate::store::ShardStore,
     state: RefCell<State>,
 }
 
@@ -474,6 +436,7 @@ impl Shard {
         metrics: ShardMetrics,
         global: Arc<Global>,
         senders: Senders<ShardMsg>,
+        store: crate::store::ShardStore,
     ) -> Shard {
         Shard {
             id,
@@ -487,6 +450,7 @@ impl Shard {
             flush_signal: Signal::default(),
             live_connections: Cell::new(0),
             scratch: RefCell::new(vec![0; SCRATCH_BYTES]),
+            store,
             state: RefCell::new(State {
                 clients: Slab::new(),
                 by_id: ClientIndex::default(),
@@ -845,10 +809,15 @@ impl Shard {
             self.count_drops(drops);
         }
         let mut deliveries = Vec::new();
+        let mut acks = Vec::new();
+        let durable = self.store.is_durable();
         let mut reach = 0;
         for output in outputs.drain(..) {
             match output {
                 Output::Send(packet) => conn.send(&packet),
+                // Without a store, at once, in order with the other outputs.
+                Output::Acknowledge(packet) if !durable => conn.send(&packet),
+                Output::Acknowledge(packet) => acks.push(packet),
                 Output::Publish(mut message) => {
                     message.origin = st.clients[slot as usize].key;
                     reach |= self.route(st, Arc::new(message), now);
@@ -895,6 +864,12 @@ impl Shard {
         }
         outputs.clear();
         st.outputs = outputs;
+        if !acks.is_empty() {
+            // After every output of the packet: the store covers them all.
+            if let Some(conn) = st.clients.get(slot as usize).and_then(|c| c.conn.clone()) {
+                self.store.acknowledge(&conn, &mut acks);
+            }
+        }
         if !deliveries.is_empty() {
             self.write_deliveries(st, slot, &mut deliveries, now, false);
         }
@@ -1115,7 +1090,7 @@ impl Shard {
                     conn.wake();
                     self.metrics.messages_out.inc();
                 }
-                Output::Send(packet) => conn.send(&packet),
+                Output::Send(packet) | Output::Acknowledge(packet) => conn.send(&packet),
                 _ => {}
             }
         }
