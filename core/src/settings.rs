@@ -256,9 +256,14 @@ pub struct Limits {
     pub max_connections_per_credential: u32,
     /// Connections per source address. Default 200, range 1..=10,000,000.
     pub max_connections_per_source: u32,
-    /// Failed sign-ins from one source address or for one user name, within
-    /// `auth_failure_window`, that start a backoff. Default 10, range
-    /// 1..=1,000,000.
+    /// Failed credential checks (password file, JWT) for one user name,
+    /// or from one source address when `trust_client_addresses` is on,
+    /// within `auth_failure_window`, that start a backoff. While a user
+    /// name or address backs off, only sign-ins matching a recent success
+    /// (same user name and client identifier, and same address when
+    /// addresses are trusted) are checked, each combination with a
+    /// backoff of its own; the rest are refused unchecked with 0x87 (3.1.1:
+    /// 5). Default 10, range 1..=1,000,000.
     pub auth_failure_threshold: u32,
     /// Window in which failed sign-ins are counted. Default 60 s, range
     /// 1 s..=24 h.
@@ -271,6 +276,29 @@ pub struct Limits {
     /// Longest backoff. Default 15 min, range `auth_failure_backoff`..=24 h.
     #[serde(with = "duration")]
     pub auth_failure_backoff_max: Duration,
+    /// Credential checks per second per user name that may fail: each
+    /// check takes a share beforehand and a check that succeeds gives it
+    /// back, so signing in with the right credentials never waits for it,
+    /// while a flood of wrong ones gets at most this many password hashes
+    /// (or JWT verifications) per second per user name, in bursts of at
+    /// most this many. Beyond it a sign-in is refused unchecked with 0x89
+    /// Server busy (3.1.1: 3), so that a flood cannot fill
+    /// `max_connects_authenticating`. Default 4, range 1..=1,000,000.
+    pub auth_check_rate_per_credential: u32,
+    /// Entries the failed sign-in throttle keeps (user names, addresses,
+    /// the check budgets of user names, and the failures of recognised
+    /// combinations, each table at most this many); beyond it the entries
+    /// that changed least recently are dropped. Each costs about 100
+    /// bytes whatever the length of the user name. Default 100,000, range
+    /// 100..=10,000,000.
+    pub auth_throttle_max_entries: u32,
+    /// Successful sign-ins remembered (user name, client identifier, and
+    /// address when `trust_client_addresses` is on, as one 64-bit keyed
+    /// hash, about 32 bytes each) so that those devices are still checked
+    /// while their user name backs off; beyond it the least recent success
+    /// is forgotten. 0 turns the recognition off. Default 1,000,000, range
+    /// 0..=100,000,000.
+    pub auth_known_devices: u32,
     /// Largest CONNECT packet, and so the largest will, in bytes. Default
     /// 64 KiB, range 1 KiB..=16 MiB. A larger CONNECT is refused as soon as
     /// its fixed header shows its size: CONNACK 0x95 Packet too large on
@@ -323,8 +351,9 @@ pub struct Limits {
     /// 0..=65535; 0 disables inbound topic aliases.
     pub topic_alias_maximum: u16,
     /// Whether connection source addresses identify clients (no proxy or
-    /// NAT in front): only then is `max_connections_per_source` enforced.
-    /// Default false.
+    /// NAT in front): only then is `max_connections_per_source` enforced,
+    /// do failed sign-ins back off their source address, and does the
+    /// address take part in recognising a device. Default false.
     pub trust_client_addresses: bool,
 }
 
@@ -340,6 +369,9 @@ impl Default for Limits {
             auth_failure_window: Duration::from_secs(60),
             auth_failure_backoff: Duration::from_secs(30),
             auth_failure_backoff_max: Duration::from_secs(15 * 60),
+            auth_check_rate_per_credential: 4,
+            auth_throttle_max_entries: 100_000,
+            auth_known_devices: 1_000_000,
             max_connect_packet_bytes: 64 * KIB,
             connect_timeout: Duration::from_secs(5),
             max_keep_alive: Duration::from_secs(15 * 60),
@@ -773,6 +805,27 @@ impl Settings {
             format_duration,
         )?;
         check(
+            "limits.auth_check_rate_per_credential",
+            l.auth_check_rate_per_credential,
+            1,
+            1_000_000,
+            num,
+        )?;
+        check(
+            "limits.auth_throttle_max_entries",
+            l.auth_throttle_max_entries,
+            100,
+            10_000_000,
+            num,
+        )?;
+        check(
+            "limits.auth_known_devices",
+            l.auth_known_devices,
+            0,
+            100_000_000,
+            num,
+        )?;
+        check(
             "auth.acl_cache_ttl",
             self.auth.acl_cache_ttl,
             secs(1),
@@ -1165,6 +1218,33 @@ mod tests {
         let mut s = Settings::default();
         s.auth.acl_cache_ttl = Duration::ZERO;
         assert!(err(&s).starts_with("auth.acl_cache_ttl = 0s is out of range"));
+        let d = Settings::default().limits;
+        assert_eq!(
+            (
+                d.auth_check_rate_per_credential,
+                d.auth_throttle_max_entries,
+                d.auth_known_devices
+            ),
+            (4, 100_000, 1_000_000)
+        );
+        let mut s = Settings::default();
+        s.limits.auth_check_rate_per_credential = 0;
+        assert_eq!(
+            err(&s),
+            "limits.auth_check_rate_per_credential = 0 is out of range 1..=1000000"
+        );
+        let mut s = Settings::default();
+        s.limits.auth_throttle_max_entries = 99;
+        assert_eq!(
+            err(&s),
+            "limits.auth_throttle_max_entries = 99 is out of range 100..=10000000"
+        );
+        let mut s = Settings::default();
+        s.limits.auth_known_devices = 100_000_001;
+        assert_eq!(
+            err(&s),
+            "limits.auth_known_devices = 100000001 is out of range 0..=100000000"
+        );
     }
 
     #[test]

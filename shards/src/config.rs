@@ -144,7 +144,31 @@ pub fn to_toml(settings: &Settings) -> anyhow::Result<String> {
             text.insert_str(at + "[auth]\n".len(), &note);
         }
     }
+    if let Some(at) = text.find("\nauth_failure_threshold = ") {
+        text.insert_str(at + 1, &failed_sign_in_note(&settings.limits));
+    }
     Ok(text)
+}
+
+/// The comment `fleetmq check-config` prints above the failed sign-in
+/// settings in `[limits]`: what they do together (README "Failed
+/// sign-ins"; [`crate::auth::guard`]).
+fn failed_sign_in_note(limits: &fleetmq_core::settings::Limits) -> String {
+    let addresses = if limits.trust_client_addresses {
+        "and per source address (trust_client_addresses = true)"
+    } else {
+        "not per source address (trust_client_addresses = false: an address may be a NAT)"
+    };
+    format!(
+        "# Failed sign-ins (password file, JWT; not TLS identities) count per user name, {addresses}.\n\
+         # auth_failure_threshold failures within auth_failure_window back it off for auth_failure_backoff,\n\
+         # doubling up to auth_failure_backoff_max. Meanwhile only a known device is checked (same user name\n\
+         # and client identifier, and address when trusted, as one of the last auth_known_devices successful\n\
+         # sign-ins), with a backoff of its own; any other combination gets 0x87 unchecked, even with the\n\
+         # right password. auth_check_rate_per_credential: checks per second per user name that may fail\n\
+         # (a success gives its share back; beyond it 0x89 unchecked). auth_throttle_max_entries bounds each\n\
+         # table. Metrics: fleetmq_auth_backoff_total{{decision}}, fleetmq_auth_throttle_entries{{table}}.\n"
+    )
 }
 
 fn read_file(path: &Path) -> anyhow::Result<Table> {
@@ -521,6 +545,12 @@ mod tests {
         );
         let read: Settings = toml::from_str(&text).expect("the printed text is TOML");
         assert_eq!(read.auth.allow_anonymous, None);
+        assert!(
+            text.contains("[limits]\n") && text.contains("# Failed sign-ins (password file, JWT; not TLS identities) count per user name, not per source address")
+                && text.contains("known device is checked (same user name\n# and client identifier")
+                && text.contains("\n# table. Metrics: fleetmq_auth_backoff_total{decision}, fleetmq_auth_throttle_entries{table}.\nauth_failure_threshold = 10\n"),
+            "{text}"
+        );
         let mut a = args();
         a.set = vec!["auth.allow_anonymous=false".into()];
         let text = to_toml(&load_from(&a, env(&[])).expect("loads")).expect("prints");

@@ -457,8 +457,10 @@ fn dup<S: AsRawFd>(stream: &S) -> Option<OwnedFd> {
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Check the CONNECT's credentials (DESIGN.md §9) off the shard thread:
-/// argon2 takes milliseconds, which would stall every connection here.
+/// Check the CONNECT's credentials (DESIGN.md §9): the failed sign-in
+/// guard decides on the shard (cheap), and a password or JWT is checked
+/// off the shard thread: argon2 takes milliseconds, which would stall
+/// every connection here.
 async fn sign_in(
     settings: &ConnSettings,
     connect: &Connect,
@@ -468,28 +470,39 @@ async fn sign_in(
     let Some(_checking) = settings.gate.authenticating() else {
         return Err((ReasonCode::SERVER_BUSY, RefuseReason::MaxConnectsAuthenticating));
     };
-    let auth = settings.auth.clone();
-    let username = connect.username.as_ref().map(|u| u.to_string());
-    let password = connect.password.clone();
-    let client_id = connect.client_id.to_string();
-    let check = move || {
-        let creds = Credentials {
-            username: username.as_deref(),
-            password: password.as_deref(),
-            client_id: &client_id,
-            peer,
-            tls_identity: tls_identity.as_deref(),
-        };
-        auth.authenticate(&creds, SystemTime::now())
+    let creds = Credentials {
+        username: connect.username.as_deref(),
+        password: connect.password.as_deref(),
+        client_id: &connect.client_id,
+        peer,
+        tls_identity: tls_identity.as_deref(),
     };
-    let result = if connect.password.is_none() && connect.username.is_none() {
-        check()
-    } else {
-        glommio::executor().spawn_blocking(check).await
+    let auth = &settings.auth;
+    let result = match auth.admit(&creds, SystemTime::now()) {
+        Ok(admitted) if !admitted.is_costly() => auth.check_admitted(&creds, admitted, SystemTime::now()),
+        Ok(admitted) => {
+            let auth = auth.clone();
+            let username = connect.username.as_ref().map(|u| u.to_string());
+            let password = connect.password.clone();
+            let client_id = connect.client_id.to_string();
+            let check = move || {
+                let creds = Credentials {
+                    username: username.as_deref(),
+                    password: password.as_deref(),
+                    client_id: &client_id,
+                    peer,
+                    tls_identity: tls_identity.as_deref(),
+                };
+                auth.check_admitted(&creds, admitted, SystemTime::now())
+            };
+            glommio::executor().spawn_blocking(check).await
+        }
+        Err(e) => Err(e),
     };
     result.map_err(|e| match e {
         AuthError::BadCredentials => (ReasonCode::BAD_USER_NAME_OR_PASSWORD, RefuseReason::BadCredentials),
         AuthError::Throttled => (ReasonCode::NOT_AUTHORIZED, RefuseReason::AuthThrottled),
+        AuthError::Busy => (ReasonCode::SERVER_BUSY, RefuseReason::AuthCheckRatePerCredential),
         _ => (ReasonCode::NOT_AUTHORIZED, RefuseReason::NotAuthorized),
     })
 }

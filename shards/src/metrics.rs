@@ -19,6 +19,8 @@
 //! | `fleetmq_bytes_in_total` | counter | shard |
 //! | `fleetmq_bytes_out_total` | counter | shard |
 //! | `fleetmq_connect_refused_total` | counter | shard, reason ([`RefuseReason`]) |
+//! | `fleetmq_auth_backoff_total` | counter | decision ([`BackoffDecision`]) |
+//! | `fleetmq_auth_throttle_entries` | gauge | table ([`ThrottleTable`]) |
 //! | `fleetmq_uptime_seconds` | gauge | — |
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -169,8 +171,14 @@ pub enum RefuseReason {
     MaxConnectsAuthenticating,
     /// Wrong user name or password.
     BadCredentials,
-    /// Too many failed sign-ins from this address.
+    /// The user name (or, with `limits.trust_client_addresses`, the
+    /// address) backs off after failed sign-ins, and this combination of
+    /// user name and client identifier did not sign in recently; or it
+    /// did, and backs off itself. Not checked: 0x87 (3.1.1: 5).
     AuthThrottled,
+    /// The user name spent its `limits.auth_check_rate_per_credential`
+    /// budget of failing checks. Not checked: 0x89 Server busy (3.1.1: 3).
+    AuthCheckRatePerCredential,
     /// Authentication refused the client (no credentials, bad token, ...).
     NotAuthorized,
     /// `limits.max_connections_per_credential` for this user name.
@@ -185,7 +193,7 @@ pub enum RefuseReason {
 
 impl RefuseReason {
     /// Every reason, in label order.
-    pub const ALL: [RefuseReason; 16] = [
+    pub const ALL: [RefuseReason; 17] = [
         RefuseReason::MaxPendingConnections,
         RefuseReason::MaxConnectionsPerSource,
         RefuseReason::UnsupportedProtocolVersion,
@@ -198,6 +206,7 @@ impl RefuseReason {
         RefuseReason::MaxConnectsAuthenticating,
         RefuseReason::BadCredentials,
         RefuseReason::AuthThrottled,
+        RefuseReason::AuthCheckRatePerCredential,
         RefuseReason::NotAuthorized,
         RefuseReason::MaxConnectionsPerCredential,
         RefuseReason::ConnectRefused,
@@ -219,6 +228,7 @@ impl RefuseReason {
             RefuseReason::MaxConnectsAuthenticating => "max_connects_authenticating",
             RefuseReason::BadCredentials => "bad_credentials",
             RefuseReason::AuthThrottled => "auth_throttled",
+            RefuseReason::AuthCheckRatePerCredential => "auth_check_rate_per_credential",
             RefuseReason::NotAuthorized => "not_authorized",
             RefuseReason::MaxConnectionsPerCredential => "max_connections_per_credential",
             RefuseReason::ConnectRefused => "connect_refused",
@@ -228,6 +238,148 @@ impl RefuseReason {
 
     fn index(self) -> usize {
         self as usize
+    }
+}
+
+/// What the failed sign-in guard decided about a sign-in
+/// (`fleetmq_auth_backoff_total{decision}`; [`crate::auth::guard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackoffDecision {
+    /// The user name or address backed off, but this device (user name,
+    /// client identifier, trusted address) signed in before: checked.
+    RecognisedChecked,
+    /// Of those checked, the credentials were right: signed in.
+    RecognisedAccepted,
+    /// The device signed in before but backs off after failures of its
+    /// own: refused unchecked.
+    RecognisedBackingOff,
+    /// The user name or address backed off and the combination was new:
+    /// refused unchecked, whatever the password.
+    UnrecognisedRefused,
+    /// The user name's check budget was spent: refused unchecked.
+    OverBudget,
+}
+
+impl BackoffDecision {
+    /// Every decision, in label order.
+    pub const ALL: [BackoffDecision; 5] = [
+        BackoffDecision::RecognisedChecked,
+        BackoffDecision::RecognisedAccepted,
+        BackoffDecision::RecognisedBackingOff,
+        BackoffDecision::UnrecognisedRefused,
+        BackoffDecision::OverBudget,
+    ];
+
+    /// The `decision` label value, e.g. `"recognised_checked"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackoffDecision::RecognisedChecked => "recognised_checked",
+            BackoffDecision::RecognisedAccepted => "recognised_accepted",
+            BackoffDecision::RecognisedBackingOff => "recognised_backing_off",
+            BackoffDecision::UnrecognisedRefused => "unrecognised_refused",
+            BackoffDecision::OverBudget => "over_budget",
+        }
+    }
+}
+
+/// A table of the failed sign-in guard
+/// (`fleetmq_auth_throttle_entries{table}`), each bounded by
+/// `limits.auth_throttle_max_entries` (known devices by
+/// `limits.auth_known_devices`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ThrottleTable {
+    /// User names and trusted addresses with recent failures.
+    Failures,
+    /// Recognised devices with recent failures of their own.
+    DeviceFailures,
+    /// Devices that signed in successfully.
+    KnownDevices,
+    /// User names whose check budget is not full.
+    Budgets,
+}
+
+impl ThrottleTable {
+    /// Every table, in label order.
+    pub const ALL: [ThrottleTable; 4] = [
+        ThrottleTable::Failures,
+        ThrottleTable::DeviceFailures,
+        ThrottleTable::KnownDevices,
+        ThrottleTable::Budgets,
+    ];
+
+    /// The `table` label value, e.g. `"known_devices"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThrottleTable::Failures => "failures",
+            ThrottleTable::DeviceFailures => "device_failures",
+            ThrottleTable::KnownDevices => "known_devices",
+            ThrottleTable::Budgets => "budgets",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DecisionLabel {
+    decision: &'static str,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TableLabel {
+    table: &'static str,
+}
+
+/// The failed sign-in guard's series. Process-wide, not per shard: the
+/// guard is shared by every shard and runs on their blocking threads.
+/// Cloning shares the series.
+#[derive(Debug, Clone, Default)]
+pub struct SignInMetrics {
+    decisions: Family<DecisionLabel, Counter>,
+    entries: Family<TableLabel, Gauge>,
+}
+
+impl SignInMetrics {
+    /// Counts one `decision` (`fleetmq_auth_backoff_total{decision}`).
+    pub fn count(&self, decision: BackoffDecision) {
+        self.decisions
+            .get_or_create(&DecisionLabel {
+                decision: decision.as_str(),
+            })
+            .inc();
+    }
+
+    /// Sets the size of `table` (`fleetmq_auth_throttle_entries{table}`).
+    pub fn set_entries(&self, table: ThrottleTable, entries: usize) {
+        let entries = i64::try_from(entries).unwrap_or(i64::MAX);
+        self.entries
+            .get_or_create(&TableLabel {
+                table: table.as_str(),
+            })
+            .set(entries);
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        for decision in BackoffDecision::ALL {
+            drop(self.decisions.get_or_create(&DecisionLabel {
+                decision: decision.as_str(),
+            }));
+        }
+        for table in ThrottleTable::ALL {
+            drop(self.entries.get_or_create(&TableLabel {
+                table: table.as_str(),
+            }));
+        }
+        registry.register(
+            "auth_backoff",
+            "Sign-ins the failed sign-in guard let through or refused unchecked, by decision",
+            self.decisions.clone(),
+        );
+        registry.register(
+            "auth_throttle_entries",
+            "Entries in the failed sign-in guard's bounded tables",
+            self.entries.clone(),
+        );
     }
 }
 
@@ -284,8 +436,14 @@ pub struct Totals {
 impl Metrics {
     /// Creates the registry with every per-shard series of shards
     /// `0..shards` present (at zero), so dashboards see them before the
-    /// first event.
+    /// first event, and sign-in series of their own.
     pub fn new(shards: usize) -> Arc<Metrics> {
+        Metrics::with_sign_in(shards, &SignInMetrics::default())
+    }
+
+    /// [`Metrics::new`] rendering `sign_in` (the authenticator's,
+    /// [`crate::auth::Authenticator::sign_in_metrics`]) too.
+    pub fn with_sign_in(shards: usize, sign_in: &SignInMetrics) -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("fleetmq");
         let m = Metrics {
             registry: Registry::default(),
@@ -348,6 +506,7 @@ impl Metrics {
             "Connections refused before or at CONNACK, by reason",
             m.connect_refused.clone(),
         );
+        sign_in.register(r);
         r.register(
             "uptime_seconds",
             "Seconds since the process started its metrics",
@@ -489,6 +648,8 @@ mod tests {
             "fleetmq_messages_dropped_total{shard=\"0\",reason=\"queue_full\"} 0",
             "fleetmq_connect_refused_total{shard=\"1\",reason=\"max_clients\"} 0",
             "fleetmq_connect_refused_total{shard=\"0\",reason=\"client_id_in_use\"} 0",
+            "fleetmq_auth_backoff_total{decision=\"recognised_checked\"} 0",
+            "fleetmq_auth_throttle_entries{table=\"known_devices\"} 0",
             "fleetmq_uptime_seconds ",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");

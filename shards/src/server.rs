@@ -57,7 +57,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     let (auth, tls) = load_security(&settings)?;
     let listeners = bind_listeners(&settings, shards)?;
     let reloader = spawn_reloader(auth.clone(), shutdown.clone())?;
-    let metrics = Metrics::new(shards);
+    let metrics = Metrics::with_sign_in(shards, auth.sign_in_metrics());
     let ready = Arc::new(AtomicBool::new(false));
     let admin = start_admin(&settings, &metrics, &ready)?;
     let conn_settings = conn_settings(&settings, auth, tls);

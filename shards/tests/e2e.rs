@@ -78,6 +78,11 @@ mod security;
 #[path = "e2e/limits.rs"]
 mod limits;
 
+/// Failed sign-ins: no lock-out of known devices, slow guessing, bounded
+/// memory, from distinct loopback source addresses.
+#[path = "e2e/lockout.rs"]
+mod lockout;
+
 /// Publishers moving to their subscribers' shard: order, take-over,
 /// resume, clean start and wills across the move.
 #[path = "e2e/placement.rs"]

@@ -5,10 +5,15 @@
 //! shard in an `Arc`. Its [`Authenticator::authenticate`] is synchronous and
 //! CPU-heavy (argon2): the connection code runs it off the shard thread.
 //! Submodules: [`password`] (the password file and `fleetmq passwd`),
-//! [`jwt`] (tokens as passwords), [`acl`] (the ACL file) and [`throttle`]
-//! (the failed sign-in backoff).
+//! [`jwt`] (tokens as passwords), [`acl`] (the ACL file), and [`guard`]
+//! (which credential checks run, with [`throttle`] for the failed sign-in
+//! backoff, [`devices`] for the devices it recognises and [`budget`] for
+//! the checks per user name).
 
 pub mod acl;
+pub mod budget;
+pub mod devices;
+pub mod guard;
 pub mod jwt;
 pub mod password;
 pub mod throttle;
@@ -22,9 +27,10 @@ use anyhow::Context;
 use fleetmq_core::settings::Settings;
 
 use self::acl::Acl;
+use self::guard::{Guard, GuardConfig, Refusal, Verdict};
 use self::jwt::JwtVerifier;
 use self::password::{PasswordFile, DEFAULT_WORKSPACE};
-use self::throttle::{Throttle, ThrottleConfig};
+use crate::metrics::SignInMetrics;
 
 /// Who a signed-in client is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,8 +78,8 @@ pub struct Credentials<'a> {
     pub password: Option<&'a [u8]>,
     /// CONNECT client ID.
     pub client_id: &'a str,
-    /// The client's address (the peer, or the forwarded one when
-    /// `trust_client_addresses` is on).
+    /// The client's address (the socket's peer). It counts in the failed
+    /// sign-in throttle only with `limits.trust_client_addresses`.
     pub peer: IpAddr,
     /// The TLS client certificate's identity ([`crate::tls::peer_identity`])
     /// when `tls.use_identity_as_username` is on; `None` otherwise.
@@ -93,14 +99,23 @@ pub enum AuthError {
     /// (3.1.1: 5).
     #[error("not authorized")]
     NotAuthorized,
-    /// The source address or the user name is backing off after repeated
-    /// failures; the credentials were not checked. CONNACK 0x87 (3.1.1: 5):
+    /// The user name (or, with `limits.trust_client_addresses`, the source
+    /// address) is backing off after repeated failures and this
+    /// combination of user name and client identifier did not sign in
+    /// recently, or did and backs off itself ([`guard`]); the credentials
+    /// were not checked. CONNACK 0x87 (3.1.1: 5):
     /// "not authorized" is true of this attempt, is understood by every
     /// client, and tells a guesser nothing about the password. (MQTT 5's
     /// 0x9F Connection rate exceeded would describe a rate limit, which this
     /// is not quite; 0x8A Banned suggests permanence.)
     #[error("too many failed sign-ins, backing off")]
     Throttled,
+    /// The user name spent its budget of failing checks
+    /// (`limits.auth_check_rate_per_credential`); the credentials were not
+    /// checked. CONNACK 0x89 Server busy (3.1.1: 3 Server unavailable):
+    /// the client may try again shortly.
+    #[error("too many credential checks for this user name, try again")]
+    Busy,
 }
 
 impl AuthError {
@@ -109,6 +124,7 @@ impl AuthError {
         match self {
             AuthError::BadCredentials => 0x86,
             AuthError::NotAuthorized | AuthError::Throttled => 0x87,
+            AuthError::Busy => 0x89,
         }
     }
 
@@ -117,7 +133,27 @@ impl AuthError {
         match self {
             AuthError::BadCredentials => 4,
             AuthError::NotAuthorized | AuthError::Throttled => 5,
+            AuthError::Busy => 3,
         }
+    }
+}
+
+/// A sign-in [`Authenticator::admit`] let through, to be checked with
+/// [`Authenticator::check_admitted`] (which settles it with the guard).
+/// `Send`: it goes to the blocking thread with the credentials.
+#[derive(Debug, Clone, Copy)]
+#[must_use = "check it with Authenticator::check_admitted"]
+pub struct Admitted {
+    /// The guard's keys and verdict, when the check verifies a secret.
+    guarded: Option<(guard::Attempt, Verdict)>,
+}
+
+impl Admitted {
+    /// Whether the check verifies a password (argon2, milliseconds) or a
+    /// JWT, and so belongs off the shard thread. TLS identities and the
+    /// anonymous rule are checked at once.
+    pub fn is_costly(&self) -> bool {
+        self.guarded.is_some()
     }
 }
 
@@ -140,19 +176,20 @@ struct Loaded {
 }
 
 /// Checks credentials (password file, JWT, TLS identity, anonymous rule)
-/// with a failed sign-in throttle, and holds the ACL. `Send + Sync`.
+/// with a failed sign-in guard, and holds the ACL. `Send + Sync`.
 #[derive(Debug)]
 pub struct Authenticator {
     sources: Sources,
     loaded: RwLock<Loaded>,
-    throttle: Throttle,
+    guard: Guard,
+    sign_in_metrics: SignInMetrics,
 }
 
 impl Authenticator {
     /// From settings: the anonymous rule ([`Settings::anonymous_allowed`]),
     /// `auth.password_file`, `auth.acl_file`, `[auth.jwt]`,
-    /// `tls.use_identity_as_username` and the `limits.auth_failure_*`
-    /// throttle.
+    /// `tls.use_identity_as_username`, and the failed sign-in guard from
+    /// `limits` ([`GuardConfig::from_limits`]).
     ///
     /// # Errors
     ///
@@ -172,10 +209,15 @@ impl Authenticator {
             acl: load_acl(sources.acl_file.as_deref())?,
             jwt: load_jwt(&sources.jwt)?,
         };
+        let sign_in_metrics = SignInMetrics::default();
         Ok(Authenticator {
             sources,
             loaded: RwLock::new(loaded),
-            throttle: Throttle::new(ThrottleConfig::from_limits(&settings.limits)),
+            guard: Guard::new(
+                &GuardConfig::from_limits(&settings.limits),
+                sign_in_metrics.clone(),
+            ),
+            sign_in_metrics,
         })
     }
 
@@ -191,46 +233,94 @@ impl Authenticator {
     /// and anonymous clients are allowed, a client's user name is taken as
     /// given, unverified, as Mosquitto does.
     ///
-    /// The failure throttle applies per source address and per user name:
-    /// while either backs off the result is [`AuthError::Throttled`] without
-    /// any check; each refusal counts towards both; a success forgets the
-    /// user name's failures (not the address's).
+    /// The failed sign-in guard ([`guard`]) applies to the checks that
+    /// verify a secret (a password against the file, a JWT): during a
+    /// backoff of the user name (or of the address, when addresses are
+    /// trusted) only a combination that signed in before is checked; the
+    /// failing checks per user name are bounded per second. A TLS identity
+    /// was proven in the handshake and is not throttled.
     ///
     /// # Errors
     ///
     /// [`AuthError::BadCredentials`] for wrong credentials,
     /// [`AuthError::NotAuthorized`] for missing ones,
-    /// [`AuthError::Throttled`] while backing off.
+    /// [`AuthError::Throttled`] while backing off,
+    /// [`AuthError::Busy`] when the user name's check budget is spent.
     pub fn authenticate(
         &self,
         creds: &Credentials,
         now: SystemTime,
     ) -> Result<Identity, AuthError> {
-        let address_key = format!("addr:{}", creds.peer);
-        let user_key = creds.username.map(|u| format!("user:{u}"));
-        let blocked = |key: &str| self.throttle.blocked_until(key, now).is_some();
-        if blocked(&address_key) || user_key.as_deref().is_some_and(blocked) {
-            return Err(AuthError::Throttled);
+        let admitted = self.admit(creds, now)?;
+        self.check_admitted(creds, admitted, now)
+    }
+
+    /// The failed sign-in guard's decision on `creds` at `now`, taken
+    /// before any costly work: cheap (a lock and a few hash lookups), so
+    /// the connection code runs it on the shard, and only an admitted
+    /// sign-in that [`Admitted::is_costly`] goes to a blocking thread.
+    ///
+    /// # Errors
+    ///
+    /// [`AuthError::Throttled`] while backing off, [`AuthError::Busy`]
+    /// when the user name's check budget is spent.
+    pub fn admit(&self, creds: &Credentials, now: SystemTime) -> Result<Admitted, AuthError> {
+        if !self.verifies_a_secret(&self.loaded(), creds) {
+            return Ok(Admitted { guarded: None });
         }
-        match self.check(creds, now) {
-            Ok(identity) => {
-                if let Some(key) = &user_key {
-                    self.throttle.forget(key);
-                }
-                Ok(identity)
-            }
-            Err(err) => {
-                self.throttle.record_failure(&address_key, now);
-                if let Some(key) = &user_key {
-                    self.throttle.record_failure(key, now);
-                }
-                Err(err)
-            }
+        let attempt = self
+            .guard
+            .attempt(creds.username, creds.client_id, creds.peer);
+        match self.guard.admit(&attempt, now) {
+            verdict @ Verdict::Check { .. } => Ok(Admitted {
+                guarded: Some((attempt, verdict)),
+            }),
+            Verdict::Refuse(Refusal::OverBudget) => Err(AuthError::Busy),
+            Verdict::Refuse(_) => Err(AuthError::Throttled),
         }
     }
 
-    fn check(&self, creds: &Credentials, now: SystemTime) -> Result<Identity, AuthError> {
-        let loaded = self.loaded();
+    /// Checks `creds`, which [`Authenticator::admit`] let through as
+    /// `admitted`, at `now`, and records the outcome with the guard.
+    /// CPU-heavy when `admitted` [`Admitted::is_costly`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Authenticator::authenticate`], but never
+    /// [`AuthError::Throttled`] or [`AuthError::Busy`].
+    pub fn check_admitted(
+        &self,
+        creds: &Credentials,
+        admitted: Admitted,
+        now: SystemTime,
+    ) -> Result<Identity, AuthError> {
+        let result = self.check(&self.loaded(), creds, now);
+        if let Some((attempt, verdict)) = admitted.guarded {
+            self.guard.settle(&attempt, verdict, result.is_ok(), now);
+        }
+        result
+    }
+
+    /// Whether [`Authenticator::check`] of `creds` verifies a password or
+    /// a JWT (and so is guarded), rather than taking a TLS identity or
+    /// applying the anonymous rule.
+    fn verifies_a_secret(&self, loaded: &Loaded, creds: &Credentials) -> bool {
+        if self.sources.tls_identity && creds.tls_identity.is_some() {
+            return false;
+        }
+        let Some(password) = creds.password else {
+            return false;
+        };
+        (loaded.jwt.is_some() && jwt::looks_like_jwt(password))
+            || (loaded.passwords.is_some() && creds.username.is_some())
+    }
+
+    fn check(
+        &self,
+        loaded: &Loaded,
+        creds: &Credentials,
+        now: SystemTime,
+    ) -> Result<Identity, AuthError> {
         if self.sources.tls_identity {
             if let Some(name) = creds.tls_identity {
                 let workspace = loaded
@@ -318,9 +408,9 @@ impl Authenticator {
         self.loaded().acl
     }
 
-    /// The failed sign-in throttle (for pruning and metrics).
-    pub fn throttle(&self) -> &Throttle {
-        &self.throttle
+    /// The failed sign-in guard's series, for [`crate::metrics::Metrics::with_sign_in`].
+    pub fn sign_in_metrics(&self) -> &SignInMetrics {
+        &self.sign_in_metrics
     }
 
     /// The files [`Authenticator::reload`] reads (password, ACL, JWKS and
@@ -534,7 +624,7 @@ mod tests {
     }
 
     #[test]
-    fn repeated_failures_throttle_the_address_without_checking_the_password() {
+    fn repeated_failures_throttle_the_user_name_without_checking_the_password() {
         let dir = Dir::new("throttle");
         let mut s = with_passwords(&dir);
         s.limits.auth_failure_threshold = 3;
@@ -556,12 +646,107 @@ mod tests {
         assert_eq!(
             auth.authenticate(&alice_elsewhere, t(4)),
             Err(AuthError::Throttled),
-            "per user too"
+            "per user name, from any address"
         );
         // After the 30 s backoff the right password works again.
         assert!(auth
             .authenticate(&creds(Some("alice"), Some(b"pw")), t(40))
             .is_ok());
+    }
+
+    #[test]
+    fn the_address_backs_off_only_when_client_addresses_are_trusted() {
+        let dir = Dir::new("throttle-address");
+        for trust in [false, true] {
+            let mut s = with_passwords(&dir);
+            s.limits.auth_failure_threshold = 3;
+            s.limits.trust_client_addresses = trust;
+            let auth = Authenticator::from_settings(&s).unwrap();
+            for (i, user) in ["bob", "carol", "dave"].into_iter().enumerate() {
+                let r = auth.authenticate(&creds(Some(user), Some(b"guess")), t(i as u64));
+                assert_eq!(r, Err(AuthError::BadCredentials));
+            }
+            let alice = auth.authenticate(&creds(Some("alice"), Some(b"pw")), t(4));
+            match alice {
+                Ok(id) => assert!(!trust && id.username.as_deref() == Some("alice")),
+                Err(e) => assert!(trust && e == AuthError::Throttled, "{e:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_device_that_signed_in_is_still_checked_while_its_user_name_backs_off() {
+        let dir = Dir::new("throttle-device");
+        let mut s = with_passwords(&dir);
+        s.limits.auth_failure_threshold = 3;
+        let auth = Authenticator::from_settings(&s).unwrap();
+        let device = creds(Some("alice"), Some(b"pw"));
+        assert!(auth.authenticate(&device, t(0)).is_ok());
+        for i in 0..10 {
+            let mut guess = creds(Some("alice"), Some(b"guess"));
+            guess.peer = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9));
+            let client_id = format!("attacker-{i}");
+            guess.client_id = &client_id;
+            let _ = auth.authenticate(&guess, t(1));
+        }
+        assert!(auth.authenticate(&device, t(2)).is_ok(), "same client ID");
+        let mut fresh = device;
+        fresh.client_id = "fresh";
+        assert_eq!(auth.authenticate(&fresh, t(2)), Err(AuthError::Throttled));
+        let text = crate::metrics::Metrics::with_sign_in(1, auth.sign_in_metrics()).render();
+        for line in [
+            "fleetmq_auth_backoff_total{decision=\"recognised_checked\"} 1",
+            "fleetmq_auth_backoff_total{decision=\"recognised_accepted\"} 1",
+            "fleetmq_auth_backoff_total{decision=\"unrecognised_refused\"} 8",
+            "fleetmq_auth_throttle_entries{table=\"known_devices\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_flood_of_wrong_passwords_for_one_user_name_is_checked_at_the_budget_rate() {
+        let dir = Dir::new("throttle-budget");
+        let mut s = with_passwords(&dir);
+        s.limits.auth_failure_threshold = 1000;
+        s.limits.auth_check_rate_per_credential = 2;
+        let auth = Authenticator::from_settings(&s).unwrap();
+        let results: Vec<_> = (0..5)
+            .map(|_| auth.authenticate(&creds(Some("alice"), Some(b"guess")), t(0)))
+            .collect();
+        assert_eq!(
+            results,
+            [
+                Err(AuthError::BadCredentials),
+                Err(AuthError::BadCredentials),
+                Err(AuthError::Busy),
+                Err(AuthError::Busy),
+                Err(AuthError::Busy)
+            ]
+        );
+        let busy = AuthError::Busy;
+        assert_eq!((busy.connack_v5(), busy.connack_v3()), (0x89, 3));
+        assert!(auth
+            .authenticate(&creds(Some("alice"), Some(b"pw")), t(1))
+            .is_ok());
+    }
+
+    #[test]
+    fn a_tls_identity_is_not_throttled() {
+        let dir = Dir::new("throttle-tls");
+        let mut s = with_passwords(&dir);
+        s.limits.auth_failure_threshold = 1;
+        s.tls.use_identity_as_username = true;
+        let auth = Authenticator::from_settings(&s).unwrap();
+        let r = auth.authenticate(&creds(Some("alice"), Some(b"guess")), t(0));
+        assert_eq!(r, Err(AuthError::BadCredentials));
+        let mut c = creds(Some("alice"), None);
+        c.client_id = "new";
+        c.tls_identity = Some("alice");
+        assert!(
+            auth.authenticate(&c, t(1)).is_ok(),
+            "proven in the handshake"
+        );
     }
 
     #[test]

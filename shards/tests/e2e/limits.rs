@@ -413,9 +413,11 @@ fn topics_beyond_max_topic_levels_or_max_topic_bytes_are_refused() {
 }
 
 /// The failed sign-in throttle (`auth_failure_threshold = 3`, backoff
-/// 2 s): after 3 wrong passwords from one address, even the right password
-/// is refused with 0x87 (3.1.1: 5), for that user and for others from the
-/// address, without being checked; after the backoff it works again.
+/// 2 s): after 3 wrong passwords for a user name, even the right password
+/// is refused with 0x87 (3.1.1: 5) without being checked, from a client
+/// identifier that never signed in; other users from the same address are
+/// not affected (client addresses are not trusted by default); after the
+/// backoff it works again.
 #[test]
 fn after_the_failure_threshold_even_the_right_password_is_refused_until_the_backoff_ends() {
     let dir = TempDir::new("throttle");
@@ -449,15 +451,15 @@ fn after_the_failure_threshold_even_the_right_password_is_refused_until_the_back
     );
     assert_eq!(
         Login::v5(&unique("b")).user("bob", "bobs").reason(addr),
-        0x87,
-        "the address backs off for every user"
+        0,
+        "the address does not back off: it may be a NAT in front of a fleet"
     );
     assert!(
         blocked.elapsed() < Duration::from_millis(1500),
         "checked within the backoff"
     );
     assert_refused(&broker, "bad_credentials", 3.0);
-    assert_refused(&broker, "auth_throttled", 3.0);
+    assert_refused(&broker, "auth_throttled", 2.0);
     thread::sleep(Duration::from_millis(2300).saturating_sub(blocked.elapsed()));
     Login::v5(&unique("a"))
         .user("alice", "right")

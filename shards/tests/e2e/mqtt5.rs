@@ -400,7 +400,22 @@ impl Client {
     ///
     /// No CONNACK within [`WAIT`].
     pub(crate) fn open(addr: SocketAddr, connect: &[u8], v5: bool) -> Client {
-        let mut raw = RawClient::connect(addr);
+        Client::over(RawClient::connect(addr), connect, v5)
+    }
+
+    /// [`Client::open`] from the local address `source`.
+    pub(crate) fn open_from(
+        addr: SocketAddr,
+        source: std::net::IpAddr,
+        connect: &[u8],
+        v5: bool,
+    ) -> Client {
+        Client::over(RawClient::connect_from(addr, source), connect, v5)
+    }
+
+    /// Sends `connect` over `raw` and reads the CONNACK, whatever its
+    /// reason code.
+    fn over(mut raw: RawClient, connect: &[u8], v5: bool) -> Client {
         raw.send(connect);
         let connack = match raw.read(WAIT) {
             Incoming::Packet { header: 0x20, body } => ConnAck::parse(&body),

@@ -36,6 +36,23 @@ impl RawClient {
         }
     }
 
+    /// Connects to `addr` from the local address `source` (any 127.0.0.x
+    /// reaches a loopback listener on Linux), bound before the connect.
+    pub(crate) fn connect_from(addr: SocketAddr, source: std::net::IpAddr) -> RawClient {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).expect("socket");
+        socket
+            .bind(&SocketAddr::new(source, 0).into())
+            .expect("bind the source address");
+        socket.connect(&addr.into()).expect("raw connect");
+        let stream = TcpStream::from(socket);
+        stream.set_nodelay(true).unwrap();
+        RawClient {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
     /// Writes `bytes`; an error (the broker already closed) is ignored, the
     /// next read reports it.
     pub(crate) fn send(&mut self, bytes: &[u8]) {

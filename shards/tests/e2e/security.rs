@@ -226,6 +226,17 @@ impl<'a> Login<'a> {
         self.open(addr).connack.reason
     }
 
+    /// Connects over TCP from the local address `source` and reads the
+    /// CONNACK, whatever its reason code.
+    pub(crate) fn open_from(&self, addr: SocketAddr, source: std::net::IpAddr) -> Client {
+        Client::open_from(addr, source, &self.encode(), self.v5)
+    }
+
+    /// The CONNACK reason code for this CONNECT sent from `source`.
+    pub(crate) fn reason_from(&self, addr: SocketAddr, source: std::net::IpAddr) -> u8 {
+        self.open_from(addr, source).connack.reason
+    }
+
     /// Connects over TCP and asserts the CONNACK accepts.
     pub(crate) fn accepted(&self, addr: SocketAddr) -> Client {
         let client = self.open(addr);
@@ -1358,6 +1369,7 @@ fn jwt_broker(dir: &TempDir) -> Broker {
     set(&mut args, "auth.jwt.audience", "mqtt");
     set(&mut args, "auth.allow_anonymous", "false");
     set(&mut args, "limits.auth_failure_threshold", "1000");
+    set(&mut args, "limits.auth_check_rate_per_credential", "1000");
     start(&args)
 }
 
