@@ -25,6 +25,7 @@ use tracing::debug;
 
 use crate::access::AclAuthorizer;
 use crate::auth::{AuthError, Authenticator, Credentials, Identity};
+use crate::closing::{self, Linger, REFUSED_IDLE};
 use crate::limits::{Gate, Slot as LimitSlot};
 use crate::metrics::RefuseReason;
 use crate::park::Parked;
@@ -144,13 +145,13 @@ async fn open_and_read_connect(
                 // The fixed header alone may have come: read on to the
                 // protocol level (at most 14 bytes in), which says whether
                 // the refusal can be a CONNACK 0x95.
-                // A client that sends no more within LINGER_IDLE is not
+                // A client that sends no more within REFUSED_IDLE is not
                 // waited for.
                 while connect_protocol_level(&buf).is_none() && buf.len() < 16 {
                     let read = or(
                         async { Some(read_some(&mut transport, &mut buf, &shard.scratch).await) },
                         async {
-                            sleep(LINGER_IDLE).await;
+                            sleep(REFUSED_IDLE).await;
                             None
                         },
                     )
@@ -183,51 +184,9 @@ async fn open_and_read_connect(
     }
 }
 
-/// At most this much of a refused CONNECT is read and dropped before the
-/// socket is closed (see [`linger`]).
-const LINGER_MAX_BYTES: usize = 4 * 1024 * 1024;
-
-/// At most this long is spent reading the rest of a refused CONNECT.
-const LINGER_MAX_TIME: Duration = Duration::from_secs(2);
-
-/// Reading the rest of a refused CONNECT stops after this long without
-/// data: a client that announced more than it sends does not hold the
-/// connection (and its `max_pending_connections` slot) any longer.
-const LINGER_IDLE: Duration = Duration::from_millis(200);
-
-/// Read and drop the rest of what the broker refused (a CONNECT, or what
-/// follows a refused WebSocket upgrade, `crate::ws`), `expected`
-/// bytes (at most [`LINGER_MAX_BYTES`], [`LINGER_MAX_TIME`], and until
-/// [`LINGER_IDLE`] passes without data), before the socket is closed.
-/// Closing with unread bytes makes the kernel answer with a TCP reset, and
-/// a reset can make the client drop the CONNACK that says why before
-/// reading it.
-pub(crate) async fn linger<S: futures_lite::AsyncRead + Unpin>(transport: &mut S, expected: usize) {
-    use futures_lite::io::AsyncReadExt;
-    let budget = expected.min(LINGER_MAX_BYTES);
-    let until = Instant::now() + LINGER_MAX_TIME;
-    let mut scratch = [0u8; 4096];
-    let mut read = 0;
-    while read < budget {
-        let wait = until.saturating_duration_since(Instant::now()).min(LINGER_IDLE);
-        if wait.is_zero() {
-            break;
-        }
-        let got = or(async { Some(transport.read(&mut scratch).await) }, async {
-            sleep(wait).await;
-            None
-        })
-        .await;
-        match got {
-            Some(Ok(n)) if n > 0 => read += n,
-            _ => break, // end of stream, an error, or LINGER_IDLE without data
-        }
-    }
-}
-
 /// Answer a refused MQTT 5 CONNECT with a CONNACK holding `reason` (none
-/// for 3.1.x, which has no code for it), then [`linger`] for the
-/// `expected` rest of it before the close.
+/// for 3.1.x, which has no code for it), then end the connection reading
+/// the `expected` rest of it (see [`crate::closing`]).
 async fn refuse_connect(shard: &Shard, transport: &mut Transport, reason: Option<ReasonCode>, expected: usize) {
     if let Some(reason) = reason {
         let connack = ConnAck {
@@ -236,7 +195,7 @@ async fn refuse_connect(shard: &Shard, transport: &mut Transport, reason: Option
         };
         write_packet(shard, transport, &Packet::ConnAck(connack), ProtocolVersion::V5).await;
     }
-    linger(transport, expected).await;
+    closing::close(transport, Linger::refused(expected)).await;
 }
 
 fn refused(shard: &Shard, settings: &ConnSettings, reason: RefuseReason) {
@@ -293,6 +252,7 @@ pub(crate) async fn accepted(
                 ProtocolVersion::V3_1_1,
             )
             .await;
+            Box::pin(closing::close(&mut transport, Linger::refused(0))).await;
             return refused(&shard, &settings, RefuseReason::UnsupportedProtocolVersion);
         }
         Some(Err((Some(mut transport), Early::TooLarge { size, buffered, v5 }))) => {
@@ -613,6 +573,7 @@ async fn refuse(shard: &Shard, transport: &mut Transport, connect: &Connect, ref
         connect.protocol,
     )
     .await;
+    closing::close(transport, Linger::refused(0)).await;
 }
 
 /// Attach the connection to its session and serve it until it closes, or
@@ -749,11 +710,13 @@ fn drive(
         let max_packet = settings.connect.max_packet_size;
         // One clock read per batch of packets read together.
         let mut read_at = conn.last_packet.get();
-        let publish_will = 'conn: loop {
+        // Whether the will is published, and how the connection closes: the
+        // broker lingers after its own last packet, not after the client's.
+        let (publish_will, linger) = 'conn: loop {
             let now = read_at;
             loop {
                 if let Some(close) = conn.close.get() {
-                    break 'conn close.publish_will;
+                    break 'conn (close.publish_will, Linger::AFTER_DISCONNECT);
                 }
                 match decode(&mut buf, Some(protocol), max_packet) {
                     // A packet that ends the connection sets `conn.close`,
@@ -774,7 +737,7 @@ fn drive(
                         // 3.1.1 a closed connection (MQTT 5 §4.13).
                         debug!(target: "broker", error = %e, "malformed packet");
                         conn.request_close(Some(e.reason_code()), true);
-                        break 'conn true;
+                        break 'conn (true, Linger::AFTER_DISCONNECT);
                     }
                 }
             }
@@ -853,14 +816,14 @@ fn drive(
                     // Closed without DISCONNECT: the will is published
                     // `[MQTT-3.1.2-8]`.
                     conn.request_close(None, true);
-                    break true;
+                    break (true, Linger::NONE);
                 }
                 Event::Close => {
                     let close = conn
                         .close
                         .get()
                         .expect("Event::Close follows a close request");
-                    break close.publish_will;
+                    break (close.publish_will, Linger::AFTER_DISCONNECT);
                 }
             }
         };
@@ -869,10 +832,12 @@ fn drive(
         // What is still queued (a DISCONNECT with its reason code, say) goes
         // out if the client takes it within CLOSE_FLUSH.
         or(io.drain(&shard, &conn, &mut transport), sleep(CLOSE_FLUSH)).await;
-        let _ = transport.close().await;
         drop(admission);
-        shard.live_connections.set(shard.live_connections.get() - 1);
         shard.metrics.clients_connected.dec();
+        // Boxed: only a closing connection holds this state. The shard's
+        // stop waits for it (`live_connections`), within its deadline.
+        Box::pin(closing::close(&mut transport, linger)).await;
+        shard.live_connections.set(shard.live_connections.get() - 1);
     }
 }
 

@@ -12,6 +12,7 @@ pub mod auth;
 #[cfg(feature = "heap-census")]
 mod census;
 pub mod cert;
+mod closing;
 pub mod config;
 mod connection;
 mod limits;

@@ -305,12 +305,14 @@ impl Tick {
 /// other shards (a connection moving or handed over) is sent: they close
 /// it themselves.
 async fn stop_shard(shard: &Rc<Shard>, settings: &Rc<ConnSettings>, parker: Option<&Parker>) {
+    // No connection lingers past the shard's stop (crate::closing).
+    let stop_by = Instant::now() + STOP_GRACE;
+    crate::closing::stop_by(stop_by);
     shard.stop_signal.notify();
     shard.close_all();
     for parked in parker.iter().flat_map(|p| p.stop()) {
         resume(shard.clone(), settings.clone(), parked, BytesMut::new());
     }
-    let stop_by = Instant::now() + STOP_GRACE;
     while (shard.live_connections.get() > 0 || !shard.try_flush()) && Instant::now() < stop_by {
         sleep(Duration::from_millis(10)).await;
     }

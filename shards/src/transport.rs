@@ -11,6 +11,7 @@ use futures_lite::{AsyncRead, AsyncWrite};
 use futures_rustls::server::TlsStream;
 use glommio::net::{TcpStream, UnixStream};
 
+use crate::closing::Linger;
 use crate::tls::{peer_identity, TlsConfig};
 use crate::ws::{self, WsStream};
 
@@ -142,36 +143,88 @@ impl AsyncWrite for Transport {
 
 /// Carry bytes both ways between `outer` (a TLS or WebSocket client) and
 /// `inner` (the local socket whose peer end serves the MQTT session on the
-/// owner shard) until either side closes.
-pub(crate) async fn bridge(outer: Transport, inner: UnixStream) {
-    let (outer_read, mut outer_write) = futures_lite::io::split(outer);
-    let (inner_read, mut inner_write) = futures_lite::io::split(inner);
-    let up = async {
-        let _ = futures_lite::io::copy(outer_read, &mut inner_write).await;
+/// owner shard) until either side ends; then close `outer` as the owner
+/// closed its end (see [`crate::closing`]): lingering after the owner's
+/// last packet, at once after the client's end.
+pub(crate) async fn bridge(mut outer: Transport, mut inner: UnixStream) {
+    let (mut up, mut down) = (Pipe::new(), Pipe::new());
+    let client_ended = std::future::poll_fn(|cx| {
+        if up.poll(cx, &mut outer, &mut inner).is_ready() {
+            return Poll::Ready(true);
+        }
+        if down.poll(cx, &mut inner, &mut outer).is_ready() {
+            return Poll::Ready(false);
+        }
+        Poll::Pending
+    })
+    .await;
+    drop((up, down));
+    // The owner sees the end of its local socket: EOF when the client
+    // ended, the end of its own linger otherwise.
+    drop(inner);
+    let linger = if client_ended {
+        Linger::NONE
+    } else {
+        Linger::AFTER_DISCONNECT
     };
-    let down = async {
-        let _ = copy_flushing(inner_read, &mut outer_write).await;
-    };
-    futures_lite::future::or(up, down).await;
-    let _ = futures_lite::AsyncWriteExt::close(&mut outer_write).await;
-    let _ = futures_lite::AsyncWriteExt::close(&mut inner_write).await;
+    crate::closing::close(&mut outer, linger).await;
 }
 
-/// Like `futures_lite::io::copy`, but flushes after every read, so a TLS
-/// or WebSocket writer sends each batch at once instead of holding it.
-async fn copy_flushing<R, W>(mut reader: R, writer: &mut W) -> io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    use futures_lite::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = reader.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
+/// One direction of a [`bridge`]: a buffer of bytes read from one side
+/// and not yet all written to the other.
+struct Pipe {
+    buf: Box<[u8]>,
+    /// `buf[start..end]` is still to be written.
+    start: usize,
+    end: usize,
+    /// Written since the last flush: a TLS or WebSocket writer holds
+    /// bytes until flushed.
+    unflushed: bool,
+}
+
+impl Pipe {
+    fn new() -> Pipe {
+        Pipe {
+            buf: vec![0; 16 * 1024].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            unflushed: false,
         }
-        writer.write_all(&buf[..n]).await?;
-        writer.flush().await?;
+    }
+
+    /// Move bytes from `from` to `to` until one of them would block,
+    /// flushing `to` whenever `from` has nothing more for now. Ready when
+    /// `from` ended or either side failed.
+    fn poll<R, W>(&mut self, cx: &mut Context<'_>, from: &mut R, to: &mut W) -> Poll<()>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        loop {
+            while self.start < self.end {
+                match Pin::new(&mut *to).poll_write(cx, &self.buf[self.start..self.end]) {
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        self.start += n;
+                        self.unflushed = true;
+                    }
+                    Poll::Ready(_) => return Poll::Ready(()),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            match Pin::new(&mut *from).poll_read(cx, &mut self.buf) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Ready(Ok(n)) => (self.start, self.end) = (0, n),
+                Poll::Pending => {
+                    if self.unflushed {
+                        match Pin::new(&mut *to).poll_flush(cx) {
+                            Poll::Ready(Ok(())) => self.unflushed = false,
+                            Poll::Ready(Err(_)) => return Poll::Ready(()),
+                            Poll::Pending => {}
+                        }
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
     }
 }

@@ -218,7 +218,7 @@ async fn read_request<S: AsyncRead + Unpin>(
 }
 
 /// At most this much of what follows a refused request is read and
-/// dropped before the close (by [`crate::connection::linger`], which also
+/// dropped before the close (by [`crate::closing::discard`], which also
 /// stops after 200 ms without data or 2 s in all): closing with unread
 /// bytes sends a reset, which can destroy the answer before the client
 /// reads it (RFC 9112 §9.6).
@@ -241,7 +241,7 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, refusal: Refu
     }
     // The peer may be gone already; the refusal stands either way.
     if stream.write_all(head.as_bytes()).await.is_ok() && stream.flush().await.is_ok() {
-        crate::connection::linger(stream, DRAIN_BYTES).await;
+        crate::closing::discard(stream, crate::closing::Linger::refused(DRAIN_BYTES)).await;
     }
     WsError::Refused {
         status: refusal.status.as_u16(),
@@ -337,6 +337,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
     /// The underlying stream (e.g. for the peer address).
     pub fn get_ref(&self) -> &S {
         self.inner.get_ref()
+    }
+
+    /// The underlying stream, mutably: for reading what a client sends
+    /// after the broker's Close frame, below the WebSocket framing.
+    pub fn get_mut(&mut self) -> &mut S {
+        self.inner.get_mut()
     }
 }
 

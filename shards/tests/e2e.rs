@@ -92,3 +92,7 @@ mod placement;
 /// mutual TLS 1.3 handshake.
 #[path = "e2e/cert.rs"]
 mod cert;
+/// The broker's last packet (DISCONNECT, refusing CONNACK) reaches a client
+/// that keeps writing, over TCP, TLS and WebSocket; a flood of closings.
+#[path = "e2e/closing.rs"]
+mod closing;

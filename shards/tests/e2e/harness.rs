@@ -155,6 +155,13 @@ impl Broker {
         value.split_whitespace().next().and_then(|v| v.parse().ok()).expect("VmRSS value")
     }
 
+    /// How many descriptors the broker has open (/proc/PID/fd).
+    pub(crate) fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .expect("/proc fd")
+            .count()
+    }
+
     /// A `Name:` line of /proc/PID/status, e.g. `status_field("THP_enabled")`.
     pub(crate) fn status_field(&self, name: &str) -> String {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");

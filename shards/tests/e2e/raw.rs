@@ -59,6 +59,11 @@ impl RawClient {
         let _ = self.stream.write_all(bytes);
     }
 
+    /// Writes `bytes`; the error when the write fails (a reset, say).
+    pub(crate) fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
     /// Reads the next whole packet, waiting at most `timeout`.
     pub(crate) fn read(&mut self, timeout: Duration) -> Incoming {
         let deadline = Instant::now() + timeout;

@@ -301,7 +301,7 @@ fn der_of(pem: &str) -> Vec<u8> {
 /// A rustls client configuration trusting `ca` only, offering
 /// `client_cert` (certificate PEM, key PEM) when given, with `versions`
 /// (empty: TLS 1.2 and 1.3).
-fn client_config(
+pub(crate) fn client_config(
     ca: &Ca,
     client_cert: Option<&(String, String)>,
     versions: &[&'static rustls::SupportedProtocolVersion],
@@ -336,7 +336,7 @@ pub(crate) type Tls = StreamOwned<ClientConnection, TcpStream>;
 /// Opens TCP to `addr` and starts TLS for server name `127.0.0.1` with
 /// `config`; the handshake runs on first use. Reads time out after 5 s
 /// unless changed.
-fn tls_stream(addr: SocketAddr, config: Arc<ClientConfig>) -> Tls {
+pub(crate) fn tls_stream(addr: SocketAddr, config: Arc<ClientConfig>) -> Tls {
     let tcp = TcpStream::connect(addr).expect("TCP connect");
     tcp.set_nodelay(true).unwrap();
     tcp.set_read_timeout(Some(WAIT)).unwrap();
@@ -345,7 +345,7 @@ fn tls_stream(addr: SocketAddr, config: Arc<ClientConfig>) -> Tls {
 }
 
 /// Completes the TLS handshake; the error when it fails.
-fn handshake(stream: &mut Tls) -> Result<(), String> {
+pub(crate) fn handshake(stream: &mut Tls) -> Result<(), String> {
     while stream.conn.is_handshaking() {
         stream
             .conn
@@ -385,7 +385,12 @@ pub(crate) enum Chunk {
 pub(crate) trait Wire {
     /// Writes `bytes` (as one WebSocket message); errors show on the next
     /// read.
-    fn send(&mut self, bytes: &[u8]);
+    fn send(&mut self, bytes: &[u8]) {
+        let _ = self.try_send(bytes);
+    }
+    /// Writes `bytes` (as one WebSocket message) and flushes; the error
+    /// when a write fails (the broker reset the connection, say).
+    fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()>;
     /// The next bytes, waiting at most `timeout`.
     fn receive(&mut self, timeout: Duration) -> Chunk;
 }
@@ -394,9 +399,9 @@ pub(crate) trait Wire {
 pub(crate) struct Direct<S>(pub(crate) S);
 
 impl<S: Socket> Wire for Direct<S> {
-    fn send(&mut self, bytes: &[u8]) {
-        let _ = self.0.write_all(bytes);
-        let _ = self.0.flush();
+    fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.0.write_all(bytes)?;
+        self.0.flush()
     }
 
     fn receive(&mut self, timeout: Duration) -> Chunk {
@@ -421,8 +426,13 @@ impl<S: Socket> Wire for Direct<S> {
 pub(crate) struct Ws<S>(pub(crate) WebSocket<S>);
 
 impl<S: Socket> Wire for Ws<S> {
-    fn send(&mut self, bytes: &[u8]) {
-        let _ = self.0.send(Message::binary(bytes.to_vec()));
+    fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.0
+            .send(Message::binary(bytes.to_vec()))
+            .map_err(|e| match e {
+                tungstenite::Error::Io(e) => e,
+                other => std::io::Error::other(other),
+            })
     }
 
     fn receive(&mut self, timeout: Duration) -> Chunk {
@@ -499,7 +509,7 @@ fn ws_upgrade<S: Socket>(
 
 /// A WebSocket connection to the `mqtt-ws` listener, path `/mqtt`,
 /// subprotocol `mqtt`.
-fn ws_connect(broker: &Broker) -> Ws<TcpStream> {
+pub(crate) fn ws_connect(broker: &Broker) -> Ws<TcpStream> {
     let addr = broker.listener("mqtt-ws");
     let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_nodelay(true).unwrap();
