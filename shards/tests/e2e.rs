@@ -92,7 +92,14 @@ mod placement;
 /// mutual TLS 1.3 handshake.
 #[path = "e2e/cert.rs"]
 mod cert;
+
 /// The broker's last packet (DISCONNECT, refusing CONNACK) reaches a client
 /// that keeps writing, over TCP, TLS and WebSocket; a flood of closings.
 #[path = "e2e/closing.rs"]
 mod closing;
+
+/// The cluster harness: a real nats-server cluster with JetStream (start,
+/// stop, kill, restart, pause), the fault proxy in front of it, and the
+/// harness's own tests.
+#[path = "e2e/nats.rs"]
+mod nats;

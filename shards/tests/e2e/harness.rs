@@ -186,27 +186,7 @@ impl Broker {
     ///
     /// The admin listener does not answer an HTTP/1.1 response within 5 s.
     pub(crate) fn admin_get(&self, path: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(self.admin).expect("admin connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.admin
-        );
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("admin answers");
-        let status = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
+        http_get(self.admin, path).unwrap_or_else(|e| panic!("GET {path} on the admin port: {e}"))
     }
 
     /// The sum over all label sets of the Prometheus sample `name`.
@@ -243,6 +223,35 @@ impl Broker {
         }
     }
 
+    /// The broker's process ID.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGKILL and reaps the process: the broker ends with no
+    /// goodbye (no DISCONNECT, no will hand-over, no store flush).
+    pub(crate) fn kill(&mut self) -> ExitStatus {
+        let _ = self.child.kill();
+        self.child.wait().expect("wait for fleetmq")
+    }
+
+    /// Freezes the broker (SIGSTOP): its sockets stay open, it answers
+    /// nothing and its timers do not run, until [`Broker::resume`].
+    pub(crate) fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Thaws the broker (SIGCONT) after [`Broker::pause`].
+    pub(crate) fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// Waits at most `timeout` for the broker to exit on its own (e.g.
+    /// after a refusal); `None` if it still runs.
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        wait_timeout(&mut self.child, timeout)
+    }
+
     /// Sends SIGTERM and waits (at most 10 s) for the process to exit.
     ///
     /// # Panics
@@ -275,6 +284,62 @@ impl Drop for Broker {
             eprintln!("--- fleetmq stderr ---\n{}", self.stderr());
         }
     }
+}
+
+/// `GET path` over HTTP/1.1 on `addr` (`Connection: close`, 5 s read
+/// timeout): (status, body).
+///
+/// # Errors
+///
+/// The connection fails or times out, or the answer is not an HTTP
+/// response (`InvalidData`).
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not an HTTP response: {response:?}"),
+            )
+        })?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let chunked = head.lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("transfer-encoding")
+                && value.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((status, body))
+}
+
+/// The payload of a `Transfer-Encoding: chunked` body (what parses of it).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = size.split(';').next().unwrap_or("").trim();
+        let Ok(size) = usize::from_str_radix(size, 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
 }
 
 /// Waits for `child` at most `timeout`; `None` if it is still running.

@@ -47,6 +47,11 @@ impl TempDir {
         TempDir(dir)
     }
 
+    /// The folder itself.
+    pub(crate) fn root(&self) -> &Path {
+        &self.0
+    }
+
     /// The path of `name` in the folder.
     pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
