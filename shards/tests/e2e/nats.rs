@@ -12,6 +12,7 @@
 //! refused: async-nats cannot create KV buckets on it and it drops stream
 //! flags it does not know).
 
+use std::cell::Cell;
 use std::fs::OpenOptions;
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
@@ -142,6 +143,9 @@ struct Server {
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// Frozen by [`NatsCluster::pause`] (its monitoring port would not
+    /// answer either: readiness checks skip it).
+    paused: Cell<bool>,
 }
 
 /// A running set of nats-server processes with JetStream: one server
@@ -219,6 +223,7 @@ impl NatsCluster {
                     ports: ports[i],
                     config,
                     child: None,
+                    paused: Cell::new(false),
                 }
             })
             .collect();
@@ -249,6 +254,13 @@ impl NatsCluster {
     /// The client URL of every server, `nats://127.0.0.1:PORT`, by index.
     pub(crate) fn urls(&self) -> Vec<String> {
         (0..self.servers.len()).map(|i| self.url(i)).collect()
+    }
+
+    /// [`NatsCluster::urls`] as a TOML array, for
+    /// `--set cluster.nats_urls=<this>`.
+    pub(crate) fn urls_toml(&self) -> String {
+        let quoted: Vec<String> = self.urls().iter().map(|u| format!("{u:?}")).collect();
+        format!("[{}]", quoted.join(", "))
     }
 
     /// The client URL of server `i`.
@@ -289,13 +301,17 @@ impl NatsCluster {
         self.dir.root()
     }
 
-    /// Sends SIGTERM to server `i` and waits (15 s at most) for it to exit.
+    /// Sends SIGTERM to server `i` (then SIGCONT if it was paused) and
+    /// waits (15 s at most) for it to exit.
     ///
     /// # Panics
     ///
     /// It is not running, or has not exited within 15 s.
     pub(crate) fn stop(&mut self, i: usize) {
         self.signal(i, libc::SIGTERM);
+        if self.servers[i].paused.replace(false) {
+            self.signal(i, libc::SIGCONT);
+        }
         let server = &mut self.servers[i];
         let child = server.child.as_mut().expect("running");
         if wait_timeout(child, STOP_TIMEOUT).is_none() {
@@ -320,6 +336,7 @@ impl NatsCluster {
             .child
             .take()
             .unwrap_or_else(|| panic!("{} is not running", server.name));
+        server.paused.set(false);
         let _ = child.kill();
         let _ = child.wait();
     }
@@ -342,11 +359,20 @@ impl NatsCluster {
     /// Freezes server `i` (SIGSTOP): its sockets stay open, nothing answers.
     pub(crate) fn pause(&self, i: usize) {
         self.signal(i, libc::SIGSTOP);
+        self.servers[i].paused.set(true);
     }
 
     /// Thaws server `i` (SIGCONT) after [`NatsCluster::pause`].
     pub(crate) fn resume(&self, i: usize) {
         self.signal(i, libc::SIGCONT);
+        self.servers[i].paused.set(false);
+    }
+
+    /// The servers running and not paused, by index.
+    fn answering(&self) -> Vec<usize> {
+        (0..self.servers.len())
+            .filter(|&i| self.servers[i].child.is_some() && !self.servers[i].paused.get())
+            .collect()
     }
 
     /// Sends `signal` to server `i`.
@@ -359,22 +385,20 @@ impl NatsCluster {
         send_signal(pid, signal);
     }
 
-    /// The index of the JetStream meta leader, as the first running server
-    /// that answers `/jsz` reports it; `None` when none is known (or for
+    /// The index of the JetStream meta leader, as the first running, not
+    /// paused server that answers `/jsz` reports it; `None` when none is known (or for
     /// a single server, which has no meta group).
     pub(crate) fn meta_leader(&self) -> Option<usize> {
-        (0..self.servers.len())
-            .filter(|&i| self.servers[i].child.is_some())
-            .find_map(|i| {
-                let jsz = self.jsz(i)?;
-                let leader = jsz["meta_cluster"]["leader"].as_str()?.to_owned();
-                self.servers.iter().position(|s| s.name == leader)
-            })
+        self.answering().into_iter().find_map(|i| {
+            let jsz = self.jsz(i)?;
+            let leader = jsz["meta_cluster"]["leader"].as_str()?.to_owned();
+            self.servers.iter().position(|s| s.name == leader)
+        })
     }
 
-    /// Waits (at most `timeout`) until every running server's `/healthz`
-    /// answers 200 and, for a cluster, a meta leader is known that sees
-    /// every running peer current.
+    /// Waits (at most `timeout`) until every running, not paused server's
+    /// `/healthz` answers 200 and, for a cluster, a meta leader is known
+    /// that sees as many peers current as there are such servers.
     ///
     /// # Panics
     ///
@@ -412,9 +436,7 @@ impl NatsCluster {
     /// Whether every running server is healthy and, in a cluster, the meta
     /// leader sees all running peers current.
     fn ready(&self) -> bool {
-        let running: Vec<usize> = (0..self.servers.len())
-            .filter(|&i| self.servers[i].child.is_some())
-            .collect();
+        let running = self.answering();
         let healthy = running.iter().all(|&i| {
             http_get(self.monitor_addr(i), "/healthz").is_ok_and(|(status, _)| status == 200)
         });
@@ -672,6 +694,15 @@ fn a_three_server_cluster_keeps_an_r3_bucket_writable_when_a_server_stops() {
     let started = Instant::now();
     let mut cluster = NatsCluster::start(3);
     assert!(cluster.meta_leader().is_some(), "a meta leader is elected");
+    assert_eq!(
+        cluster.urls_toml(),
+        format!(
+            "[{:?}, {:?}, {:?}]",
+            cluster.url(0),
+            cluster.url(1),
+            cluster.url(2)
+        )
+    );
     let urls = cluster.urls();
     let rt = runtime();
     let (kv, stream_leader) = rt.block_on(async {
@@ -822,6 +853,11 @@ fn every_server_is_gone_after_drop_and_signals_reach_them() {
         "{}",
         cluster.log(0)
     );
+
+    // A frozen server still stops on SIGTERM (the harness thaws it).
+    cluster.pause(1);
+    cluster.stop(1);
+    assert!(!process_exists(pids[1]), "n1 stopped while paused");
 
     // A server left frozen is still killed by the drop.
     cluster.pause(0);
