@@ -9,6 +9,7 @@
 //! - [`session`]: the session and connection state machines; time is an input.
 //! - [`shared`]: shared subscription groups and their strategies.
 //! - [`placement`]: when a publisher moves to its subscribers' shard.
+//! - [`store`]: the local store's records, log framing and recovery.
 //! - [`settings`]: settings with defaults, units and ranges (DESIGN.md §9, §15).
 
 pub mod cluster;
@@ -18,5 +19,6 @@ pub mod route;
 pub mod session;
 pub mod settings;
 pub mod shared;
+pub mod store;
 pub mod topic;
 pub mod trie;

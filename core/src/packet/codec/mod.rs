@@ -402,3 +402,24 @@ fn reason(r: &mut Reader, allowed: &[u8]) -> Result<ReasonCode, DecodeError> {
         ))
     }
 }
+
+/// Append PUBLISH properties `p` as MQTT 5 encodes them (a Variable Byte
+/// Integer length, then the properties; Topic Alias and Subscription
+/// Identifiers included when set): the form the local store keeps them in.
+///
+/// # Errors
+/// [`EncodeError`] when they exceed what a Variable Byte Integer can count.
+pub fn encode_publish_properties(p: &super::Props, out: &mut BytesMut) -> Result<(), EncodeError> {
+    properties::encode(p, properties::Scope::Publish, out)
+}
+
+/// Read PUBLISH properties written by [`encode_publish_properties`] from
+/// the front of `bytes`; returns them and the bytes after them.
+///
+/// # Errors
+/// [`DecodeError`] for bytes that are not properties a PUBLISH may carry.
+pub fn decode_publish_properties(bytes: bytes::Bytes) -> Result<(super::Props, bytes::Bytes), DecodeError> {
+    let mut r = Reader::new(bytes);
+    let p = properties::decode(&mut r, properties::Scope::Publish)?;
+    Ok((p, r.rest()))
+}

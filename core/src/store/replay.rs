@@ -1,0 +1,298 @@
+//! Recovery: the broker's durable state rebuilt from the records of every
+//! shard's log, applied in log sequence order.
+//!
+//! A value is logged once (by the shard that received it); which sessions
+//! wanted it is not logged but derived here, the way the broker derived it
+//! live: every persistent session whose subscriptions (as logged before
+//! the value) match it gets it, at min(publish QoS, subscription QoS),
+//! unless No Local excludes it `[MQTT-3.8.3-3]` or the session logged it
+//! [`Record::Done`]. Shared subscriptions (`$share/...`) are not
+//! recovered: their values go to the group's online members.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use bytestring::ByteString;
+
+use super::record::{Record, StoredMessage};
+use crate::packet::QoS;
+use crate::session::{client_key, Subscription};
+use crate::topic::{matches, parse_shared};
+
+/// A persistent session as recovered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveredSession {
+    /// User name of the identity that holds it.
+    pub username: Option<ByteString>,
+    /// Workspace of that identity.
+    pub workspace: ByteString,
+    /// Session Expiry Interval, seconds.
+    pub expiry: u32,
+    /// Protocol level of its last connection.
+    pub protocol: u8,
+    /// Subscriptions by topic filter (as the broker keeps them).
+    pub subscriptions: HashMap<ByteString, Subscription>,
+    /// When it went offline (Unix ms); `None`: it was online at the crash,
+    /// and counts as offline from the restart.
+    pub offline_since_ms: Option<u64>,
+    /// Values it still has to deliver (or complete), by log sequence
+    /// number, oldest first, with the QoS of the delivery.
+    pub pending: BTreeMap<u64, QoS>,
+    /// Inbound QoS 2 packet identifiers between PUBREC and PUBREL.
+    pub inbound_qos2: BTreeSet<u16>,
+}
+
+/// Everything recovered.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Retained messages by topic.
+    pub retained: HashMap<ByteString, (u64, Arc<StoredMessage>)>,
+    /// Persistent sessions by client identifier.
+    pub sessions: HashMap<ByteString, RecoveredSession>,
+    /// Values some session still wants, by log sequence number.
+    pub values: BTreeMap<u64, Arc<StoredMessage>>,
+    /// The highest log sequence number seen (the next one to hand out is
+    /// one more).
+    pub last_lsn: u64,
+}
+
+impl Recovered {
+    /// Apply `record`, logged with sequence `lsn`. Records must come in
+    /// increasing `lsn` order.
+    pub fn apply(&mut self, lsn: u64, record: Record) {
+        self.last_lsn = self.last_lsn.max(lsn);
+        match record {
+            Record::Header { .. } => {}
+            Record::Value(message) => self.value(lsn, message),
+            Record::Session { client_id, username, workspace, expiry, protocol } => {
+                let s = self.sessions.entry(client_id).or_default();
+                s.username = username;
+                s.workspace = workspace;
+                s.expiry = expiry;
+                s.protocol = protocol;
+                s.offline_since_ms = None;
+            }
+            Record::SessionEnd { client_id } => {
+                self.sessions.remove(&client_id);
+            }
+            Record::Offline { client_id, at_ms } => {
+                if let Some(s) = self.sessions.get_mut(&client_id) {
+                    s.offline_since_ms = Some(at_ms);
+                }
+            }
+            Record::Subscribe { client_id, filter, subscription } => {
+                if let Some(s) = self.sessions.get_mut(&client_id) {
+                    s.subscriptions.insert(filter, subscription);
+                }
+            }
+            Record::Unsubscribe { client_id, filter } => {
+                if let Some(s) = self.sessions.get_mut(&client_id) {
+                    s.subscriptions.remove(&filter);
+                }
+            }
+            Record::Done { client_id, value } => {
+                if let Some(s) = self.sessions.get_mut(&client_id) {
+                    s.pending.remove(&value);
+                }
+            }
+            Record::InboundQos2 { client_id, packet_id, open } => {
+                if let Some(s) = self.sessions.get_mut(&client_id) {
+                    if open {
+                        s.inbound_qos2.insert(packet_id);
+                    } else {
+                        s.inbound_qos2.remove(&packet_id);
+                    }
+                }
+            }
+        }
+    }
+
+    fn value(&mut self, lsn: u64, message: StoredMessage) {
+        let message = Arc::new(message);
+        if message.retain {
+            if message.payload.is_empty() {
+                self.retained.remove(&message.topic);
+            } else {
+                self.retained.insert(message.topic.clone(), (lsn, message.clone()));
+            }
+        }
+        if message.qos == QoS::AtMostOnce {
+            return;
+        }
+        let mut wanted = false;
+        for (client_id, session) in &mut self.sessions {
+            if let Some(qos) = wanted_by(client_id, &session.subscriptions, &message) {
+                session.pending.insert(lsn, qos);
+                wanted = true;
+            }
+        }
+        if wanted {
+            self.values.insert(lsn, message);
+        }
+    }
+
+    /// Drop what is gone by `now_ms`: sessions whose Session Expiry
+    /// Interval ran out while offline (counted in wall-clock time across
+    /// the restart), expired values and retained messages, and values no
+    /// session wants any more.
+    pub fn finish(&mut self, now_ms: u64) {
+        self.sessions.retain(|_, s| {
+            s.offline_since_ms.is_none_or(|since| since.saturating_add(u64::from(s.expiry) * 1000) > now_ms)
+        });
+        self.retained.retain(|_, (_, m)| !m.expired(now_ms));
+        self.values.retain(|_, m| !m.expired(now_ms));
+        let values = &self.values;
+        let mut live = BTreeSet::new();
+        for s in self.sessions.values_mut() {
+            s.pending.retain(|lsn, _| values.contains_key(lsn));
+            live.extend(s.pending.keys().copied());
+        }
+        self.values.retain(|lsn, _| live.contains(lsn));
+    }
+}
+
+/// The QoS at which the session `client_id` with `subscriptions` gets
+/// `message`, if it wants it at QoS 1 or 2.
+fn wanted_by(client_id: &str, subscriptions: &HashMap<ByteString, Subscription>, message: &StoredMessage) -> Option<QoS> {
+    let mut best = None;
+    for (filter, sub) in subscriptions {
+        if parse_shared(filter).is_some() || !matches(filter, &message.topic) {
+            continue;
+        }
+        if sub.options.no_local && client_key(client_id) == message.origin {
+            continue;
+        }
+        best = best.max(Some(sub.options.qos));
+    }
+    best.map(|q| q.min(message.qos)).filter(|&q| q != QoS::AtMostOnce)
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::packet::{Props, Properties, SubscriptionOptions};
+
+    fn session(id: &str, expiry: u32) -> Record {
+        Record::Session { client_id: id.into(), username: None, workspace: "default".into(), expiry, protocol: 5 }
+    }
+
+    fn subscribe(id: &str, filter: &str, qos: QoS) -> Record {
+        let options = SubscriptionOptions { qos, ..SubscriptionOptions::default() };
+        Record::Subscribe { client_id: id.into(), filter: filter.into(), subscription: Subscription { options, identifier: None } }
+    }
+
+    fn value(topic: &str, qos: QoS, retain: bool, payload: &'static [u8]) -> Record {
+        Record::Value(StoredMessage {
+            topic: topic.into(),
+            payload: Bytes::from_static(payload),
+            qos,
+            retain,
+            properties: Props::default(),
+            received_ms: 1_000,
+            origin: 0,
+        })
+    }
+
+    fn replay(records: Vec<Record>, now_ms: u64) -> Recovered {
+        let mut r = Recovered::default();
+        for (i, record) in records.into_iter().enumerate() {
+            r.apply(i as u64 + 1, record);
+        }
+        r.finish(now_ms);
+        r
+    }
+
+    #[test]
+    fn a_subscribed_session_gets_later_values_it_did_not_finish_in_order() {
+        let r = replay(
+            vec![
+                value("a/1", QoS::AtLeastOnce, false, b"before"),
+                session("s", 60),
+                subscribe("s", "a/+", QoS::ExactlyOnce),
+                value("a/1", QoS::AtLeastOnce, false, b"one"),
+                value("b/1", QoS::AtLeastOnce, false, b"other topic"),
+                value("a/2", QoS::ExactlyOnce, false, b"two"),
+                value("a/3", QoS::AtMostOnce, false, b"qos 0"),
+                value("a/4", QoS::AtLeastOnce, false, b"four"),
+                Record::Done { client_id: "s".into(), value: 6 },
+            ],
+            2_000,
+        );
+        let s = &r.sessions["s"];
+        assert_eq!(s.pending.iter().map(|(l, q)| (*l, *q)).collect::<Vec<_>>(), vec![(4, QoS::AtLeastOnce), (8, QoS::AtLeastOnce)]);
+        assert_eq!(r.values.keys().copied().collect::<Vec<_>>(), vec![4, 8], "values nobody wants are dropped");
+        assert_eq!(r.values[&8].payload, Bytes::from_static(b"four"));
+        assert_eq!(r.last_lsn, 9);
+    }
+
+    #[test]
+    fn no_local_shared_and_unsubscribed_filters_want_nothing() {
+        let mut no_local = SubscriptionOptions { qos: QoS::AtLeastOnce, ..SubscriptionOptions::default() };
+        no_local.no_local = true;
+        let mut own = value("n", QoS::AtLeastOnce, false, b"own");
+        if let Record::Value(m) = &mut own {
+            m.origin = client_key("s");
+        }
+        let r = replay(
+            vec![
+                session("s", 60),
+                Record::Subscribe { client_id: "s".into(), filter: "n".into(), subscription: Subscription { options: no_local, identifier: None } },
+                subscribe("s", "$share/g/x", QoS::AtLeastOnce),
+                subscribe("s", "u", QoS::AtLeastOnce),
+                Record::Unsubscribe { client_id: "s".into(), filter: "u".into() },
+                own,
+                value("x", QoS::AtLeastOnce, false, b"shared"),
+                value("u", QoS::AtLeastOnce, false, b"unsubscribed"),
+            ],
+            2_000,
+        );
+        assert!(r.sessions["s"].pending.is_empty());
+        assert!(r.values.is_empty());
+    }
+
+    #[test]
+    fn sessions_expire_in_wall_clock_time_and_end_for_good() {
+        let r = replay(
+            vec![
+                session("gone", 10),
+                Record::Offline { client_id: "gone".into(), at_ms: 1_000 },
+                session("kept", 10),
+                Record::Offline { client_id: "kept".into(), at_ms: 5_000 },
+                session("online", 1),
+                session("ended", 100),
+                Record::SessionEnd { client_id: "ended".into() },
+                session("qos2", 100),
+                Record::InboundQos2 { client_id: "qos2".into(), packet_id: 7, open: true },
+                Record::InboundQos2 { client_id: "qos2".into(), packet_id: 8, open: true },
+                Record::InboundQos2 { client_id: "qos2".into(), packet_id: 7, open: false },
+            ],
+            11_000,
+        );
+        let mut ids: Vec<&str> = r.sessions.keys().map(|k| &**k).collect();
+        ids.sort();
+        assert_eq!(ids, ["kept", "online", "qos2"]);
+        assert_eq!(r.sessions["qos2"].inbound_qos2.iter().copied().collect::<Vec<_>>(), vec![8]);
+    }
+
+    #[test]
+    fn the_last_retained_value_of_a_topic_wins_and_an_empty_one_deletes() {
+        let mut expiring = value("e", QoS::AtMostOnce, true, b"expires");
+        if let Record::Value(m) = &mut expiring {
+            m.properties = Props::from(Properties { message_expiry_interval: Some(1), ..Properties::default() });
+        }
+        let r = replay(
+            vec![
+                value("t", QoS::AtMostOnce, true, b"first"),
+                value("t", QoS::AtLeastOnce, true, b"second"),
+                value("d", QoS::AtMostOnce, true, b"deleted"),
+                value("d", QoS::AtMostOnce, true, b""),
+                expiring,
+            ],
+            2_500,
+        );
+        assert_eq!(r.retained.len(), 1);
+        assert_eq!(r.retained["t"].1.payload, Bytes::from_static(b"second"));
+    }
+}
