@@ -208,6 +208,7 @@ mod tests {
             properties: Properties::default().into(),
             received_at: Instant::now(),
             origin: 1,
+            stored: 0,
         })
     }
 

@@ -63,6 +63,7 @@ fuzz_target!(|data: &[u8]| {
             properties: Default::default(),
             received_at: now,
             origin: 1,
+            stored: 0,
         });
         session.deliver(Delivery { message, qos, retain: false, subscription_ids: vec![], group: None }, now, &mut out);
         if closed || step % 7 == 0 {

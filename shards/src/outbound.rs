@@ -176,6 +176,7 @@ mod tests {
                 properties: properties.into(),
                 received_at: Instant::now(),
                 origin: 1,
+                stored: 0,
             }),
             qos,
             retain,

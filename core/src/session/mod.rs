@@ -55,6 +55,9 @@ pub struct Message {
     /// Local `[MQTT-3.8.3-3]` and the `hash_client_id` shared strategy;
     /// `u64::MAX` for messages the broker itself publishes ($SYS).
     pub origin: u64,
+    /// Its log sequence number in the local store (`store::Record::Value`),
+    /// 0 when it was not stored (QoS 0, `store.kind = "none"`).
+    pub stored: u64,
 }
 
 impl Message {
@@ -144,6 +147,10 @@ pub enum Output {
         /// The topic filter.
         filter: ByteString,
     },
+    /// Log this change of the session's durable state (only for a session
+    /// marked with [`Session::set_logged`]), before the acknowledgements
+    /// returned after it.
+    Log(SessionChange),
     /// Close the connection. MQTT 5 clients first get DISCONNECT with
     /// `reason` when it is `Some`.
     Close {
@@ -152,6 +159,27 @@ pub enum Output {
         reason: Option<ReasonCode>,
         /// Whether the Will Message is published (MQTT 5 §3.1.2.5).
         publish_will: bool,
+    },
+}
+
+/// A change of a logged session's state that the store records (see
+/// [`Output::Log`]; the records are `store::Record::Done` and
+/// `store::Record::InboundQos2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionChange {
+    /// The session is done with the stored message `value` (its
+    /// [`Message::stored`]): acknowledged by the client, or dropped.
+    Done {
+        /// The message's log sequence number.
+        value: u64,
+    },
+    /// An inbound QoS 2 packet identifier was opened (before PUBREC) or
+    /// released (before PUBCOMP).
+    InboundQos2 {
+        /// The packet identifier.
+        packet_id: u16,
+        /// Opened (true) or released.
+        open: bool,
     },
 }
 
@@ -309,6 +337,8 @@ pub struct Session {
     /// client can send, so no topic or filter of one workspace can name
     /// another's (DESIGN.md §9).
     namespace: ByteString,
+    /// Changes of durable state are returned as [`Output::Log`].
+    logged: bool,
 }
 
 /// The topic prefix of workspace `workspace`: empty for `"default"`, else
@@ -377,6 +407,42 @@ impl Session {
             client_topic_alias_maximum: negotiated.client_topic_alias_maximum,
             access: None,
             namespace: ByteString::new(),
+            logged: false,
+        }
+    }
+
+    /// Return changes of this session's durable state as [`Output::Log`]
+    /// from now on (a persistent session with a durable store), or stop.
+    pub fn set_logged(&mut self, logged: bool) {
+        self.logged = logged;
+    }
+
+    /// True when changes are returned as [`Output::Log`].
+    pub fn is_logged(&self) -> bool {
+        self.logged
+    }
+
+    /// Restore what the local store recovered (`store::RecoveredSession`):
+    /// subscriptions, inbound QoS 2 packet identifiers, and messages to
+    /// deliver, in order, which wait in the queue (the session starts
+    /// offline). Call on a session made with [`Session::new`].
+    pub fn restore(
+        &mut self,
+        subscriptions: HashMap<ByteString, Subscription>,
+        inbound_qos2: impl IntoIterator<Item = u16>,
+        queue: impl IntoIterator<Item = Delivery>,
+    ) {
+        self.online = false;
+        self.subscriptions = subscriptions;
+        let fl = self.fl();
+        fl.inbound_qos2.extend(inbound_qos2);
+        fl.queue.extend(queue);
+    }
+
+    /// A logged session is done with `delivery`'s stored message.
+    fn done_with(&self, delivery: &Delivery, out: &mut Vec<Output>) {
+        if self.logged && delivery.message.stored != 0 {
+            out.push(Output::Log(SessionChange::Done { value: delivery.message.stored }));
         }
     }
 
@@ -554,7 +620,9 @@ impl Session {
             return;
         }
         if self.fl().queue.len() >= self.limits.max_queue {
-            self.fl().queue.pop_front();
+            if let Some(oldest) = self.fl().queue.pop_front() {
+                self.done_with(&oldest, out);
+            }
             self.dropped().queue_full += 1;
         }
         self.fl().queue.push_back(delivery);
@@ -575,6 +643,7 @@ impl Session {
         if let Some(pid) = packet_id {
             if let Some(entry) = self.fl().inflight.remove(&pid.get()) {
                 self.fl().inflight_order.remove(&entry.seq);
+                self.done_with(&entry.delivery, out);
             }
             self.pump(now, out);
         }
@@ -665,7 +734,8 @@ impl Session {
         match self.fl().inflight.get(&pid) {
             Some(entry) if entry.state == expected => {
                 let seq = entry.seq;
-                self.fl().inflight.remove(&pid);
+                let entry = self.fl().inflight.remove(&pid).expect("present");
+                self.done_with(&entry.delivery, out);
                 self.fl().inflight_order.remove(&seq);
                 self.pump(now, out);
                 true
@@ -714,8 +784,14 @@ impl Session {
                 // [MQTT-4.3.3-12]: answer PUBCOMP; the message was forwarded
                 // at PUBLISH time, so forget the packet identifier.
                 let known = self.fl().inbound_qos2.remove(&rel.packet_id.get());
+                if known && self.logged {
+                    let change = SessionChange::InboundQos2 { packet_id: rel.packet_id.get(), open: false };
+                    out.push(Output::Log(change));
+                }
                 let reason = if known || !v5 { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
-                out.push(Output::Send(Packet::PubComp(PubResponse {
+                // After the release is logged: a client that reuses the
+                // identifier after PUBCOMP must find it free.
+                out.push(Output::Acknowledge(Packet::PubComp(PubResponse {
                     packet_id: rel.packet_id,
                     reason,
                     properties: Props::default(),
@@ -844,6 +920,9 @@ impl Session {
                             return;
                         }
                         self.fl().inbound_qos2.insert(pid);
+                        if self.logged {
+                            out.push(Output::Log(SessionChange::InboundQos2 { packet_id: pid, open: true }));
+                        }
                         if forward {
                             out.push(Output::Publish(into_message(publish, now)));
                         }
@@ -986,6 +1065,7 @@ fn into_message(publish: Publish, now: Instant) -> Message {
         properties,
         received_at: now,
         origin: 0,
+        stored: 0,
     }
 }
 

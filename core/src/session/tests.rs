@@ -44,6 +44,7 @@ fn message(topic: &str, qos: QoS, t: Instant) -> Arc<Message> {
         properties: Properties::default().into(),
         received_at: t,
         origin: 7,
+        stored: 0,
     })
 }
 
@@ -158,7 +159,7 @@ fn inbound_qos2_is_forwarded_once_even_when_the_publish_is_resent() {
     assert_eq!((forwarded, pubrecs), (1, 2));
     out.clear();
     s.handle(Packet::PubRel(PubResponse::success(pid(9))), t0, &mut out);
-    assert_eq!(out, vec![Output::Send(Packet::PubComp(PubResponse::success(pid(9))))]);
+    assert_eq!(out, vec![Output::Acknowledge(Packet::PubComp(PubResponse::success(pid(9))))]);
     // After PUBCOMP the packet id is free: a new message with it is new.
     out.clear();
     s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
@@ -680,4 +681,69 @@ fn drop_counters_start_at_zero_and_reset_when_taken() {
     }
     assert_eq!(s.take_drops().queue_full, 2);
     assert_eq!(s.take_drops(), DropCounts::default());
+}
+
+#[test]
+fn a_logged_session_logs_what_it_finished_and_its_inbound_qos2_identifiers() {
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits { max_queue: 1, ..SessionLimits::default() });
+    let logs = |out: &[Output]| -> Vec<SessionChange> {
+        out.iter().filter_map(|o| if let Output::Log(c) = o { Some(*c) } else { None }).collect()
+    };
+    let stored = |n: u64| {
+        let mut m = (*message("a", QoS::AtLeastOnce, t0)).clone();
+        m.stored = n;
+        Arc::new(m)
+    };
+    let mut out = vec![];
+    // Not logged: nothing to log.
+    s.deliver(delivery(&stored(1), QoS::AtLeastOnce), t0, &mut out);
+    s.handle(Packet::PubAck(PubResponse::success(pid(1))), t0, &mut out);
+    assert!(logs(&out).is_empty());
+    s.set_logged(true);
+    out.clear();
+    s.deliver(delivery(&stored(2), QoS::AtLeastOnce), t0, &mut out);
+    s.deliver(delivery(&message("a", QoS::AtLeastOnce, t0), QoS::AtLeastOnce), t0, &mut out);
+    s.handle(Packet::PubAck(PubResponse::success(pid(2))), t0, &mut out);
+    s.handle(Packet::PubAck(PubResponse::success(pid(3))), t0, &mut out);
+    assert_eq!(logs(&out), vec![SessionChange::Done { value: 2 }], "unstored messages are not logged");
+    // Dropped from a full queue: done too.
+    s.go_offline();
+    out.clear();
+    s.deliver(delivery(&stored(4), QoS::AtLeastOnce), t0, &mut out);
+    s.deliver(delivery(&stored(5), QoS::AtLeastOnce), t0, &mut out);
+    assert_eq!(logs(&out), vec![SessionChange::Done { value: 4 }]);
+    out.clear();
+    s.handle(publish("q", QoS::ExactlyOnce, Some(9)), t0, &mut out);
+    s.handle(Packet::PubRel(PubResponse::success(pid(9))), t0, &mut out);
+    assert_eq!(
+        logs(&out),
+        vec![
+            SessionChange::InboundQos2 { packet_id: 9, open: true },
+            SessionChange::InboundQos2 { packet_id: 9, open: false }
+        ]
+    );
+    // The PUBCOMP waits for the release to be logged.
+    assert!(matches!(out.last(), Some(Output::Acknowledge(Packet::PubComp(_)))));
+}
+
+#[test]
+fn a_restored_session_starts_offline_with_its_subscriptions_identifiers_and_queue() {
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    let m = message("a", QoS::AtLeastOnce, t0);
+    let subscription = Subscription { options: SubscriptionOptions { qos: QoS::AtLeastOnce, ..Default::default() }, identifier: Some(4) };
+    s.restore(HashMap::from([(ByteString::from("a"), subscription)]), [7], [delivery(&m, QoS::AtLeastOnce), delivery(&m, QoS::AtLeastOnce)]);
+    assert!(!s.is_online());
+    assert_eq!((s.queued(), s.subscriptions().len()), (2, 1));
+    let mut out = vec![];
+    // A resent PUBLISH with the open identifier is not forwarded again.
+    s.handle(publish("q", QoS::ExactlyOnce, Some(7)), t0, &mut out);
+    assert!(!out.iter().any(|o| matches!(o, Output::Publish(_))));
+    out.clear();
+    let mut c = connect(ProtocolVersion::V5, "c1", false);
+    c.properties.receive_maximum = Some(10);
+    let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
+    s.resume(ProtocolVersion::V5, &n, t0, &mut out);
+    assert_eq!(delivered_ids(&out), vec![(Some(1), false), (Some(2), false)]);
 }

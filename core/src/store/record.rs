@@ -117,6 +117,16 @@ pub enum Record {
         /// The value's log sequence number.
         value: u64,
     },
+    /// In a snapshot: the session still has to deliver the value of log
+    /// sequence `value` at `qos` (written after the value and the session).
+    Queued {
+        /// Client identifier.
+        client_id: ByteString,
+        /// The value's log sequence number.
+        value: u64,
+        /// QoS of the delivery (1 or 2).
+        qos: QoS,
+    },
     /// An inbound QoS 2 packet identifier was opened (PUBLISH stored,
     /// before PUBREC) or released (PUBREL, before PUBCOMP).
     InboundQos2 {
@@ -157,6 +167,7 @@ mod kind {
     pub(super) const UNSUBSCRIBE: u8 = 6;
     pub(super) const DONE: u8 = 7;
     pub(super) const INBOUND_QOS2: u8 = 8;
+    pub(super) const QUEUED: u8 = 9;
 }
 
 fn put_str(out: &mut BytesMut, s: &[u8]) {
@@ -226,6 +237,12 @@ impl Record {
                 out.put_u64_le(*value);
                 kind::DONE
             }
+            Record::Queued { client_id, value, qos } => {
+                put_str(out, client_id.as_bytes());
+                out.put_u64_le(*value);
+                out.put_u8(*qos as u8);
+                kind::QUEUED
+            }
             Record::InboundQos2 { client_id, packet_id, open } => {
                 put_str(out, client_id.as_bytes());
                 out.put_u16_le(*packet_id);
@@ -272,6 +289,11 @@ impl Record {
             kind::UNSUBSCRIBE => Record::Unsubscribe { client_id: r.string()?, filter: r.string()? },
             kind::DONE => Record::Done { client_id: r.string()?, value: r.u64()? },
             kind::INBOUND_QOS2 => Record::InboundQos2 { client_id: r.string()?, packet_id: r.u16()?, open: r.flag()? },
+            kind::QUEUED => Record::Queued {
+                client_id: r.string()?,
+                value: r.u64()?,
+                qos: QoS::from_u8(r.u8()?).ok_or(RecordError::Invalid("QoS 3"))?,
+            },
             other => return Err(RecordError::UnknownKind(other)),
         };
         if !r.0.is_empty() {
@@ -401,6 +423,7 @@ mod tests {
             (text(), text()).prop_map(|(client_id, filter)| Record::Unsubscribe { client_id, filter }),
             (text(), any::<u64>()).prop_map(|(client_id, value)| Record::Done { client_id, value }),
             (text(), any::<u16>(), any::<bool>()).prop_map(|(client_id, packet_id, open)| Record::InboundQos2 { client_id, packet_id, open }),
+            (text(), any::<u64>(), 0u8..3).prop_map(|(client_id, value, qos)| Record::Queued { client_id, value, qos: QoS::from_u8(qos).unwrap() }),
         ]
     }
 

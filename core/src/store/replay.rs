@@ -54,9 +54,21 @@ pub struct Recovered {
     /// The highest log sequence number seen (the next one to hand out is
     /// one more).
     pub last_lsn: u64,
+    /// Every value read so far, for [`Record::Queued`] (a snapshot's
+    /// values come before its sessions); emptied by [`Recovered::finish`].
+    written: HashMap<u64, Arc<StoredMessage>>,
+    /// Reading a snapshot (see [`Recovered::reading_snapshot`]).
+    snapshot: bool,
 }
 
 impl Recovered {
+    /// The records applied from now on come from a snapshot (true) or a
+    /// log (false): a snapshot's values are kept for its
+    /// [`Record::Queued`] records.
+    pub fn reading_snapshot(&mut self, snapshot: bool) {
+        self.snapshot = snapshot;
+    }
+
     /// Apply `record`, logged with sequence `lsn`. Records must come in
     /// increasing `lsn` order.
     pub fn apply(&mut self, lsn: u64, record: Record) {
@@ -95,6 +107,12 @@ impl Recovered {
                     s.pending.remove(&value);
                 }
             }
+            Record::Queued { client_id, value, qos } => {
+                if let (Some(s), Some(m)) = (self.sessions.get_mut(&client_id), self.written.get(&value)) {
+                    s.pending.insert(value, qos);
+                    self.values.insert(value, m.clone());
+                }
+            }
             Record::InboundQos2 { client_id, packet_id, open } => {
                 if let Some(s) = self.sessions.get_mut(&client_id) {
                     if open {
@@ -119,6 +137,9 @@ impl Recovered {
         if message.qos == QoS::AtMostOnce {
             return;
         }
+        if self.snapshot {
+            self.written.insert(lsn, message.clone());
+        }
         let mut wanted = false;
         for (client_id, session) in &mut self.sessions {
             if let Some(qos) = wanted_by(client_id, &session.subscriptions, &message) {
@@ -136,6 +157,8 @@ impl Recovered {
     /// the restart), expired values and retained messages, and values no
     /// session wants any more.
     pub fn finish(&mut self, now_ms: u64) {
+        self.written = HashMap::new();
+        self.snapshot = false;
         self.sessions.retain(|_, s| {
             s.offline_since_ms.is_none_or(|since| since.saturating_add(u64::from(s.expiry) * 1000) > now_ms)
         });
@@ -148,6 +171,61 @@ impl Recovered {
             live.extend(s.pending.keys().copied());
         }
         self.values.retain(|lsn, _| live.contains(lsn));
+    }
+}
+
+impl Recovered {
+    /// The records of a snapshot of this state, numbered from `first_lsn`:
+    /// every value still wanted (retained or pending) once, then each
+    /// session with its subscriptions, offline time, inbound QoS 2
+    /// identifiers and [`Record::Queued`] values. Replayed (with
+    /// [`Recovered::reading_snapshot`] on), they give this state back.
+    pub fn snapshot(&self, first_lsn: u64) -> Vec<(u64, Record)> {
+        let mut out = Vec::new();
+        let mut lsn = first_lsn;
+        let mut push = |out: &mut Vec<(u64, Record)>, record| {
+            out.push((lsn, record));
+            lsn += 1;
+            lsn - 1
+        };
+        let mut renumbered: HashMap<u64, u64> = HashMap::new();
+        let retained = self.retained.values().map(|(old, m)| (*old, m));
+        let mut values: Vec<(u64, &Arc<StoredMessage>)> = self.values.iter().map(|(l, m)| (*l, m)).chain(retained).collect();
+        values.sort_by_key(|(old, _)| *old);
+        values.dedup_by_key(|(old, _)| *old);
+        for (old, m) in values {
+            let new = push(&mut out, Record::Value((**m).clone()));
+            renumbered.insert(old, new);
+        }
+        let mut ids: Vec<&ByteString> = self.sessions.keys().collect();
+        ids.sort();
+        for client_id in ids {
+            let s = &self.sessions[client_id];
+            let client_id = client_id.clone();
+            push(&mut out, Record::Session {
+                client_id: client_id.clone(),
+                username: s.username.clone(),
+                workspace: s.workspace.clone(),
+                expiry: s.expiry,
+                protocol: s.protocol,
+            });
+            for (filter, subscription) in &s.subscriptions {
+                let (filter, subscription) = (filter.clone(), *subscription);
+                push(&mut out, Record::Subscribe { client_id: client_id.clone(), filter, subscription });
+            }
+            if let Some(at_ms) = s.offline_since_ms {
+                push(&mut out, Record::Offline { client_id: client_id.clone(), at_ms });
+            }
+            for &packet_id in &s.inbound_qos2 {
+                push(&mut out, Record::InboundQos2 { client_id: client_id.clone(), packet_id, open: true });
+            }
+            for (old, qos) in &s.pending {
+                if let Some(&value) = renumbered.get(old) {
+                    push(&mut out, Record::Queued { client_id: client_id.clone(), value, qos: *qos });
+                }
+            }
+        }
+        out
     }
 }
 
@@ -274,6 +352,59 @@ mod tests {
         ids.sort();
         assert_eq!(ids, ["kept", "online", "qos2"]);
         assert_eq!(r.sessions["qos2"].inbound_qos2.iter().copied().collect::<Vec<_>>(), vec![8]);
+    }
+
+    #[test]
+    fn a_snapshot_queues_values_for_the_sessions_it_names_only() {
+        let mut r = Recovered::default();
+        r.reading_snapshot(true);
+        r.apply(1, value("a", QoS::ExactlyOnce, false, b"v"));
+        r.apply(2, session("s", 60));
+        r.apply(3, subscribe("s", "a", QoS::AtLeastOnce));
+        r.apply(4, session("t", 60));
+        r.apply(5, subscribe("t", "a", QoS::AtLeastOnce));
+        r.apply(6, Record::Queued { client_id: "s".into(), value: 1, qos: QoS::ExactlyOnce });
+        r.apply(7, Record::Queued { client_id: "s".into(), value: 99, qos: QoS::AtLeastOnce });
+        r.reading_snapshot(false);
+        r.apply(8, value("a", QoS::AtLeastOnce, false, b"w"));
+        r.finish(2_000);
+        assert_eq!(r.sessions["s"].pending.keys().copied().collect::<Vec<_>>(), vec![1, 8]);
+        assert_eq!(r.sessions["t"].pending.keys().copied().collect::<Vec<_>>(), vec![8]);
+        assert_eq!(r.sessions["s"].pending[&1], QoS::ExactlyOnce);
+    }
+
+    #[test]
+    fn a_snapshot_replays_to_the_same_state() {
+        let records = vec![
+            value("r", QoS::AtLeastOnce, true, b"retained and queued"),
+            session("s", 60),
+            subscribe("s", "#", QoS::ExactlyOnce),
+            value("r", QoS::AtLeastOnce, true, b"retained and queued 2"),
+            value("x", QoS::ExactlyOnce, false, b"queued"),
+            value("x", QoS::AtLeastOnce, false, b"done"),
+            Record::Done { client_id: "s".into(), value: 6 },
+            Record::InboundQos2 { client_id: "s".into(), packet_id: 3, open: true },
+            Record::Offline { client_id: "s".into(), at_ms: 1_500 },
+            session("t", 60),
+        ];
+        let before = replay(records, 2_000);
+        let mut after = Recovered::default();
+        after.reading_snapshot(true);
+        for (lsn, record) in before.snapshot(100) {
+            after.apply(lsn, record);
+        }
+        after.reading_snapshot(false);
+        after.finish(2_000);
+        assert_eq!(after.sessions.len(), 2);
+        assert_eq!(after.sessions["t"], before.sessions["t"]);
+        let (a, b) = (&after.sessions["s"], &before.sessions["s"]);
+        assert_eq!((&a.subscriptions, a.offline_since_ms, &a.inbound_qos2), (&b.subscriptions, b.offline_since_ms, &b.inbound_qos2));
+        let payloads = |r: &Recovered, s: &RecoveredSession| -> Vec<(Bytes, QoS)> {
+            s.pending.iter().map(|(l, q)| (r.values[l].payload.clone(), *q)).collect()
+        };
+        assert_eq!(payloads(&after, a), payloads(&before, b));
+        assert_eq!(payloads(&after, a).len(), 2);
+        assert_eq!(after.retained["r"].1, before.retained["r"].1);
     }
 
     #[test]

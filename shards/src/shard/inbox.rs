@@ -126,6 +126,7 @@ mod tests {
             properties: Properties::default().into(),
             received_at: Instant::now(),
             origin: 0,
+            stored: 0,
         })
     }
 

@@ -771,6 +771,7 @@ impl Shard {
             properties,
             received_at: now,
             origin: u64::MAX,
+            stored: 0,
         };
         self.route(st, Arc::new(message), now);
     }
@@ -1327,6 +1328,7 @@ impl Shard {
                 properties: Props::default(),
                 received_at: now,
                 origin: u64::MAX,
+                stored: 0,
             };
             self.route(st, Arc::new(message), now);
         }
