@@ -416,37 +416,7 @@ impl Shared {
     }
 }
 
-/// Which store makes accepted values durable (DESIGN.md §7).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StoreKind {
-    /// Acknowledged on receipt, nothing kept across a restart.
-    #[default]
-    None,
-    /// An append-only log in [`Store::dir`] (not in this build yet).
-    Local,
-    /// NATS JetStream (not in this build yet).
-    Jetstream,
-}
-
-/// `[store]` settings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Store {
-    /// The store. Default `"none"` (durable stores are not in this build).
-    pub kind: StoreKind,
-    /// Data directory for the `local` store. Default `"./data"`.
-    pub dir: PathBuf,
-}
-
-impl Default for Store {
-    fn default() -> Self {
-        Store {
-            kind: StoreKind::None,
-            dir: PathBuf::from("./data"),
-        }
-    }
-}
+pub use crate::store::settings::{Fsync, Store, StoreKind};
 
 /// Why [`Settings::validate`] refused the settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -564,7 +534,7 @@ const MIB: usize = 1024 * KIB;
 const GIB: usize = 1024 * MIB;
 
 /// Checks that `value` lies in `min..=max`, naming `key` otherwise.
-fn check<T: PartialOrd + Copy>(
+pub(crate) fn check<T: PartialOrd + Copy>(
     key: &'static str,
     value: T,
     min: T,
@@ -637,10 +607,7 @@ impl Settings {
                 });
             }
         }
-        if self.store.kind != StoreKind::None {
-            return Err(SettingsError::StoreUnavailable(self.store.kind));
-        }
-        Ok(())
+        self.store.validate()
     }
 
     fn validate_ranges(&self) -> Result<(), SettingsError> {
@@ -1264,12 +1231,12 @@ mod tests {
     }
 
     #[test]
-    fn durable_stores_are_refused_for_now() {
+    fn the_jetstream_store_is_refused_for_now() {
         let mut s = Settings::default();
-        s.store.kind = StoreKind::Local;
+        s.store.kind = StoreKind::Jetstream;
         assert_eq!(
             err(&s),
-            "store.kind = \"local\" is not available in this build yet, use store.kind = \"none\""
+            "store.kind = \"jetstream\" is not available in this build yet, use store.kind = \"none\""
         );
     }
 }

@@ -7,7 +7,7 @@
 //! | route | answer |
 //! | --- | --- |
 //! | `GET /health/live` | 200 `ok` while the process serves HTTP |
-//! | `GET /health/ready` | 200 `ready` once the broker serves MQTT, else 503 `starting` |
+//! | `GET /health/ready` | 200 `ready` once the broker serves MQTT, else 503 `starting`, or 503 with the reason while the local store refuses publishes |
 //! | `GET /metrics` | 200, [`Metrics::render`] as OpenMetrics text |
 
 use std::future::IntoFuture;
@@ -112,11 +112,14 @@ fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
         .route("/health/live", get(|| async { "ok" }))
         .route(
             "/health/ready",
-            get(move || async move {
-                if ready.load(Ordering::Acquire) {
-                    (StatusCode::OK, "ready")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "starting")
+            get({
+                let metrics = metrics.clone();
+                move || async move {
+                    match (ready.load(Ordering::Acquire), metrics.store_problem()) {
+                        (true, None) => (StatusCode::OK, "ready".to_owned()),
+                        (_, Some(problem)) => (StatusCode::SERVICE_UNAVAILABLE, problem),
+                        (false, None) => (StatusCode::SERVICE_UNAVAILABLE, "starting".to_owned()),
+                    }
                 }
             }),
         )

@@ -411,6 +411,10 @@ pub struct Metrics {
     uptime_seconds: Gauge,
     started: Instant,
     shards: usize,
+    /// The local store's series (see [`crate::store::health`]).
+    pub(crate) store: crate::store::health::StoreMetrics,
+    /// The local store's health, when there is one.
+    store_health: std::sync::OnceLock<Arc<crate::store::health::Health>>,
 }
 
 /// Node-wide sums of the per-shard series, for the `$SYS/broker/...`
@@ -445,6 +449,7 @@ impl Metrics {
     /// [`crate::auth::Authenticator::sign_in_metrics`]) too.
     pub fn with_sign_in(shards: usize, sign_in: &SignInMetrics) -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("fleetmq");
+        let store = crate::store::health::StoreMetrics::register(&mut registry, shards);
         let m = Metrics {
             registry: Registry::default(),
             clients_connected: Family::default(),
@@ -459,6 +464,8 @@ impl Metrics {
             uptime_seconds: Gauge::default(),
             started: Instant::now(),
             shards,
+            store,
+            store_health: std::sync::OnceLock::new(),
         };
         let r = &mut registry;
         r.register(
@@ -517,6 +524,17 @@ impl Metrics {
             drop(m.shard(shard));
         }
         Arc::new(m)
+    }
+
+    /// Report the local store's health from now on (readiness).
+    pub(crate) fn set_store_health(&self, health: Arc<crate::store::health::Health>) {
+        let _ = self.store_health.set(health);
+    }
+
+    /// Why the store refuses publishes (disk full, a write error, the log
+    /// over `store.max_bytes`), or `None` while it takes them.
+    pub fn store_problem(&self) -> Option<String> {
+        self.store_health.get().and_then(|h| h.problem())
     }
 
     /// The handles shard `shard` increments. Calling it again for the same

@@ -69,6 +69,7 @@ pub(crate) async fn run_shard(
     spawn_inbox_readers(&shard, &settings, receivers);
     spawn_acceptors(&shard, &settings, fds);
     spawn_flusher(&shard);
+    let committer = shard.store.start();
     let parker = start_parker(&shard, &settings);
     started.fetch_add(1, Ordering::AcqRel);
 
@@ -78,6 +79,11 @@ pub(crate) async fn run_shard(
         tick.run(&shard, &settings, parker.is_some());
     }
     stop_shard(&shard, &settings, parker.as_deref()).await;
+    // What the connections appended is written before the shard ends.
+    shard.store.stop();
+    if let Some(committer) = committer {
+        committer.await;
+    }
 }
 
 /// One task per other shard, reading its channel in order.

@@ -55,9 +55,12 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     raise_fd_limit(settings.limits.max_clients as u64);
     let shards = shard_count(&settings);
     let (auth, tls) = load_security(&settings)?;
+    // Before listening: a store another process holds stops the start.
+    let opened = crate::store::open_if_local(&settings.store)?;
     let listeners = bind_listeners(&settings, shards)?;
     let reloader = spawn_reloader(auth.clone(), shutdown.clone())?;
     let metrics = Metrics::with_sign_in(shards, auth.sign_in_metrics());
+    let store = opened.map(|o| crate::store::LocalStart::new(o, &settings.store, &metrics, shards));
     let ready = Arc::new(AtomicBool::new(false));
     let admin = start_admin(&settings, &metrics, &ready)?;
     let conn_settings = conn_settings(&settings, auth, tls);
@@ -68,6 +71,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         metrics,
         shutdown,
         sys_interval: settings.server.sys_interval,
+        store,
     };
     let handles = start_shards(plan, listeners.per_shard)?;
     announce_ready(&listeners.bound, admin.as_ref(), shards, &ready);
@@ -259,6 +263,8 @@ struct ShardPlan {
     shutdown: Shutdown,
     /// `server.sys_interval`, for the shard that publishes `$SYS`.
     sys_interval: Duration,
+    /// The local store, opened and recovered (`store.kind = "local"`).
+    store: Option<Arc<crate::store::LocalStart>>,
 }
 
 /// How long [`start_shards`] waits for every shard to accept connections.
@@ -285,6 +291,7 @@ fn start_shards(
         let (mesh, global) = (mesh.clone(), global.clone());
         let (conn_settings, limits) = (plan.conn_settings.clone(), plan.limits.clone());
         let metrics = plan.metrics.shard(id);
+        let local = plan.store.clone();
         let start = ShardStart {
             fds,
             shutdown: plan.shutdown.clone(),
@@ -297,8 +304,11 @@ fn start_shards(
             .io_memory(SHARD_IO_MEMORY)
             .spawn(move || async move {
                 let (senders, receivers) = mesh.join().await.expect("the shard mesh forms");
-                let store = crate::store::ShardStore::None;
+                let store = crate::store::ShardStore::new(id, local.as_deref());
                 let shard = Rc::new(Shard::new(id, shards, limits, metrics, global, senders, store));
+                if let Some(local) = local {
+                    shard.restore(&local.opened.recovered, crate::store::unix_ms());
+                }
                 run_shard(shard, Rc::new(conn_settings), receivers, start).await;
             })
             .map_err(|e| anyhow::anyhow!("cannot start shard {id}: {e}"))?;

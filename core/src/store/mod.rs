@@ -11,6 +11,7 @@
 pub mod frame;
 pub mod record;
 pub mod replay;
+pub mod settings;
 
 pub use frame::{put_frame, scan, Corrupt, Scan};
 pub use record::{Record, RecordError, StoredMessage, FORMAT_VERSION};

@@ -92,6 +92,9 @@ pub enum Record {
         client_id: ByteString,
         /// Unix milliseconds; the Session Expiry Interval counts from here.
         at_ms: u64,
+        /// Session Expiry Interval in force (a DISCONNECT may change it),
+        /// seconds.
+        expiry: u32,
     },
     /// A subscription added or replaced.
     Subscribe {
@@ -215,9 +218,10 @@ impl Record {
                 put_str(out, client_id.as_bytes());
                 kind::SESSION_END
             }
-            Record::Offline { client_id, at_ms } => {
+            Record::Offline { client_id, at_ms, expiry } => {
                 put_str(out, client_id.as_bytes());
                 out.put_u64_le(*at_ms);
+                out.put_u32_le(*expiry);
                 kind::OFFLINE
             }
             Record::Subscribe { client_id, filter, subscription } => {
@@ -278,7 +282,7 @@ impl Record {
                 }
             }
             kind::SESSION_END => Record::SessionEnd { client_id: r.string()? },
-            kind::OFFLINE => Record::Offline { client_id: r.string()?, at_ms: r.u64()? },
+            kind::OFFLINE => Record::Offline { client_id: r.string()?, at_ms: r.u64()?, expiry: r.u32()? },
             kind::SUBSCRIBE => {
                 let client_id = r.string()?;
                 let filter = r.string()?;
@@ -418,7 +422,7 @@ mod tests {
                 Record::Session { client_id, username, workspace, expiry, protocol }
             }),
             text().prop_map(|client_id| Record::SessionEnd { client_id }),
-            (text(), any::<u64>()).prop_map(|(client_id, at_ms)| Record::Offline { client_id, at_ms }),
+            (text(), any::<u64>(), any::<u32>()).prop_map(|(client_id, at_ms, expiry)| Record::Offline { client_id, at_ms, expiry }),
             (text(), text(), options).prop_map(|(client_id, filter, subscription)| Record::Subscribe { client_id, filter, subscription }),
             (text(), text()).prop_map(|(client_id, filter)| Record::Unsubscribe { client_id, filter }),
             (text(), any::<u64>()).prop_map(|(client_id, value)| Record::Done { client_id, value }),

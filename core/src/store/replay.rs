@@ -87,9 +87,10 @@ impl Recovered {
             Record::SessionEnd { client_id } => {
                 self.sessions.remove(&client_id);
             }
-            Record::Offline { client_id, at_ms } => {
+            Record::Offline { client_id, at_ms, expiry } => {
                 if let Some(s) = self.sessions.get_mut(&client_id) {
                     s.offline_since_ms = Some(at_ms);
+                    s.expiry = expiry;
                 }
             }
             Record::Subscribe { client_id, filter, subscription } => {
@@ -159,8 +160,10 @@ impl Recovered {
     pub fn finish(&mut self, now_ms: u64) {
         self.written = HashMap::new();
         self.snapshot = false;
+        // A session online at the crash counts as offline from the restart.
         self.sessions.retain(|_, s| {
-            s.offline_since_ms.is_none_or(|since| since.saturating_add(u64::from(s.expiry) * 1000) > now_ms)
+            s.expiry > 0
+                && s.offline_since_ms.is_none_or(|since| since.saturating_add(u64::from(s.expiry) * 1000) > now_ms)
         });
         self.retained.retain(|_, (_, m)| !m.expired(now_ms));
         self.values.retain(|_, m| !m.expired(now_ms));
@@ -214,7 +217,7 @@ impl Recovered {
                 push(&mut out, Record::Subscribe { client_id: client_id.clone(), filter, subscription });
             }
             if let Some(at_ms) = s.offline_since_ms {
-                push(&mut out, Record::Offline { client_id: client_id.clone(), at_ms });
+                push(&mut out, Record::Offline { client_id: client_id.clone(), at_ms, expiry: s.expiry });
             }
             for &packet_id in &s.inbound_qos2 {
                 push(&mut out, Record::InboundQos2 { client_id: client_id.clone(), packet_id, open: true });
@@ -335,9 +338,9 @@ mod tests {
         let r = replay(
             vec![
                 session("gone", 10),
-                Record::Offline { client_id: "gone".into(), at_ms: 1_000 },
+                Record::Offline { client_id: "gone".into(), at_ms: 1_000, expiry: 10 },
                 session("kept", 10),
-                Record::Offline { client_id: "kept".into(), at_ms: 5_000 },
+                Record::Offline { client_id: "kept".into(), at_ms: 5_000, expiry: 10 },
                 session("online", 1),
                 session("ended", 100),
                 Record::SessionEnd { client_id: "ended".into() },
@@ -384,7 +387,7 @@ mod tests {
             value("x", QoS::AtLeastOnce, false, b"done"),
             Record::Done { client_id: "s".into(), value: 6 },
             Record::InboundQos2 { client_id: "s".into(), packet_id: 3, open: true },
-            Record::Offline { client_id: "s".into(), at_ms: 1_500 },
+            Record::Offline { client_id: "s".into(), at_ms: 1_500, expiry: 60 },
             session("t", 60),
         ];
         let before = replay(records, 2_000);

@@ -15,9 +15,11 @@
 //! lock-free inboxes (see [`inbox`]). Shared subscription groups belong to
 //! `owner_of(shared filter)` (see [`groups`]).
 
+mod durable;
 mod groups;
 mod inbox;
 mod index;
+mod restore;
 mod placement;
 
 use std::cell::{Cell, RefCell};
@@ -576,7 +578,8 @@ impl Shard {
         });
         let mut connack = negotiated.connack.clone();
         connack.session_present = session_present;
-        conn.send(&Packet::ConnAck(connack));
+        let how = (connect.protocol.level(), session_present);
+        self.attach_logged(st, slot, conn, how, Packet::ConnAck(connack));
         if session_present {
             let mut outputs = std::mem::take(&mut st.outputs);
             st.clients[slot as usize].session.resume(
@@ -625,6 +628,7 @@ impl Shard {
     /// here, its home shard's forwarding entry).
     fn remove_client(&self, st: &mut State, slot: Slot) {
         let client = st.clients.remove(slot as usize);
+        self.log_detached(&client.session, true);
         if client.offline_since.is_some() {
             self.global.offline_sessions.fetch_sub(1, Ordering::Relaxed);
         }
@@ -752,6 +756,7 @@ impl Shard {
             }
             self.remove_client(st, slot);
         } else {
+            self.log_detached(&client.session, false);
             client.offline_since = Some(now);
             self.global.offline_sessions.fetch_add(1, Ordering::Relaxed);
         }
@@ -763,7 +768,7 @@ impl Shard {
     fn publish_will(&self, st: &mut State, will: Will, now: Instant) {
         let mut properties = will.properties;
         properties.will_delay_interval = None;
-        let message = Message {
+        let mut message = Message {
             topic: will.topic,
             payload: will.payload,
             qos: will.qos,
@@ -773,6 +778,7 @@ impl Shard {
             origin: u64::MAX,
             stored: 0,
         };
+        self.store.log_value(&mut message, now);
         self.route(st, Arc::new(message), now);
     }
 
@@ -819,8 +825,12 @@ impl Shard {
                 // Without a store, at once, in order with the other outputs.
                 Output::Acknowledge(packet) if !durable => conn.send(&packet),
                 Output::Acknowledge(packet) => acks.push(packet),
+                Output::Log(change) => {
+                    self.store.log_change(st.clients[slot as usize].session.client_id(), change)
+                }
                 Output::Publish(mut message) => {
                     message.origin = st.clients[slot as usize].key;
+                    self.store.log_value(&mut message, now);
                     reach |= self.route(st, Arc::new(message), now);
                 }
                 Output::Subscribed {
@@ -845,10 +855,12 @@ impl Shard {
                             now,
                         );
                     } else {
+                        self.log_subscription(st, slot, &filter, Some(subscription));
                         self.subscribe(st, slot, filter, subscription, existed, now);
                     }
                 }
                 Output::Unsubscribed { filter } => {
+                    self.log_subscription(st, slot, &filter, None);
                     let client_id = st.clients[slot as usize].session.client_id().clone();
                     self.unsubscribe(st, &filter, slot, &client_id);
                 }
@@ -1057,6 +1069,10 @@ impl Shard {
                 },
             );
             idx += 1;
+            if let Output::Log(change) = output {
+                self.store.log_change(client.session.client_id(), change);
+                continue;
+            }
             let Some(conn) = &client.conn else { continue };
             match output {
                 Output::Deliver {

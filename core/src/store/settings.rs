@@ -1,0 +1,136 @@
+//! `[store]` settings (DESIGN.md §7, §15).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::settings::{check, duration, format_duration, format_size, size, SettingsError};
+
+/// Which store makes accepted values durable (DESIGN.md §7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// Acknowledged on receipt, nothing kept across a restart.
+    #[default]
+    None,
+    /// An append-only log per shard in [`Store::dir`], with group commit;
+    /// sessions and retained messages are recovered from it at restart.
+    Local,
+    /// NATS JetStream (not in this build yet).
+    Jetstream,
+}
+
+/// When the local store syncs its log (`store.fsync`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fsync {
+    /// A sync as soon as anything waits for one: no gathering beyond what
+    /// arrives while the previous sync runs.
+    Always,
+    /// Group commit: what is appended within [`Store::fsync_window`] of the
+    /// first unsynced append shares one sync.
+    #[default]
+    Batch,
+    /// Written to the page cache, never synced: survives a crash of the
+    /// process, not of the machine.
+    Never,
+}
+
+/// `[store]` settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Store {
+    /// The store. Default `"none"`.
+    pub kind: StoreKind,
+    /// Data directory for the `local` store, held by one process at a time
+    /// (lock file `LOCK`). Default `"./data"`.
+    pub dir: PathBuf,
+    /// When the log is synced. Default `"batch"`.
+    pub fsync: Fsync,
+    /// `"batch"`: the longest an acknowledgement waits for its sync to
+    /// start. Default 2 ms, 100µs..=100ms.
+    #[serde(with = "duration")]
+    pub fsync_window: Duration,
+    /// Log bytes at which publishes are refused (0x97) until a restart
+    /// compacts the log. Default 1 GiB, 1MiB..=1024GiB.
+    #[serde(with = "size")]
+    pub max_bytes: usize,
+    /// Start even when a log is damaged in the middle, dropping the
+    /// damaged record and everything after it in that shard's log (values
+    /// acknowledged after it are lost). Default false: such a log stops
+    /// the start, naming the file and offset.
+    pub truncate_corrupt: bool,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store {
+            kind: StoreKind::None,
+            dir: PathBuf::from("./data"),
+            fsync: Fsync::Batch,
+            fsync_window: Duration::from_millis(2),
+            max_bytes: 1 << 30,
+            truncate_corrupt: false,
+        }
+    }
+}
+
+impl Store {
+    /// Checks every range.
+    ///
+    /// # Errors
+    /// `store.fsync_window` outside 100µs..=100ms, `store.max_bytes`
+    /// outside 1MiB..=1024GiB, an empty `store.dir` for the local store, or
+    /// `store.kind = "jetstream"` (not in this build).
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        if self.kind == StoreKind::Jetstream {
+            return Err(SettingsError::StoreUnavailable(self.kind));
+        }
+        let window = (Duration::from_micros(100), Duration::from_millis(100));
+        check("store.fsync_window", self.fsync_window, window.0, window.1, format_duration)?;
+        check("store.max_bytes", self.max_bytes, 1 << 20, 1 << 40, format_size)?;
+        if self.kind == StoreKind::Local && self.dir.as_os_str().is_empty() {
+            return Err(SettingsError::Invalid {
+                key: "store.dir",
+                value: String::new(),
+                allowed: "a directory path",
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_local_store_is_checked_and_jetstream_refused() {
+        let mut s = Store { kind: StoreKind::Local, ..Store::default() };
+        assert_eq!(s.validate(), Ok(()));
+        s.fsync_window = Duration::from_secs(1);
+        assert_eq!(s.validate().unwrap_err().to_string(), "store.fsync_window = 1s is out of range 100us..=100ms");
+        s.fsync_window = Duration::from_millis(2);
+        s.max_bytes = 1000;
+        assert_eq!(s.validate().unwrap_err().to_string(), "store.max_bytes = 1000B is out of range 1MiB..=1024GiB");
+        s.kind = StoreKind::Jetstream;
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "store.kind = \"jetstream\" is not available in this build yet, use store.kind = \"none\""
+        );
+    }
+
+    #[test]
+    fn store_keys_parse_from_toml() {
+        let s: Store = toml::from_str(
+            "kind = \"local\"\ndir = \"/var/lib/fleetmq\"\nfsync = \"always\"\nfsync_window = \"5ms\"\nmax_bytes = \"2GiB\"\ntruncate_corrupt = true\n",
+        )
+        .unwrap();
+        assert_eq!(s.kind, StoreKind::Local);
+        assert_eq!(s.fsync, Fsync::Always);
+        assert_eq!(s.fsync_window, Duration::from_millis(5));
+        assert_eq!(s.max_bytes, 2 << 30);
+        assert!(s.truncate_corrupt);
+    }
+}

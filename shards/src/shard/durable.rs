@@ -1,0 +1,73 @@
+//! The shard's side of the local store (see [`crate::store`]): what a
+//! persistent session logs when it attaches, subscribes, goes offline and
+//! ends. A session is logged while its Session Expiry Interval is above 0
+//! and the store is durable; its own changes (values done, inbound QoS 2
+//! identifiers) come back from core as `Output::Log`.
+
+use std::rc::Rc;
+
+use bytestring::ByteString;
+use fleetmq_core::packet::Packet;
+use fleetmq_core::session::{Session, Subscription};
+use fleetmq_core::store::Record;
+
+use super::{ConnShared, Shard, Slot, State};
+
+impl Shard {
+    /// Log the session on `slot` as attached (persistent, or persistent
+    /// until now), and write `connack`: for a new session once that is
+    /// durable; for a resumed one (`present`) at once, because what the
+    /// session sends next must follow the CONNACK `[MQTT-3.2.0-1]` and the
+    /// session was durable before.
+    pub(super) fn attach_logged(
+        &self,
+        st: &mut State,
+        slot: Slot,
+        conn: &Rc<ConnShared>,
+        (protocol, present): (u8, bool),
+        connack: Packet,
+    ) {
+        if !self.store.is_durable() {
+            conn.send(&connack);
+            return;
+        }
+        let client = &mut st.clients[slot as usize];
+        let expiry = client.session.session_expiry();
+        if expiry > 0 || client.session.is_logged() {
+            self.store.log(Record::Session {
+                client_id: client.session.client_id().clone(),
+                username: client.owner.0.as_deref().map(ByteString::from),
+                workspace: ByteString::from(&*client.owner.1),
+                expiry,
+                protocol,
+            });
+        }
+        client.session.set_logged(expiry > 0);
+        if present {
+            conn.send(&connack);
+        } else {
+            self.store.acknowledge(conn, &mut vec![connack]);
+        }
+    }
+
+    /// Log a subscription change of the session on `slot`, if it is logged.
+    pub(super) fn log_subscription(&self, st: &State, slot: Slot, filter: &ByteString, subscription: Option<Subscription>) {
+        let session = &st.clients[slot as usize].session;
+        if session.is_logged() {
+            self.store.log_subscription(session.client_id(), filter, subscription);
+        }
+    }
+
+    /// The logged `session` went offline (kept) or ended.
+    pub(super) fn log_detached(&self, session: &Session, ended: bool) {
+        if !session.is_logged() {
+            return;
+        }
+        let client_id = session.client_id().clone();
+        self.store.log(if ended {
+            Record::SessionEnd { client_id }
+        } else {
+            Record::Offline { client_id, at_ms: crate::store::unix_ms(), expiry: session.session_expiry() }
+        });
+    }
+}
