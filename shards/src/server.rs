@@ -56,7 +56,8 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     let shards = shard_count(&settings);
     let (auth, tls) = load_security(&settings)?;
     // Before listening: a store another process holds stops the start.
-    let opened = crate::store::open_if_local(&settings.store)?;
+    let mut opened = crate::store::open_if_local(&settings.store)?;
+    let _store_lock = opened.as_mut().and_then(|o| o.take_lock());
     let listeners = bind_listeners(&settings, shards)?;
     let reloader = spawn_reloader(auth.clone(), shutdown.clone())?;
     let metrics = Metrics::with_sign_in(shards, auth.sign_in_metrics());

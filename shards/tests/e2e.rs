@@ -103,3 +103,8 @@ mod closing;
 /// harness's own tests.
 #[path = "e2e/nats.rs"]
 mod nats;
+
+/// The durable local store: restart after SIGKILL, no acknowledged value
+/// lost under load, damaged logs, the lock, a full disk.
+#[path = "e2e/store.rs"]
+mod store;

@@ -23,14 +23,23 @@ use tracing::{info, warn};
 pub(crate) struct Opened {
     /// The directory.
     pub(crate) dir: PathBuf,
-    /// Keeps the `flock` for the life of the process.
-    pub(crate) _lock: File,
+    /// Holds the `flock` on `LOCK` while it is open (see [`Opened::take_lock`]).
+    lock: Option<File>,
     /// State recovered (already written again as the new snapshot).
     pub(crate) recovered: Recovered,
     /// The next log sequence number to hand out.
     pub(crate) next_lsn: u64,
     /// Bytes of the new snapshot.
     pub(crate) snapshot_bytes: u64,
+}
+
+impl Opened {
+    /// The open `LOCK` file: the directory stays held as long as it is
+    /// open, so the caller keeps it for the life of the process (the rest
+    /// of `Opened` is dropped once the shards took what they need).
+    pub(crate) fn take_lock(&mut self) -> Option<File> {
+        self.lock.take()
+    }
 }
 
 /// Unix milliseconds now.
@@ -110,7 +119,7 @@ pub(crate) fn open(dir: &Path, truncate_corrupt: bool) -> anyhow::Result<Opened>
         elapsed_ms = started.elapsed().as_millis() as u64,
         "store recovered"
     );
-    Ok(Opened { dir: dir.to_owned(), _lock: lock, recovered, next_lsn, snapshot_bytes })
+    Ok(Opened { dir: dir.to_owned(), lock: Some(lock), recovered, next_lsn, snapshot_bytes })
 }
 
 /// Lock `dir/LOCK` for this process and write its PID there.
