@@ -30,7 +30,7 @@ use crate::limits::{Gate, Slot as LimitSlot};
 use crate::metrics::RefuseReason;
 use crate::park::Parked;
 use crate::shard::{
-    owner_of, AttachError, ConnShared, Handoff, HandoffStream, Mover, Route, Shard, ShardMsg,
+    owner_of, AttachError, ConnShared, Feeding, Handoff, HandoffStream, Mover, Route, Shard, ShardMsg,
 };
 use crate::tls::TlsConfig;
 use crate::transport::{self, bridge, ListenerKind, Transport};
@@ -668,6 +668,9 @@ enum Event {
     /// The connection is to move to this shard (see `shard::placement`),
     /// and nothing is pending.
     Move(usize),
+    /// Retained messages wait for its subscriptions and the socket has
+    /// drained (see `shard::retained`).
+    Feed,
 }
 
 /// The connection's life in one task: read, decode and handle packets, and
@@ -752,6 +755,15 @@ fn drive(
                     shard.metrics.bytes_in.inc_by(n as u64);
                     read_at = Instant::now();
                     conn.active.set(true);
+                    if conn.feeding.get() == Feeding::Blocked {
+                        // An acknowledgement may have opened the window.
+                        conn.feeding.set(Feeding::Ready);
+                    }
+                }
+                Event::Feed => {
+                    shard.feed_retained(slot, &conn, Instant::now());
+                    // A batch at a time: the shard's other tasks run between.
+                    futures_lite::future::yield_now().await;
                 }
                 Event::Park => {
                     conn.park_requested.set(false);
@@ -882,12 +894,12 @@ impl Io {
                     return Poll::Ready(Event::Move(to));
                 }
             }
+            let drained = self.writing.is_empty() && !self.unflushed && conn.out.borrow().is_empty();
+            if drained && conn.feeding.get() == Feeding::Ready {
+                return Poll::Ready(Event::Feed);
+            }
             if conn.park_requested.get() {
-                if self.writing.is_empty()
-                    && !self.unflushed
-                    && buf.is_empty()
-                    && conn.out.borrow().is_empty()
-                {
+                if drained && buf.is_empty() {
                     return Poll::Ready(Event::Park);
                 }
                 conn.park_requested.set(false);

@@ -108,3 +108,8 @@ mod nats;
 /// lost under load, damaged logs, the lock, a full disk.
 #[path = "e2e/store.rs"]
 mod store;
+
+/// Retained messages for a SUBSCRIBE paced, not dropped: 80,000 to one
+/// subscriber at each QoS, a slow reader, a thousand subscribers at once.
+#[path = "e2e/retained_paced.rs"]
+mod retained_paced;

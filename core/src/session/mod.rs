@@ -516,6 +516,14 @@ impl Session {
         self.flight.as_ref().map_or(0, |f| f.inflight.len())
     }
 
+    /// True when a QoS 1 or 2 delivery would be sent now rather than
+    /// queued: the client is connected, nothing is queued before it and
+    /// its Receive Maximum has room. A caller with deliveries of its own
+    /// to pace (retained messages for a SUBSCRIBE) offers one only then.
+    pub fn may_send_now(&self) -> bool {
+        self.online && self.queued() == 0 && self.has_send_quota()
+    }
+
     /// The session's [`Flight`], allocated on first use.
     fn fl(&mut self) -> &mut Flight {
         self.flight.get_or_insert_with(Box::default)

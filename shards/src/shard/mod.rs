@@ -21,6 +21,7 @@ mod inbox;
 mod index;
 mod restore;
 mod placement;
+mod retained;
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -45,7 +46,6 @@ use fleetmq_core::session::{
     Output, Refusal, Session, SessionLimits, Subscription,
 };
 use fleetmq_core::settings::Shared;
-use fleetmq_core::topic::matches;
 use fleetmq_core::topic::parse_shared;
 use fleetmq_core::trie::SubscriptionTrie;
 use glommio::channels::channel_mesh::Senders;
@@ -54,7 +54,9 @@ use slab::Slab;
 use crate::metrics::{DropReason, ShardMetrics};
 use crate::outbound::{frame_for, FrameCache};
 use crate::signal::Signal;
-use inbox::{Control, Inbox, Retained};
+use inbox::{Control, Inbox};
+pub(crate) use retained::Feeding;
+use retained::{Feeds, Retained};
 use index::ClientIndex;
 
 /// Size of a shard's read scratch buffer: the most one read takes from a
@@ -190,6 +192,8 @@ pub(crate) struct ConnShared {
     pub(crate) close: Cell<Option<CloseRequest>>,
     /// The connection may not move to another shard (see [`placement`]).
     pub(crate) unmovable: Cell<bool>,
+    /// Retained messages for its subscriptions wait (see [`retained`]).
+    pub(crate) feeding: Cell<Feeding>,
     /// When the last complete Control Packet from the client was read
     /// (at CONNECT, the connection's start). Keep Alive counts packets,
     /// not bytes: a client that sends a packet a byte at a time is still
@@ -221,6 +225,7 @@ impl ConnShared {
             parkable: Cell::new(false),
             close: Cell::new(None),
             unmovable: Cell::new(false),
+            feeding: Cell::new(Feeding::Idle),
             last_packet: Cell::new(now),
             keep_alive,
             expires_at,
@@ -364,6 +369,8 @@ struct State {
     group_ids: HashMap<ByteString, u32>,
     routes: RouteTable,
     retained: Retained,
+    /// Retained messages subscriptions still have to receive, by session.
+    feeds: Feeds,
     /// Inbox changes applied so far.
     applied: u64,
     /// Deliveries for other shards, batched per shard until the next flush.
@@ -461,6 +468,7 @@ impl Shard {
                 group_ids: HashMap::new(),
                 routes: RouteTable::new(),
                 retained: Retained::default(),
+                feeds: Feeds::default(),
                 applied: 0,
                 outbox: (0..shards).map(|_| Vec::new()).collect(),
                 outbox_bytes: 0,
@@ -580,6 +588,7 @@ impl Shard {
         connack.session_present = session_present;
         let how = (connect.protocol.level(), session_present);
         self.attach_logged(st, slot, conn, how, Packet::ConnAck(connack));
+        self.attach_feeds(st, slot, conn, session_present);
         if session_present {
             let mut outputs = std::mem::take(&mut st.outputs);
             st.clients[slot as usize].session.resume(
@@ -633,6 +642,7 @@ impl Shard {
             self.global.offline_sessions.fetch_sub(1, Ordering::Relaxed);
         }
         st.by_id.remove(client.session.client_id(), slot);
+        st.feeds.remove(slot);
         self.moved_session_ends(st, slot, client.session.client_id());
         for filter in client.session.subscriptions().keys() {
             self.unsubscribe(st, filter, slot, client.session.client_id());
@@ -856,7 +866,7 @@ impl Shard {
                         );
                     } else {
                         self.log_subscription(st, slot, &filter, Some(subscription));
-                        self.subscribe(st, slot, filter, subscription, existed, now);
+                        self.subscribe(st, slot, filter, subscription, existed);
                     }
                 }
                 Output::Unsubscribed { filter } => {
@@ -896,7 +906,6 @@ impl Shard {
         filter: ByteString,
         subscription: Subscription,
         existed: bool,
-        now: Instant,
     ) {
         if !st.trie.has_filter(&filter) {
             self.route_change(st, &filter, true);
@@ -908,22 +917,8 @@ impl Shard {
             RetainHandling::SendIfNew => !existed,
             RetainHandling::DoNotSend => false,
         };
-        if !send_retained {
-            return;
-        }
-        self.catch_up(st);
-        let retained = st.retained.matching(|topic| matches(&filter, topic));
-        for message in retained {
-            let delivery = Delivery {
-                qos: message.qos.min(subscription.options.qos),
-                // Retained messages sent for a subscribe keep RETAIN=1
-                // `[MQTT-3.3.1-9]`.
-                retain: true,
-                subscription_ids: subscription.identifier.into_iter().collect(),
-                group: None,
-                message,
-            };
-            self.deliver_to(st, slot, delivery, now, false);
+        if send_retained {
+            self.start_feed(st, slot, filter, subscription);
         }
     }
 

@@ -157,6 +157,7 @@ impl Shard {
             || conn.unmovable.get()
             || conn.is_closing()
             || !conn.out.borrow().is_empty()
+            || conn.feeding.get() != super::Feeding::Idle
         {
             conn.unmovable.set(true);
             return Err((fd, admission));
@@ -164,6 +165,7 @@ impl Shard {
         let client = st.clients.remove(slot as usize);
         let client_id = client.session.client_id();
         st.by_id.remove(client_id, slot);
+        st.feeds.remove(slot);
         debug!(target: "broker", %client_id, from = self.id, to, "publisher moving");
         let generation = conn.key;
         st.moved.insert(client_id.clone(), (to, generation));

@@ -59,6 +59,11 @@ impl RawClient {
         let _ = self.stream.write_all(bytes);
     }
 
+    /// The socket, for a client that reads on its own.
+    pub(crate) fn into_stream(self) -> TcpStream {
+        self.stream
+    }
+
     /// Writes `bytes`; the error when the write fails (a reset, say).
     pub(crate) fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.stream.write_all(bytes)
