@@ -245,11 +245,17 @@ pub struct Limits {
     /// Connected clients per replica. Default 1,000,000, range
     /// 1..=10,000,000.
     pub max_clients: u32,
-    /// Connections between accept and CONNACK. Default 2048, range
-    /// 1..=1,000,000.
+    /// Connections between accept and CONNACK, over all shards. At the
+    /// limit the one that has made the least progress (no byte yet, the
+    /// oldest first; then stalled handshakes and CONNECTs too slow to
+    /// finish within `connect_timeout`) is closed to make room; a new
+    /// connection is refused only when every other is progressing.
+    /// Default 2048, range 1..=1,000,000.
     pub max_pending_connections: u32,
-    /// CONNECTs whose credentials are being checked at once. Default 256,
-    /// range 1..=1,000,000.
+    /// CONNECTs whose credentials are being checked or waiting to be, over
+    /// all shards. Checks take turns by source address (then user name);
+    /// at the limit the oldest waiting check of the longest line gives
+    /// way. Default 256, range 1..=1,000,000.
     pub max_connects_authenticating: u32,
     /// Connections per credential (user name). Default 1000, range
     /// 1..=10,000,000.

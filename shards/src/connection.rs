@@ -26,9 +26,11 @@ use tracing::debug;
 use crate::access::AclAuthorizer;
 use crate::auth::{AuthError, Authenticator, Credentials, Identity};
 use crate::closing::{self, Linger, REFUSED_IDLE};
-use crate::limits::{Gate, Slot as LimitSlot};
+use crate::limits::{Gate, ShardGate, Slot as LimitSlot};
 use crate::metrics::RefuseReason;
 use crate::park::Parked;
+use crate::pending::PendingGuard;
+use crate::signin::SignInQueue;
 use crate::shard::{
     owner_of, AttachError, ConnShared, Feeding, Handoff, HandoffStream, Mover, Route, Shard, ShardMsg,
 };
@@ -125,18 +127,30 @@ enum Early {
 async fn open_and_read_connect(
     shard: &Shard,
     settings: &ConnSettings,
+    pending: &PendingGuard,
     kind: ListenerKind,
     stream: TcpStream,
 ) -> Result<(Transport, Option<String>, Box<Connect>, BytesMut), (Option<Transport>, Early)> {
+    if kind != ListenerKind::Tcp {
+        // A handshake's first byte, left for the handshake to read: until
+        // it comes the connection is silent, the first to give way
+        // (`crate::pending`).
+        let _ = stream.peek(&mut [0u8; 1]).await;
+        pending.handshaking(Instant::now());
+    }
     let (mut transport, tls_identity) = transport::open(kind, stream, settings.tls.as_deref())
         .await
         .map_err(|e| (None, Early::Handshake(e)))?;
     let mut buf = BytesMut::new();
+    if kind != ListenerKind::Tcp {
+        pending.connect_read(&buf, Instant::now());
+    }
     loop {
         // Read before `decode`, which takes the packet out of `buf`.
         let v5 = buf.first().is_some_and(|b| b >> 4 == 1) && connect_protocol_level(&buf) == Some(5);
         match decode(&mut buf, None, settings.max_connect_packet_bytes) {
             Ok(Some(Packet::Connect(connect))) => {
+                pending.complete(Instant::now());
                 return Ok((transport, tls_identity, connect, buf))
             }
             Ok(Some(_)) => return Err((Some(transport), Early::NotConnect)),
@@ -178,6 +192,7 @@ async fn open_and_read_connect(
         match read_some(&mut transport, &mut buf, &shard.scratch).await {
             ReadOutcome::Data(n) => {
                 shard.metrics.bytes_in.inc_by(n as u64);
+                pending.connect_read(&buf, Instant::now());
             }
             ReadOutcome::Closed => return Err((Some(transport), Early::Closed)),
         }
@@ -210,6 +225,7 @@ fn refused(shard: &Shard, settings: &ConnSettings, reason: RefuseReason) {
 pub(crate) async fn accepted(
     shard: Rc<Shard>,
     settings: Rc<ConnSettings>,
+    doors: Rc<ShardGate>,
     stream: TcpStream,
     kind: ListenerKind,
 ) {
@@ -218,17 +234,19 @@ pub(crate) async fn accepted(
         .peer_addr()
         .map(|a| a.ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    // Limits that hold before anything is read (DESIGN.md §9).
-    let Some(pending) = settings.gate.pending() else {
-        return refused(&shard, &settings, RefuseReason::MaxPendingConnections);
-    };
+    // Limits that hold before anything is read (DESIGN.md §9): at
+    // `max_pending_connections` the pending connection with the least
+    // progress gives way, if one has not progressed (`crate::pending`).
     let Ok(source_slot) = settings.gate.source(peer) else {
         return refused(&shard, &settings, RefuseReason::MaxConnectionsPerSource);
     };
+    let Some(pending) = doors.pending.admit(&settings.gate, Instant::now()) else {
+        return refused(&shard, &settings, RefuseReason::MaxPendingConnections);
+    };
     let opened = or(
-        async { Some(open_and_read_connect(&shard, &settings, kind, stream).await) },
+        async { Some(open_and_read_connect(&shard, &settings, &pending, kind, stream).await) },
         async {
-            sleep(settings.connect_timeout).await;
+            or(sleep(settings.connect_timeout), pending.evicted()).await;
             None
         },
     )
@@ -287,6 +305,7 @@ pub(crate) async fn accepted(
             };
             return refused(&shard, &settings, reason);
         }
+        None if pending.was_evicted() => return refused(&shard, &settings, RefuseReason::PendingEvicted),
         None => return refused(&shard, &settings, RefuseReason::ConnectTimeout),
     };
     let refuse_with = |reason: ReasonCode, detail: &'static str| Refusal { reason, detail };
@@ -302,7 +321,7 @@ pub(crate) async fn accepted(
     }
     // Boxed, like the other rare or large steps below: this task's state is
     // held by every connection until its CONNECT is answered.
-    let identity = match Box::pin(sign_in(&settings, &connect, peer, tls_identity)).await {
+    let identity = match Box::pin(sign_in(&settings, &doors.sign_in, &connect, peer, tls_identity)).await {
         Ok(identity) => identity,
         Err((reason, why)) => {
             Box::pin(refuse(
@@ -420,16 +439,16 @@ fn dup<S: AsRawFd>(stream: &S) -> Option<OwnedFd> {
 /// Check the CONNECT's credentials (DESIGN.md §9): the failed sign-in
 /// guard decides on the shard (cheap), and a password or JWT is checked
 /// off the shard thread: argon2 takes milliseconds, which would stall
-/// every connection here.
+/// every connection here. Such a check first waits for its turn in the
+/// shard's `queue` (`crate::signin`, `max_connects_authenticating`); the
+/// cheap ones run at once.
 async fn sign_in(
     settings: &ConnSettings,
+    queue: &Rc<SignInQueue>,
     connect: &Connect,
     peer: IpAddr,
     tls_identity: Option<String>,
 ) -> Result<Identity, (ReasonCode, RefuseReason)> {
-    let Some(_checking) = settings.gate.authenticating() else {
-        return Err((ReasonCode::SERVER_BUSY, RefuseReason::MaxConnectsAuthenticating));
-    };
     let creds = Credentials {
         username: connect.username.as_deref(),
         password: connect.password.as_deref(),
@@ -441,6 +460,10 @@ async fn sign_in(
     let result = match auth.admit(&creds, SystemTime::now()) {
         Ok(admitted) if !admitted.is_costly() => auth.check_admitted(&creds, admitted, SystemTime::now()),
         Ok(admitted) => {
+            let user = connect.username.as_deref();
+            let Some(_turn) = queue.turn(&settings.gate, peer, user, admitted.is_known_device()).await else {
+                return Err((ReasonCode::SERVER_BUSY, RefuseReason::MaxConnectsAuthenticating));
+            };
             let auth = auth.clone();
             let username = connect.username.as_ref().map(|u| u.to_string());
             let password = connect.password.clone();

@@ -6,11 +6,15 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::warn;
+
+use crate::pending::PendingSet;
+use crate::signin::SignInQueue;
 
 /// How often a refusal reason is logged at most (the count in between is
 /// reported with it).
@@ -27,6 +31,25 @@ pub(crate) struct Gate {
     per_source: Mutex<HashMap<IpAddr, usize>>,
     per_credential: Mutex<HashMap<String, usize>>,
     refusals: Mutex<HashMap<&'static str, (Instant, u64)>>,
+}
+
+/// A shard's own side of the limits: its pending connections, which give
+/// way to newcomers at `max_pending_connections` (`crate::pending`), and
+/// its queue of credential checks (`crate::signin`).
+pub(crate) struct ShardGate {
+    pub(crate) pending: Rc<PendingSet>,
+    pub(crate) sign_in: Rc<SignInQueue>,
+}
+
+impl ShardGate {
+    /// An empty one for a shard whose connections have `connect_timeout`
+    /// to send their CONNECT.
+    pub(crate) fn new(connect_timeout: Duration) -> Rc<ShardGate> {
+        Rc::new(ShardGate {
+            pending: Rc::new(PendingSet::new(connect_timeout)),
+            sign_in: Rc::new(SignInQueue::default()),
+        })
+    }
 }
 
 /// A counted slot; dropping it gives the slot back.

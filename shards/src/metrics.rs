@@ -148,8 +148,12 @@ impl DropReason {
 #[non_exhaustive]
 pub enum RefuseReason {
     /// `limits.max_pending_connections` sockets were already waiting for
-    /// their CONNECT.
+    /// their CONNECT, and every one of this shard's was progressing.
     MaxPendingConnections,
+    /// A pending connection that had made the least progress was closed
+    /// to make room for a new one at `limits.max_pending_connections`
+    /// (see `crate::pending`).
+    PendingEvicted,
     /// `limits.max_connections_per_source` from this address.
     MaxConnectionsPerSource,
     /// The CONNECT named a protocol level other than 3, 4 or 5
@@ -167,7 +171,9 @@ pub enum RefuseReason {
     ConnectTimeout,
     /// `limits.max_clients` clients were connected (Server busy).
     MaxClients,
-    /// `limits.max_connects_authenticating` sign-ins were in progress.
+    /// `limits.max_connects_authenticating` sign-ins were in progress or
+    /// waiting and none could make room (see `crate::signin`), or a
+    /// waiting one was evicted to make room for another.
     MaxConnectsAuthenticating,
     /// Wrong user name or password.
     BadCredentials,
@@ -193,8 +199,9 @@ pub enum RefuseReason {
 
 impl RefuseReason {
     /// Every reason, in label order.
-    pub const ALL: [RefuseReason; 17] = [
+    pub const ALL: [RefuseReason; 18] = [
         RefuseReason::MaxPendingConnections,
+        RefuseReason::PendingEvicted,
         RefuseReason::MaxConnectionsPerSource,
         RefuseReason::UnsupportedProtocolVersion,
         RefuseReason::MaxConnectPacketBytes,
@@ -217,6 +224,7 @@ impl RefuseReason {
     pub fn as_str(self) -> &'static str {
         match self {
             RefuseReason::MaxPendingConnections => "max_pending_connections",
+            RefuseReason::PendingEvicted => "pending_evicted",
             RefuseReason::MaxConnectionsPerSource => "max_connections_per_source",
             RefuseReason::UnsupportedProtocolVersion => "unsupported_protocol_version",
             RefuseReason::MaxConnectPacketBytes => "max_connect_packet_bytes",

@@ -22,6 +22,7 @@ use glommio::timer::sleep;
 use tracing::warn;
 
 use crate::connection::{accepted, handed_over, moved_in, resume, ConnSettings};
+use crate::limits::ShardGate;
 use crate::metrics::Metrics;
 use crate::park::Parker;
 use crate::shard::{Route, Shard, ShardMsg};
@@ -133,10 +134,13 @@ fn spawn_acceptors(
     settings: &Rc<ConnSettings>,
     fds: Vec<(OwnedFd, ListenerKind)>,
 ) {
+    // The shard's pending connections and credential checks, for every
+    // listener of the shard.
+    let doors = ShardGate::new(settings.connect_timeout);
     for (fd, kind) in fds {
         // SAFETY: the fd is a listening socket we own.
         let listener = unsafe { TcpListener::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
-        let (shard, settings) = (shard.clone(), settings.clone());
+        let (shard, settings, doors) = (shard.clone(), settings.clone(), doors.clone());
         glommio::spawn_local(async move {
             loop {
                 // The pending accept's poll is not aside: it lives until
@@ -156,6 +160,7 @@ fn spawn_acceptors(
                         crate::alloc::spawn_aside(accepted(
                             shard.clone(),
                             settings.clone(),
+                            doors.clone(),
                             stream,
                             kind,
                         ));

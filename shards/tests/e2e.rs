@@ -83,6 +83,11 @@ mod limits;
 #[path = "e2e/lockout.rs"]
 mod lockout;
 
+/// Floods of silent, stalled and slow connections and of wrong passwords:
+/// devices still get in, and the broker's resources come back.
+#[path = "e2e/floods.rs"]
+mod floods;
+
 /// Publishers moving to their subscribers' shard: order, take-over,
 /// resume, clean start and wills across the move.
 #[path = "e2e/placement.rs"]

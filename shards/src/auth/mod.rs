@@ -155,6 +155,14 @@ impl Admitted {
     pub fn is_costly(&self) -> bool {
         self.guarded.is_some()
     }
+
+    /// Whether the guard recognised a known device: the same user name
+    /// and client identifier (and, with trusted addresses, address) as a
+    /// sign-in that succeeded, checked on the known devices' own budget.
+    /// Its check goes first in the shard's queue (`crate::signin`).
+    pub fn is_known_device(&self) -> bool {
+        matches!(self.guarded, Some((_, Verdict::Check { known: true, .. })))
+    }
 }
 
 /// Files the authenticator reads, and how it treats them.

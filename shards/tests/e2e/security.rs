@@ -706,7 +706,7 @@ pub(crate) fn assert_refused(broker: &Broker, reason: &str, expected: f64) {
 
 /// A broker with a `tls` listener serving `cert` and the extra settings
 /// `extra`; the temporary folder holds server.pem and server.key.
-fn tls_broker(dir: &TempDir, cert: &(String, String), extra: &[String]) -> Broker {
+pub(crate) fn tls_broker(dir: &TempDir, cert: &(String, String), extra: &[String]) -> Broker {
     let mut args = Vec::new();
     set(&mut args, "listeners.tls", r#"["127.0.0.1:0"]"#);
     set_str(&mut args, "tls.cert", &dir.put("server.pem", &cert.0));

@@ -222,6 +222,15 @@ pub fn connect_protocol_level(buf: &[u8]) -> Option<u8> {
     buf.get(header_len + 2 + name_len).copied()
 }
 
+/// The whole size, in bytes, of the packet at the front of `buf` (fixed
+/// header and Remaining Length, MQTT 5 §2.1.4) once its fixed header has
+/// arrived: how far a connection is from a complete CONNECT. `None` when
+/// the fixed header is not all there yet or is malformed.
+pub fn packet_size(buf: &[u8]) -> Option<usize> {
+    let (remaining, header_len) = remaining_length(buf).ok()??;
+    Some(header_len + remaining)
+}
+
 /// Parses the Remaining Length (MQTT 5 §2.1.4) after the first byte:
 /// `Some((remaining length, fixed header length))`, or `None` when more
 /// bytes are needed. A fourth byte with the continuation bit is Malformed at

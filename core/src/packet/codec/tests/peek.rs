@@ -5,7 +5,7 @@ use bytes::BytesMut;
 use proptest::prelude::*;
 
 use super::strategies::packet;
-use crate::packet::codec::{connect_protocol_level, decode, encode, peek_publish, DecodeError, Peeked};
+use crate::packet::codec::{connect_protocol_level, decode, encode, packet_size, peek_publish, DecodeError, Peeked};
 use crate::packet::{Packet, ProtocolVersion};
 
 const VERSIONS: [ProtocolVersion; 3] =
@@ -55,6 +55,9 @@ proptest! {
         if let Packet::Connect(c) = &p {
             prop_assert_eq!(connect_protocol_level(&out), Some(c.protocol.level()));
         }
+        // The size the fixed header announces is the packet's.
+        prop_assert_eq!(packet_size(&out), Some(out.len()));
+        prop_assert_eq!(packet_size(&out[..1]), None);
         // Every proper prefix needs more bytes, as for decode.
         for cut in [0, 1, out.len() / 2, out.len() - 1] {
             prop_assert_eq!(peek_publish(&out[..cut], v, usize::MAX), Ok(Peeked::Incomplete));
@@ -110,4 +113,14 @@ fn the_protocol_level_is_read_from_a_connect_prefix() {
     assert_eq!(connect_protocol_level(&v5[..10]), None);
     assert_eq!(connect_protocol_level(&[0x10, 0x80, 0x80, 0x80, 0x80, 0x01]), None);
     assert_eq!(connect_protocol_level(&[]), None);
+}
+
+#[test]
+fn the_packet_size_is_read_from_the_fixed_header_alone() {
+    // Remaining Length 200,000 in 3 bytes: 4 bytes of fixed header.
+    assert_eq!(packet_size(&[0x10, 0xC0, 0x9A, 0x0C]), Some(200_004));
+    assert_eq!(packet_size(&[0x10, 0xC0, 0x9A]), None, "the Remaining Length goes on");
+    assert_eq!(packet_size(&[0x10]), None);
+    assert_eq!(packet_size(&[]), None);
+    assert_eq!(packet_size(&[0x10, 0x80, 0x80, 0x80, 0x80]), None, "malformed: 5 bytes");
 }

@@ -1,0 +1,471 @@
+//! The connections of one shard between accept and a complete CONNECT,
+//! and which of them gives way when a new connection would exceed
+//! `limits.max_pending_connections` (DESIGN.md §9; issue 28).
+//!
+//! The limit bounds what a flood of connections can hold (descriptors,
+//! task state, handshake buffers). Refusing the newcomer when it is
+//! reached let an attacker with a few thousand silent sockets, reopened
+//! every `connect_timeout`, keep every device out. Instead the connection
+//! that has made the least progress makes room: first those that have
+//! sent no byte, oldest first; then, among those that have stalled (see
+//! [`Progress::stalled`]), the furthest from a complete CONNECT. The
+//! newcomer is refused only when every pending connection is progressing
+//! (or has its CONNECT already). Each connection that gives way is closed
+//! without an answer (it sent no complete CONNECT) and counted as
+//! `fleetmq_connect_refused_total{reason="pending_evicted"}`.
+//!
+//! # Across shards
+//!
+//! The limit is per process; each shard keeps its own set (its listener's
+//! connections, on its own thread). The count stays the one process-wide
+//! atomic of [`Gate::pending`]: a connection is admitted at once while the
+//! count is under the limit, whichever shard holds the others, so a
+//! legitimate reconnect storm that lands unevenly is not refused early.
+//! Only when the count is at the limit does the accepting shard choose a
+//! victim, and only among its own connections: it hands the victim's slot
+//! to the newcomer, so the count never passes the limit, and no shard
+//! reads or locks another's set. The kernel spreads connections over the
+//! shards' `SO_REUSEPORT` sockets by a hash of their addresses, so a flood
+//! fills every shard's set in proportion and each shard finds its own
+//! victims. A per-shard share of the limit (limit / shards each) was the
+//! alternative: equally lock-free, but it refuses on one shard while the
+//! process has room, and rounds a small limit down to nothing on some
+//! shards. The cost of this choice: a newcomer on a shard whose own
+//! pending connections are all progressing is refused even if another
+//! shard holds a silent one; with the kernel's spread that takes a flood
+//! of progressing connections, which the limit is there to refuse.
+
+use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleetmq_core::packet::codec::packet_size;
+
+use crate::limits::{Gate, Slot};
+use crate::signal::Signal;
+
+/// How long a pending connection may go without reaching its next step
+/// (its first byte, the end of a handshake, its next CONNECT byte) before
+/// it counts as stalled: a TLS or WebSocket handshake and a CONNECT are
+/// each one flight from the client, a round trip at most.
+pub(crate) const STALL: Duration = Duration::from_secs(1);
+
+/// How far a pending connection has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Stage {
+    /// Nothing received yet.
+    Silent,
+    /// Bytes of a TLS or WebSocket handshake received; not complete.
+    Handshake,
+    /// Reading the CONNECT (the transport is open).
+    Connect,
+    /// The CONNECT is complete: signing in, or being answered. Never
+    /// evicted.
+    Complete,
+}
+
+/// A pending connection's progress, as its task last saw it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Progress {
+    pub(crate) stage: Stage,
+    /// When the stage began.
+    pub(crate) since: Instant,
+    /// When the last byte came.
+    pub(crate) last: Instant,
+    /// In [`Stage::Connect`]: bytes of the CONNECT received.
+    pub(crate) read: usize,
+    /// In [`Stage::Connect`]: the CONNECT's whole size, once its fixed
+    /// header is in.
+    pub(crate) size: Option<usize>,
+}
+
+/// Where a connection stands in the eviction order: the lowest gives way
+/// first (no byte, then a handshake, then a CONNECT; the most bytes
+/// missing; the oldest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank {
+    stage: Stage,
+    missing: Reverse<usize>,
+    since: Instant,
+}
+
+impl Progress {
+    fn new(at: Instant) -> Progress {
+        Progress {
+            stage: Stage::Silent,
+            since: at,
+            last: at,
+            read: 0,
+            size: None,
+        }
+    }
+
+    /// Whether the connection, accepted at `accepted`, is not on its way
+    /// to a CONNECT within `connect_timeout` at `now`: it sent nothing
+    /// yet; or it has been in its handshake, or without a CONNECT byte,
+    /// for [`STALL`]; or the CONNECT comes so slowly that, at the rate of
+    /// its bytes so far, the rest would arrive after the timeout (a
+    /// CONNECT sent a byte a second). Within [`STALL`] of its stage's start
+    /// a connection is given the benefit of the doubt.
+    pub(crate) fn stalled(
+        &self,
+        accepted: Instant,
+        now: Instant,
+        connect_timeout: Duration,
+    ) -> bool {
+        let in_stage = now.saturating_duration_since(self.since);
+        match self.stage {
+            Stage::Silent => true,
+            Stage::Complete => false,
+            _ if in_stage < STALL => false,
+            Stage::Handshake => true,
+            Stage::Connect => {
+                let Some(size) = self.size else { return true };
+                if now.saturating_duration_since(self.last) >= STALL {
+                    return true;
+                }
+                let rate = self.read.max(1) as f64 / in_stage.as_secs_f64();
+                let finish = self.since + Duration::from_secs_f64(size as f64 / rate);
+                finish > accepted + connect_timeout
+            }
+        }
+    }
+
+    fn rank(&self, accepted: Instant) -> Rank {
+        let missing = match (self.stage, self.size) {
+            (Stage::Connect, Some(size)) => size.saturating_sub(self.read),
+            _ => usize::MAX,
+        };
+        let since = if self.stage == Stage::Silent {
+            accepted
+        } else {
+            self.since
+        };
+        Rank {
+            stage: self.stage,
+            missing: Reverse(missing),
+            since,
+        }
+    }
+}
+
+/// One pending connection, shared by its task and its shard's set.
+struct Pending {
+    accepted: Instant,
+    progress: Cell<Progress>,
+    /// Its place in [`PendingSet::entries`]; `usize::MAX` once out.
+    index: Cell<usize>,
+    /// Its process-wide pending slot; taken by the connection it makes
+    /// room for when evicted.
+    slot: Cell<Option<Slot>>,
+    /// Fires when the connection is evicted.
+    evicted: Signal,
+}
+
+impl Pending {
+    fn in_set(&self) -> bool {
+        self.index.get() != usize::MAX
+    }
+}
+
+/// A shard's pending connections (see the module docs). Bounded by
+/// `max_pending_connections`: one entry per connection holding a pending
+/// slot, and a queue of the silent ones kept within twice that.
+pub(crate) struct PendingSet {
+    connect_timeout: Duration,
+    entries: RefCell<Vec<Rc<Pending>>>,
+    /// Connections in accept order, to find the oldest silent one without
+    /// a scan; entries that spoke, ended or were evicted are skipped (and
+    /// dropped when the queue outgrows the set).
+    silent: RefCell<VecDeque<Weak<Pending>>>,
+}
+
+impl PendingSet {
+    /// An empty set for connections with `connect_timeout` to send their
+    /// CONNECT.
+    pub(crate) fn new(connect_timeout: Duration) -> PendingSet {
+        PendingSet {
+            connect_timeout,
+            entries: RefCell::new(Vec::new()),
+            silent: RefCell::new(VecDeque::new()),
+        }
+    }
+
+    /// Admit a connection accepted `now`: with a free pending slot, or
+    /// with the slot of the pending connection of this shard that gave
+    /// way (it is evicted: its task sees [`PendingGuard::evicted`]).
+    /// `None` when the limit is reached and every pending connection here
+    /// is progressing.
+    pub(crate) fn admit(self: &Rc<Self>, gate: &Arc<Gate>, now: Instant) -> Option<PendingGuard> {
+        let slot = match gate.pending() {
+            Some(slot) => slot,
+            None => self.evict(now)?,
+        };
+        let entry = Rc::new(Pending {
+            accepted: now,
+            progress: Cell::new(Progress::new(now)),
+            index: Cell::new(usize::MAX),
+            slot: Cell::new(Some(slot)),
+            evicted: Signal::default(),
+        });
+        let mut entries = self.entries.borrow_mut();
+        entry.index.set(entries.len());
+        entries.push(entry.clone());
+        let mut silent = self.silent.borrow_mut();
+        silent.push_back(Rc::downgrade(&entry));
+        if silent.len() > 2 * entries.len() + 64 {
+            silent.retain(|w| w.upgrade().is_some_and(|p| is_silent(&p)));
+        }
+        Some(PendingGuard {
+            set: self.clone(),
+            entry,
+        })
+    }
+
+    /// Pending connections on this shard.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.borrow().len()
+    }
+
+    /// Evict the connection that gives way at `now` (see the module docs)
+    /// and return its slot.
+    fn evict(&self, now: Instant) -> Option<Slot> {
+        let victim = self.victim(now)?;
+        self.remove(&victim);
+        victim.evicted.notify();
+        victim.slot.take()
+    }
+
+    /// The oldest silent connection, else the lowest ranked of those
+    /// stalled; `None` when every one is progressing.
+    fn victim(&self, now: Instant) -> Option<Rc<Pending>> {
+        let mut silent = self.silent.borrow_mut();
+        while let Some(weak) = silent.pop_front() {
+            if let Some(p) = weak.upgrade().filter(|p| is_silent(p)) {
+                return Some(p);
+            }
+        }
+        drop(silent);
+        let entries = self.entries.borrow();
+        entries
+            .iter()
+            .filter(|p| {
+                p.progress
+                    .get()
+                    .stalled(p.accepted, now, self.connect_timeout)
+            })
+            .min_by_key(|p| p.progress.get().rank(p.accepted))
+            .cloned()
+    }
+
+    fn remove(&self, entry: &Pending) {
+        let index = entry.index.replace(usize::MAX);
+        if index == usize::MAX {
+            return;
+        }
+        let mut entries = self.entries.borrow_mut();
+        entries.swap_remove(index);
+        if let Some(moved) = entries.get(index) {
+            moved.index.set(index);
+        }
+    }
+}
+
+fn is_silent(p: &Pending) -> bool {
+    p.in_set() && p.progress.get().stage == Stage::Silent
+}
+
+/// A connection's place in its shard's [`PendingSet`]: its task reports
+/// its progress here. Dropping it takes the connection out and gives its
+/// pending slot back (unless it was evicted and the slot passed on).
+pub(crate) struct PendingGuard {
+    set: Rc<PendingSet>,
+    entry: Rc<Pending>,
+}
+
+impl PendingGuard {
+    /// Its TLS or WebSocket handshake has begun (a first byte came).
+    pub(crate) fn handshaking(&self, now: Instant) {
+        self.advance(Stage::Handshake, now);
+    }
+
+    /// What arrived of its CONNECT so far is `buf` (empty right after a
+    /// handshake).
+    pub(crate) fn connect_read(&self, buf: &[u8], now: Instant) {
+        self.advance(Stage::Connect, now);
+        let mut progress = self.entry.progress.get();
+        if buf.len() > progress.read {
+            progress.last = now;
+        }
+        progress.read = buf.len();
+        progress.size = packet_size(buf);
+        self.entry.progress.set(progress);
+    }
+
+    /// Its CONNECT is complete: it is no longer evicted.
+    pub(crate) fn complete(&self, now: Instant) {
+        self.advance(Stage::Complete, now);
+    }
+
+    fn advance(&self, stage: Stage, now: Instant) {
+        let mut progress = self.entry.progress.get();
+        if progress.stage < stage {
+            progress.stage = stage;
+            progress.since = now;
+            progress.last = now;
+            self.entry.progress.set(progress);
+        }
+    }
+
+    /// Whether the connection was evicted to make room for another.
+    pub(crate) fn was_evicted(&self) -> bool {
+        !self.entry.in_set()
+    }
+
+    /// Resolves when the connection was evicted to make room for another.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub(crate) async fn evicted(&self) {
+        self.entry.evicted.wait().await;
+    }
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        self.set.remove(&self.entry);
+        // Drops the slot, if it is still this connection's.
+        drop(self.entry.slot.take());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn set() -> Rc<PendingSet> {
+        Rc::new(PendingSet::new(TIMEOUT))
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn evicted_now(guard: &PendingGuard) -> bool {
+        !guard.entry.in_set() && guard.entry.slot.take().is_none()
+    }
+
+    #[test]
+    fn the_oldest_silent_connection_makes_room_and_its_slot_passes_on() {
+        let gate = Gate::new(3, 1, None, 1);
+        let set = set();
+        let t0 = Instant::now();
+        let a = set.admit(&gate, t0).unwrap();
+        let b = set.admit(&gate, t0 + ms(1)).unwrap();
+        let c = set.admit(&gate, t0 + ms(2)).unwrap();
+        b.connect_read(&[0x10], t0 + ms(3));
+        let d = set
+            .admit(&gate, t0 + ms(4))
+            .expect("a silent one gives way");
+        assert!(evicted_now(&a), "the oldest silent one");
+        let e = set.admit(&gate, t0 + ms(5)).expect("c is silent too");
+        assert!(evicted_now(&c));
+        assert_eq!(set.len(), 3);
+        drop((b, d, e));
+        assert_eq!(set.len(), 0);
+        let _three: Vec<_> = (0..3).map(|_| set.admit(&gate, t0).unwrap()).collect();
+    }
+
+    #[test]
+    fn progressing_connections_are_kept_and_the_newcomer_refused() {
+        let gate = Gate::new(2, 1, None, 1);
+        let set = set();
+        let t0 = Instant::now();
+        let a = set.admit(&gate, t0).unwrap();
+        let b = set.admit(&gate, t0).unwrap();
+        a.connect_read(&[0x10, 30, 0, 4], t0 + ms(10));
+        b.complete(t0 + ms(10));
+        assert!(
+            set.admit(&gate, t0 + ms(20)).is_none(),
+            "a is within STALL of its first byte"
+        );
+        // a sends its CONNECT at a byte a second: 4 of 32 bytes after 3 s.
+        a.connect_read(&[0x10, 30, 0, 4, b'M'], t0 + ms(3010));
+        let c = set
+            .admit(&gate, t0 + ms(3020))
+            .expect("a CONNECT a byte a second gives way");
+        assert!(!a.entry.in_set());
+        drop(c);
+        assert!(b.entry.in_set(), "a complete CONNECT never gives way");
+    }
+
+    #[test]
+    fn among_stalled_connections_the_furthest_from_a_connect_gives_way_first() {
+        let gate = Gate::new(3, 1, None, 1);
+        let set = set();
+        let t0 = Instant::now();
+        let tls = set.admit(&gate, t0).unwrap();
+        let near = set.admit(&gate, t0).unwrap();
+        let far = set.admit(&gate, t0).unwrap();
+        tls.handshaking(t0 + ms(5));
+        near.connect_read(&[0x10, 10, 1, 2, 3, 4, 5, 6, 7, 8], t0 + ms(1));
+        far.connect_read(&[0x10, 100, 1], t0 + ms(1));
+        let later = t0 + ms(1500);
+        let n1 = set
+            .admit(&gate, later)
+            .expect("the stalled handshake first");
+        assert!(!tls.entry.in_set());
+        n1.complete(later);
+        let _n2 = set
+            .admit(&gate, later)
+            .expect("then the CONNECT missing the most");
+        assert!(!far.entry.in_set() && near.entry.in_set());
+    }
+
+    #[test]
+    fn a_fast_large_connect_is_progressing_and_a_slow_one_is_not() {
+        let t0 = Instant::now();
+        let mut p = Progress::new(t0);
+        p.stage = Stage::Connect;
+        p.since = t0;
+        p.size = Some(60_000);
+        // 40 KB in 2 s: the rest within the 5 s timeout.
+        p.read = 40_000;
+        p.last = t0 + ms(2000);
+        assert!(!p.stalled(t0, t0 + ms(2000), TIMEOUT));
+        // 4 KB in 2 s: 30 s for all of it.
+        p.read = 4_000;
+        assert!(p.stalled(t0, t0 + ms(2000), TIMEOUT));
+        // Nothing for a second.
+        p.read = 40_000;
+        assert!(p.stalled(t0, t0 + ms(3000), TIMEOUT));
+    }
+
+    #[test]
+    fn the_queue_of_silent_connections_stays_within_twice_the_set() {
+        let gate = Gate::new(4, 1, None, 1);
+        let set = set();
+        let t0 = Instant::now();
+        let mut kept = Vec::new();
+        for i in 0..10_000u64 {
+            let guard = set
+                .admit(&gate, t0 + ms(i))
+                .expect("a silent one gives way");
+            if i % 3 != 0 {
+                // Most connections send their CONNECT at once and go.
+                guard.complete(t0 + ms(i));
+                continue;
+            }
+            kept.push(guard);
+            kept.retain(|g| g.entry.in_set());
+            assert!(set.silent.borrow().len() <= 2 * set.len() + 65);
+        }
+        assert_eq!(set.len(), 4);
+    }
+}
