@@ -30,7 +30,7 @@ use crate::limits::{Gate, ShardGate, Slot as LimitSlot};
 use crate::metrics::RefuseReason;
 use crate::park::Parked;
 use crate::pending::PendingGuard;
-use crate::signin::SignInQueue;
+use crate::signin::{SignInQueue, TURN_WAIT_MAX};
 use crate::shard::{
     owner_of, AttachError, ConnShared, Feeding, Handoff, HandoffStream, Mover, Route, Shard, ShardMsg,
 };
@@ -461,7 +461,13 @@ async fn sign_in(
         Ok(admitted) if !admitted.is_costly() => auth.check_admitted(&creds, admitted, SystemTime::now()),
         Ok(admitted) => {
             let user = connect.username.as_deref();
-            let Some(_turn) = queue.turn(&settings.gate, peer, user, admitted.is_known_device()).await else {
+            let turn = queue.turn(&settings.gate, peer, user, admitted.is_known_device());
+            let Some(_turn) = or(turn, async {
+                sleep(TURN_WAIT_MAX).await;
+                None
+            })
+            .await
+            else {
                 return Err((ReasonCode::SERVER_BUSY, RefuseReason::MaxConnectsAuthenticating));
             };
             let auth = auth.clone();

@@ -53,6 +53,17 @@ use crate::signal::Signal;
 /// each one flight from the client, a round trip at most.
 pub(crate) const STALL: Duration = Duration::from_secs(1);
 
+/// How long into reading its CONNECT a connection is not judged by the
+/// pace of its bytes: a CONNECT comes in one flight, and a pace needs
+/// more than one reading.
+pub(crate) const GRACE: Duration = Duration::from_millis(200);
+
+/// The smallest CONNECT, in bytes (MQTT 3.1.1 with an empty client
+/// identifier: fixed header 2, protocol name 6, level, flags, keep alive
+/// 2, client identifier length 2): what a CONNECT whose fixed header has
+/// not come yet is judged against.
+const MIN_CONNECT_BYTES: usize = 14;
+
 /// How far a pending connection has come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Stage {
@@ -105,11 +116,12 @@ impl Progress {
 
     /// Whether the connection, accepted at `accepted`, is not on its way
     /// to a CONNECT within `connect_timeout` at `now`: it sent nothing
-    /// yet; or it has been in its handshake, or without a CONNECT byte,
-    /// for [`STALL`]; or the CONNECT comes so slowly that, at the rate of
-    /// its bytes so far, the rest would arrive after the timeout (a
-    /// CONNECT sent a byte a second). Within [`STALL`] of its stage's start
-    /// a connection is given the benefit of the doubt.
+    /// yet; or it has been in its handshake for [`STALL`] (a handshake's
+    /// pace cannot be seen from here); or it has read no byte of its
+    /// CONNECT, or none new, for [`STALL`]; or, past [`GRACE`], its CONNECT
+    /// comes so slowly that at the pace of its bytes so far the rest (at
+    /// least [`MIN_CONNECT_BYTES`] in all, until the fixed header says)
+    /// would arrive after the timeout: a CONNECT sent a byte a second.
     pub(crate) fn stalled(
         &self,
         accepted: Instant,
@@ -117,17 +129,16 @@ impl Progress {
         connect_timeout: Duration,
     ) -> bool {
         let in_stage = now.saturating_duration_since(self.since);
+        let quiet = now.saturating_duration_since(self.last);
         match self.stage {
             Stage::Silent => true,
             Stage::Complete => false,
-            _ if in_stage < STALL => false,
-            Stage::Handshake => true,
+            Stage::Handshake => in_stage >= STALL,
+            Stage::Connect if in_stage < GRACE => false,
+            Stage::Connect if self.read == 0 || quiet >= STALL => quiet >= STALL,
             Stage::Connect => {
-                let Some(size) = self.size else { return true };
-                if now.saturating_duration_since(self.last) >= STALL {
-                    return true;
-                }
-                let rate = self.read.max(1) as f64 / in_stage.as_secs_f64();
+                let size = self.size.unwrap_or(MIN_CONNECT_BYTES).max(self.read);
+                let rate = self.read as f64 / in_stage.as_secs_f64();
                 let finish = self.since + Duration::from_secs_f64(size as f64 / rate);
                 finish > accepted + connect_timeout
             }
@@ -445,6 +456,22 @@ mod tests {
         // Nothing for a second.
         p.read = 40_000;
         assert!(p.stalled(t0, t0 + ms(3000), TIMEOUT));
+    }
+
+    #[test]
+    fn one_byte_is_judged_after_the_grace_and_no_byte_after_a_second() {
+        let t0 = Instant::now();
+        let mut p = Progress::new(t0);
+        p.stage = Stage::Connect;
+        p.read = 1;
+        assert!(!p.stalled(t0, t0 + ms(100), TIMEOUT), "within the grace");
+        // 1 byte in 0.4 s: 5.6 s for the smallest CONNECT.
+        assert!(p.stalled(t0, t0 + ms(400), TIMEOUT));
+        // A TLS 1.2 client sends its CONNECT a round trip after the
+        // handshake ends here: no byte yet is not judged by pace.
+        p.read = 0;
+        assert!(!p.stalled(t0, t0 + ms(600), TIMEOUT));
+        assert!(p.stalled(t0, t0 + ms(1000), TIMEOUT));
     }
 
     #[test]

@@ -9,15 +9,17 @@
 //! refused as busy while its checks held every slot.
 //!
 //! So the checks wait here, in lanes by source address, and the next one
-//! to run is taken from the lanes in turn (round robin); within a lane,
-//! from the user name with the fewest checks waiting (then the oldest).
-//! An attacker behind one address gets one check in every round, however
-//! many it queues, and a device waits, besides the check running, for at
-//! most one check per other address with checks waiting (within its own
-//! lane, per other user name). Lanes order checks only: addresses need not be trusted
-//! (`limits.trust_client_addresses`) for that, as nothing is refused by
-//! address; behind one proxy, everyone shares a lane and the user names
-//! still take turns.
+//! to run is taken from the lanes in turn (round robin), a lane that had
+//! nothing waiting going first (as a new flow does in fq_codel); within a
+//! lane, from the user name with the fewest checks waiting (then the
+//! oldest). An attacker behind one address gets one check in every round,
+//! however many it queues, and a device from another address waits,
+//! besides the check running, only for lanes that came before it with
+//! nothing waiting either (within its own lane, for other user names with
+//! no more waiting than its own). Lanes order checks only: addresses need
+//! not be trusted (`limits.trust_client_addresses`) for that, as nothing
+//! is refused by address; behind one proxy, everyone shares a lane and
+//! the user names still take turns.
 //!
 //! A known device (one the failed sign-in guard recognises: the user name
 //! and client identifier of a sign-in that succeeded, `crate::auth`) goes
@@ -34,6 +36,10 @@
 //! check waiting). Otherwise the newcomer is refused. So the
 //! queue never holds more than the limit, and a flood refuses itself.
 //!
+//! A check that has not started within [`TURN_WAIT_MAX`] gets 0x89 too:
+//! under a flood that outruns the blocking thread, the queue serves whom
+//! it can and the rest retry, rather than waiting without bound.
+//!
 //! Across shards, as for pending connections (see `crate::pending`): the
 //! count is the process-wide atomic of [`Gate::authenticating`]; at the
 //! limit the accepting shard evicts only among its own waiting checks.
@@ -45,9 +51,14 @@ use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use crate::limits::{Gate, Slot};
 use crate::signal::Signal;
+
+/// The longest a check waits for its turn (see the module docs); the
+/// caller gives up then and answers 0x89 Server busy.
+pub(crate) const TURN_WAIT_MAX: Duration = Duration::from_secs(2);
 
 /// Checks a shard runs at once: glommio gives each shard one blocking
 /// thread (pinned to the shard's CPU), so more would only queue there, in
@@ -80,6 +91,10 @@ struct Lanes {
     lanes: HashMap<IpAddr, VecDeque<Rc<Ticket>>>,
     /// The addresses of `lanes`, each once, in turn order.
     turns: VecDeque<IpAddr>,
+    /// Lanes that had nothing waiting when their check came, oldest
+    /// first: each has its next turn before `turns` (as new flows do in
+    /// fq_codel), then joins `turns` if it has more.
+    fresh: VecDeque<IpAddr>,
     /// Known devices' checks, oldest first: they go before the lanes.
     known: VecDeque<Rc<Ticket>>,
     running: usize,
@@ -129,7 +144,7 @@ impl SignInQueue {
             let mut lanes = self.lanes.borrow_mut();
             let Lanes {
                 lanes,
-                turns,
+                fresh,
                 known: first,
                 ..
             } = &mut *lanes;
@@ -137,7 +152,7 @@ impl SignInQueue {
                 first.push_back(ticket.clone());
             } else {
                 let lane = lanes.entry(peer).or_insert_with(|| {
-                    turns.push_back(peer);
+                    fresh.push_back(peer);
                     VecDeque::new()
                 });
                 lane.push_back(ticket.clone());
@@ -212,7 +227,7 @@ impl Lanes {
     /// waiting, the oldest of those; the lane goes to the back of the
     /// turns.
     fn next_in_turn(&mut self) -> Option<Rc<Ticket>> {
-        let peer = self.turns.pop_front()?;
+        let peer = self.fresh.pop_front().or_else(|| self.turns.pop_front())?;
         let lane = self.lanes.get_mut(&peer).expect("a lane in turn has checks waiting");
         let ticket = lane.remove(least_waiting_user(lane)).expect("a check of the lane");
         if lane.is_empty() {
@@ -230,6 +245,7 @@ impl Lanes {
         if lane.is_empty() {
             self.lanes.remove(&peer);
             self.turns.retain(|p| *p != peer);
+            self.fresh.retain(|p| *p != peer);
         }
         ticket
     }
@@ -319,16 +335,13 @@ mod tests {
             flood[1..].iter_mut().all(|w| poll(w).is_none()),
             "the others wait"
         );
+        drop(first);
+        let second = poll(&mut flood[1]).expect("the flood's next").unwrap();
         let mut device = ask(&q, &gate, ip(1), "device");
         assert!(poll(&mut device).is_none());
-        drop(first);
-        // Round robin: the flooding lane was first in turn, then the
-        // device's: one more check of the flood, then the device.
-        let second = poll(&mut flood[1])
-            .expect("the flood's lane was first in turn")
-            .unwrap();
-        assert!(poll(&mut device).is_none());
         drop(second);
+        // The device's lane had nothing waiting: it goes before the
+        // flood's, which has.
         let turn = poll(&mut device).expect("the device is next").unwrap();
         assert!(flood[2..].iter_mut().all(|w| poll(w).is_none()));
         drop(turn);
@@ -407,7 +420,9 @@ mod tests {
         let mut b = ask(&q, &gate, ip(2), "b");
         assert!(poll(&mut b).is_none());
         drop(b);
-        assert!(q.lanes.borrow().lanes.is_empty() && q.lanes.borrow().turns.is_empty());
+        let lanes = q.lanes.borrow();
+        assert!(lanes.lanes.is_empty() && lanes.turns.is_empty() && lanes.fresh.is_empty());
+        drop(lanes);
         let mut c = ask(&q, &gate, ip(3), "c");
         assert!(poll(&mut c).is_none(), "b's slot is free again");
         drop(running);

@@ -65,7 +65,7 @@ fn raise_nofile(needed: u64) {
 enum Attack {
     /// Sends nothing.
     Silent,
-    /// Sends these bytes (a TLS ClientHello), then nothing.
+    /// Sends these bytes (part of a TLS ClientHello), then nothing.
     Hello(Arc<Vec<u8>>),
     /// Sends these bytes (a CONNECT) one a second.
     Trickle(Arc<Vec<u8>>),
@@ -318,40 +318,63 @@ impl Heartbeat {
 }
 
 /// A device: TCP connect (and a TLS handshake with `tls`), CONNECT,
-/// CONNACK. Returns the open connection and how long it took, or what
-/// went wrong.
+/// CONNACK; closed before its CONNACK (refused at the limit), it tries
+/// again 100 ms later, as devices do, within [`DEVICE_WAIT`] of its first
+/// connect. Returns the open connection, how long it took in all and how
+/// many connects, or what went wrong.
 fn device_connects(
     addr: SocketAddr,
     tls: Option<&Arc<ClientConfig>>,
-) -> Result<(Box<dyn ReadWrite>, Duration), String> {
+) -> Result<(Box<dyn ReadWrite>, Duration, u32), String> {
     let begun = Instant::now();
-    let tcp = TcpStream::connect(addr).expect("a device's TCP connect");
-    tcp.set_nodelay(true).unwrap();
-    tcp.set_read_timeout(Some(DEVICE_WAIT)).unwrap();
     let id = unique("device");
     let connect = Login::v311(&id).encode();
-    let mut stream: Box<dyn ReadWrite> = match tls {
-        None => Box::new(tcp),
-        Some(config) => {
-            let name = ServerName::try_from("127.0.0.1").unwrap();
-            Box::new(StreamOwned::new(
-                ClientConnection::new(config.clone(), name).unwrap(),
-                tcp,
-            ))
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let tcp = TcpStream::connect(addr).expect("a device's TCP connect");
+        tcp.set_nodelay(true).unwrap();
+        tcp.set_read_timeout(Some(
+            DEVICE_WAIT
+                .saturating_sub(begun.elapsed())
+                .max(Duration::from_millis(1)),
+        ))
+        .unwrap();
+        let mut stream: Box<dyn ReadWrite> = match tls {
+            None => Box::new(tcp),
+            Some(config) => {
+                let name = ServerName::try_from("127.0.0.1").unwrap();
+                Box::new(StreamOwned::new(
+                    ClientConnection::new(config.clone(), name).unwrap(),
+                    tcp,
+                ))
+            }
+        };
+        let mut connack = [0u8; 4];
+        let answered = stream
+            .write_all(&connect)
+            .and_then(|()| stream.read_exact(&mut connack));
+        let took = begun.elapsed();
+        match answered {
+            Err(e)
+                if took + Duration::from_millis(100) < DEVICE_WAIT
+                    && !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+            {
+                thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "device {id}: no CONNACK after {took:?} and {tries} tries: {e}"
+                ))
+            }
+            Ok(()) if connack != [0x20, 2, 0, 0] => {
+                return Err(format!("device {id}: {connack:02x?}, CONNACK 0 expected"))
+            }
+            Ok(()) if took >= DEVICE_WAIT => {
+                return Err(format!("device {id}: CONNACK after {took:?}"))
+            }
+            Ok(()) => return Ok((stream, took, tries)),
         }
-    };
-    let mut connack = [0u8; 4];
-    let answered = stream
-        .write_all(&connect)
-        .and_then(|()| stream.read_exact(&mut connack));
-    let took = begun.elapsed();
-    match answered {
-        Err(e) => Err(format!("device {id}: no CONNACK after {took:?}: {e}")),
-        Ok(()) if connack != [0x20, 2, 0, 0] => {
-            Err(format!("device {id}: {connack:02x?}, CONNACK 0 expected"))
-        }
-        Ok(()) if took >= DEVICE_WAIT => Err(format!("device {id}: CONNACK after {took:?}")),
-        Ok(()) => Ok((stream, took)),
     }
 }
 
@@ -404,11 +427,12 @@ fn devices_get_in_during(broker: &Broker, scenario: Scenario<'_>) -> FloodReport
     let flooding = flood(target, 3_000, attack, refill, stop.clone(), linger);
     thread::sleep(devices_after);
     let mut devices = Vec::new();
-    let mut slowest = Duration::ZERO;
+    let (mut slowest, mut retried) = (Duration::ZERO, 0);
     for _ in 0..20 {
-        let (device, took) = device_connects(target, tls)
+        let (device, took, tries) = device_connects(target, tls)
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", refusals(broker)));
         slowest = slowest.max(took);
+        retried += usize::from(tries > 1);
         devices.push(device);
         thread::sleep(Duration::from_millis(50));
     }
@@ -419,7 +443,7 @@ fn devices_get_in_during(broker: &Broker, scenario: Scenario<'_>) -> FloodReport
     heartbeat.finish(what);
     let evicted = refused(broker, "pending_evicted");
     println!(
-        "{what}: 20 devices in, slowest {slowest:?}; flood {report:?}; pending_evicted {evicted}; \
+        "{what}: 20 devices in, slowest {slowest:?}, {retried} after a refusal; flood {report:?}; pending_evicted {evicted}; \
          descriptors {fds_before} -> {fds_during} -> ..., RSS {rss_before} KiB -> {rss_during} KiB -> ..."
     );
     assert!(report.opened >= 3_000, "{what}: {report:?}");
@@ -472,18 +496,19 @@ fn devices_connect_while_3000_silent_sockets_flood_the_broker() {
     devices_get_in_during(&broker, scenario);
 }
 
-/// 3,000 TLS connections that send a ClientHello and never finish the
-/// handshake (`connect_timeout = 3s`): a handshake without progress for
-/// a second gives way to devices, which complete theirs. The attacker
-/// opens its 3,000 once: each ClientHello costs the broker a key exchange
-/// and a signature, and reopening them would test the CPU, not the limit.
+/// 3,000 TLS connections that never finish the handshake: each sends the
+/// first half of a ClientHello and nothing more (`connect_timeout = 2s`).
+/// A handshake without progress for a second gives way to devices, which
+/// complete theirs. (Half a ClientHello costs the broker no key exchange:
+/// whole ones would make this a test of the CPU a TLS handshake takes,
+/// not of the limit.)
 #[test]
 fn devices_connect_over_tls_while_3000_handshakes_stall() {
     let _one = flood_test(8_000);
     let dir = TempDir::new("flood-tls");
     let ca = Ca::new("flood CA");
     let mut extra = Vec::new();
-    set(&mut extra, "limits.connect_timeout", "3s");
+    set(&mut extra, "limits.connect_timeout", "2s");
     let broker = tls_broker(&dir, &ca.server("broker"), &extra);
     let config = client_config(&ca, None, &[]);
     let mut hello = Vec::new();
@@ -492,12 +517,13 @@ fn devices_connect_over_tls_while_3000_handshakes_stall() {
         .unwrap()
         .write_tls(&mut hello)
         .unwrap();
+    hello.truncate(hello.len() / 2);
     let attack = Attack::Hello(Arc::new(hello));
     let scenario = Scenario {
         target: broker.listener("mqtt-tls"),
         attack,
-        connect_timeout: Duration::from_secs(3),
-        refill: None,
+        connect_timeout: Duration::from_secs(2),
+        refill: Some(Duration::from_secs(2)),
         devices_after: Duration::from_millis(1_300),
         tls: Some(&config),
         what: "stalled TLS",
@@ -541,7 +567,7 @@ fn connect_from(addr: SocketAddr, source: IpAddr) -> TcpStream {
 }
 
 /// 1,000 CONNECTs with wrong passwords for 1,000 made-up user names,
-/// written at once from 127.0.0.2: each is an argon2 check (no user name
+/// written from 127.0.0.2 over about 2 s: each is an argon2 check (no user name
 /// backs off, none spends its check budget, and the address is not
 /// throttled as addresses are not trusted: the guard's rules, issue 29).
 /// Then devices with the right password: new ones from 127.0.0.1, whose
@@ -564,22 +590,38 @@ fn a_flood_of_wrong_passwords_does_not_keep_the_right_one_out_for_more_than_2_s(
     Login::v311(known)
         .user("device", "right")
         .accepted(broker.mqtt);
-    let flood: Vec<TcpStream> = (0..1_000)
-        .map(|i| {
-            let mut s = connect_from(broker.mqtt, attacker);
-            let user = format!("guess-{i}");
-            s.write_all(&Login::v311("guess").user(&user, "wrong").encode())
-                .unwrap();
-            s
+    // The attacker writes its 1,000 CONNECTs over about 2 s, keeping the
+    // broker's queue full while the devices come, and keeps them open.
+    let (sent, done) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let attack = {
+        let (sent, done, addr) = (sent.clone(), done.clone(), broker.mqtt);
+        thread::spawn(move || {
+            let mut open = Vec::new();
+            for i in 0..1_000 {
+                let mut s = connect_from(addr, attacker);
+                let user = format!("guess-{i}");
+                s.write_all(&Login::v311("guess").user(&user, "wrong").encode())
+                    .unwrap();
+                open.push(s);
+                sent.fetch_add(1, Ordering::Relaxed);
+                if !done.load(Ordering::Relaxed) {
+                    thread::sleep(Duration::from_millis(2));
+                }
+            }
+            open
         })
-        .collect();
+    };
     for i in 0..6 {
         thread::sleep(Duration::from_millis(200));
         let answered =
             refused(&broker, "bad_credentials") + refused(&broker, "max_connects_authenticating");
+        let flooding = sent.load(Ordering::Relaxed);
         assert!(
-            answered < 1_000.0,
-            "device {i}: the flood is over already ({answered} answered)"
+            answered < flooding as f64,
+            "device {i}: the flood is not at work ({answered} of {flooding} answered)"
         );
         let (source, id) = match i % 2 {
             0 => ([127, 0, 0, 1], unique("new-device")),
@@ -594,11 +636,13 @@ fn a_flood_of_wrong_passwords_does_not_keep_the_right_one_out_for_more_than_2_s(
         let mut connack = [0u8; 4];
         let read = device.read_exact(&mut connack);
         let took = begun.elapsed();
-        println!("device {id} from {source:?}: {connack:02x?} after {took:?} ({answered} of the flood answered)");
+        println!("device {id} from {source:?}: {connack:02x?} after {took:?} ({answered} of {flooding} flood CONNECTs answered)");
         assert!(read.is_ok(), "device {id}: no CONNACK after {took:?}");
         assert_eq!(connack, [0x20, 2, 0, 0], "device {id}");
         assert!(took < DEVICE_WAIT, "device {id}: {took:?}");
     }
+    done.store(true, Ordering::Relaxed);
+    let flood = attack.join().unwrap();
     let bad = refused(&broker, "bad_credentials");
     let busy = refused(&broker, "max_connects_authenticating");
     println!("flood: {bad} checked and refused (0x04), {busy} refused as busy (0x03) so far");
