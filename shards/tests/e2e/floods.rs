@@ -1,9 +1,10 @@
-//! Floods of connections that never become clients, and of sign-ins that
-//! fail (issue 28; DESIGN.md §9): devices still get in, each within 2 s;
-//! every flood socket is closed within `limits.connect_timeout` + 1 s;
-//! the broker's descriptors and memory come back to where they were; and
-//! a connected subscriber keeps receiving throughout (its latency p99 is
-//! printed).
+//! Floods of connections that never become clients (silent, stalled in a
+//! TLS or WebSocket handshake, or sending a CONNECT a byte a second), and
+//! of sign-ins that fail (issue 28; DESIGN.md §9): devices still get in,
+//! each within 2 s; every flood socket is closed within
+//! `limits.connect_timeout` + 1 s; the broker's descriptors and memory
+//! come back to where they were; and a connected subscriber keeps
+//! receiving throughout (its latency p99 is printed).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -65,7 +66,8 @@ fn raise_nofile(needed: u64) {
 enum Attack {
     /// Sends nothing.
     Silent,
-    /// Sends these bytes (part of a TLS ClientHello), then nothing.
+    /// Sends these bytes (part of a TLS ClientHello or of a WebSocket
+    /// upgrade request), then nothing.
     Hello(Arc<Vec<u8>>),
     /// Sends these bytes (a CONNECT) one a second.
     Trickle(Arc<Vec<u8>>),
@@ -392,8 +394,10 @@ impl<T: Read + Write + Send> ReadWrite for T {}
 
 /// A flood and the devices that connect into it.
 struct Scenario<'a> {
-    /// The listener flooded, where the devices connect.
-    target: SocketAddr,
+    /// The listener flooded.
+    flooded: SocketAddr,
+    /// The listener where the devices connect.
+    devices: SocketAddr,
     attack: Attack,
     /// The broker's `limits.connect_timeout`.
     connect_timeout: Duration,
@@ -412,7 +416,8 @@ struct Scenario<'a> {
 /// report.
 fn devices_get_in_during(broker: &Broker, scenario: Scenario<'_>) -> FloodReport {
     let Scenario {
-        target,
+        flooded,
+        devices: device_addr,
         attack,
         connect_timeout,
         refill,
@@ -424,12 +429,12 @@ fn devices_get_in_during(broker: &Broker, scenario: Scenario<'_>) -> FloodReport
     let (fds_before, rss_before) = (broker.fd_count(), broker.rss_kib());
     let stop = Arc::new(AtomicBool::new(false));
     let linger = connect_timeout + Duration::from_secs(3);
-    let flooding = flood(target, 3_000, attack, refill, stop.clone(), linger);
+    let flooding = flood(flooded, 3_000, attack, refill, stop.clone(), linger);
     thread::sleep(devices_after);
     let mut devices = Vec::new();
     let (mut slowest, mut retried) = (Duration::ZERO, 0);
     for _ in 0..20 {
-        let (device, took, tries) = device_connects(target, tls)
+        let (device, took, tries) = device_connects(device_addr, tls)
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", refusals(broker)));
         slowest = slowest.max(took);
         retried += usize::from(tries > 1);
@@ -485,7 +490,8 @@ fn devices_connect_while_3000_silent_sockets_flood_the_broker() {
     let broker = Broker::start(&[]);
     let connect_timeout = Duration::from_secs(5);
     let scenario = Scenario {
-        target: broker.mqtt,
+        flooded: broker.mqtt,
+        devices: broker.mqtt,
         attack: Attack::Silent,
         connect_timeout,
         refill: Some(connect_timeout),
@@ -520,13 +526,39 @@ fn devices_connect_over_tls_while_3000_handshakes_stall() {
     hello.truncate(hello.len() / 2);
     let attack = Attack::Hello(Arc::new(hello));
     let scenario = Scenario {
-        target: broker.listener("mqtt-tls"),
+        flooded: broker.listener("mqtt-tls"),
+        devices: broker.listener("mqtt-tls"),
         attack,
         connect_timeout: Duration::from_secs(2),
         refill: Some(Duration::from_secs(2)),
         devices_after: Duration::from_millis(1_300),
         tls: Some(&config),
         what: "stalled TLS",
+    };
+    devices_get_in_during(&broker, scenario);
+}
+
+/// 3,000 WebSocket connections that never finish the upgrade: each sends
+/// the first lines of an upgrade request and nothing more
+/// (`connect_timeout = 2s`). A handshake without progress for a second
+/// gives way to devices (over TCP: the limit counts every listener).
+#[test]
+fn devices_connect_while_3000_websocket_upgrades_stall() {
+    let _one = flood_test(8_000);
+    let mut args = Vec::new();
+    set(&mut args, "listeners.ws", r#"["127.0.0.1:0"]"#);
+    set(&mut args, "limits.connect_timeout", "2s");
+    let broker = start(&args);
+    let upgrade = b"GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n".to_vec();
+    let scenario = Scenario {
+        flooded: broker.listener("mqtt-ws"),
+        devices: broker.mqtt,
+        attack: Attack::Hello(Arc::new(upgrade)),
+        connect_timeout: Duration::from_secs(2),
+        refill: Some(Duration::from_secs(2)),
+        devices_after: Duration::from_millis(1_300),
+        tls: None,
+        what: "stalled WebSocket upgrades",
     };
     devices_get_in_during(&broker, scenario);
 }
@@ -544,7 +576,8 @@ fn devices_connect_while_3000_connects_come_a_byte_a_second() {
     let attack = Attack::Trickle(Arc::new(connect));
     let connect_timeout = Duration::from_secs(2);
     let scenario = Scenario {
-        target: broker.mqtt,
+        flooded: broker.mqtt,
+        devices: broker.mqtt,
         attack,
         connect_timeout,
         refill: Some(connect_timeout),
