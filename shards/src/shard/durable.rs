@@ -31,6 +31,7 @@ impl Shard {
             conn.send(&connack);
             return;
         }
+        let since = self.store.appended();
         let client = &mut st.clients[slot as usize];
         let expiry = client.session.session_expiry();
         if expiry > 0 || client.session.is_logged() {
@@ -46,7 +47,7 @@ impl Shard {
         if present {
             conn.send(&connack);
         } else {
-            self.store.acknowledge(conn, &mut vec![connack]);
+            self.store.acknowledge(conn, &mut vec![connack], since);
         }
     }
 

@@ -816,6 +816,7 @@ impl Shard {
             return 0;
         }
         let is_publish = matches!(packet, Packet::Publish(_));
+        let since = self.store.appended();
         let mut outputs = std::mem::take(&mut st.outputs);
         st.clients[slot as usize]
             .session
@@ -890,7 +891,7 @@ impl Shard {
         if !acks.is_empty() {
             // After every output of the packet: the store covers them all.
             if let Some(conn) = st.clients.get(slot as usize).and_then(|c| c.conn.clone()) {
-                self.store.acknowledge(&conn, &mut acks);
+                self.store.acknowledge(&conn, &mut acks, since);
             }
         }
         if !deliveries.is_empty() {

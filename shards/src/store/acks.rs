@@ -56,19 +56,7 @@ impl AckQueue {
     /// 5: DISCONNECT 0x97).
     pub(crate) fn fail(&self, token: Token) {
         while let Some(p) = self.pop_upto(token) {
-            let v5 = p.conn.protocol.is_v5();
-            match p.packet {
-                Packet::PubAck(mut ack) if v5 && !ack.reason.is_error() => {
-                    ack.reason = ReasonCode::QUOTA_EXCEEDED;
-                    p.conn.send(&Packet::PubAck(ack));
-                }
-                Packet::PubRec(mut rec) if v5 && !rec.reason.is_error() => {
-                    rec.reason = ReasonCode::QUOTA_EXCEEDED;
-                    p.conn.send(&Packet::PubRec(rec));
-                }
-                Packet::PubAck(_) | Packet::PubRec(_) if v5 => p.conn.send(&p.packet),
-                _ => p.conn.request_close(Some(ReasonCode::QUOTA_EXCEEDED), true),
-            }
+            refuse(&p.conn, p.packet);
         }
     }
 
@@ -79,6 +67,24 @@ impl AckQueue {
         } else {
             None
         }
+    }
+}
+
+/// Refuse `packet`, an acknowledgement the store could not cover (see
+/// [`AckQueue::fail`]).
+pub(crate) fn refuse(conn: &ConnShared, packet: Packet) {
+    let v5 = conn.protocol.is_v5();
+    match packet {
+        Packet::PubAck(mut ack) if v5 && !ack.reason.is_error() => {
+            ack.reason = ReasonCode::QUOTA_EXCEEDED;
+            conn.send(&Packet::PubAck(ack));
+        }
+        Packet::PubRec(mut rec) if v5 && !rec.reason.is_error() => {
+            rec.reason = ReasonCode::QUOTA_EXCEEDED;
+            conn.send(&Packet::PubRec(rec));
+        }
+        packet @ (Packet::PubAck(_) | Packet::PubRec(_)) if v5 => conn.send(&packet),
+        _ => conn.request_close(Some(ReasonCode::QUOTA_EXCEEDED), true),
     }
 }
 

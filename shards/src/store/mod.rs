@@ -110,30 +110,46 @@ impl ShardStore {
         matches!(self, ShardStore::Local(_))
     }
 
-    /// Write `packets`, the acknowledgements of one packet from `conn`,
-    /// once everything appended so far is durable; refuse them (see
-    /// `AckQueue::fail`) while the store refuses.
-    pub(crate) fn acknowledge(&self, conn: &Rc<ConnShared>, packets: &mut Vec<Packet>) {
+    /// The token of the newest append (0 without a log): taken before a
+    /// packet is handled, it tells [`ShardStore::acknowledge`] whether the
+    /// packet appended anything.
+    pub(crate) fn appended(&self) -> Token {
         match self {
-            ShardStore::None => {
-                for packet in packets.drain(..) {
-                    conn.send(&packet);
+            ShardStore::None => 0,
+            ShardStore::Local(log) => log.appended(),
+        }
+    }
+
+    /// Write `packets`, the acknowledgements of one packet from `conn`,
+    /// once everything appended so far is durable, in order with the
+    /// connection's earlier acknowledgements. While the store refuses,
+    /// PUBACK and PUBREC are refused at once (see `AckQueue::fail`); the
+    /// others are written at once if the packet appended nothing since
+    /// `since` ([`ShardStore::appended`]), else refused too.
+    pub(crate) fn acknowledge(&self, conn: &Rc<ConnShared>, packets: &mut Vec<Packet>, since: Token) {
+        let ShardStore::Local(log) = self else {
+            for packet in packets.drain(..) {
+                conn.send(&packet);
+            }
+            return;
+        };
+        if log.refusing() {
+            let appended = log.appended() != since;
+            for packet in packets.drain(..) {
+                match packet {
+                    Packet::PubAck(_) | Packet::PubRec(_) => acks::refuse(conn, packet),
+                    packet if appended => acks::refuse(conn, packet),
+                    packet => conn.send(&packet),
                 }
             }
-            ShardStore::Local(log) => {
-                if log.all_durable() && !log.refusing() {
-                    for packet in packets.drain(..) {
-                        conn.send(&packet);
-                    }
-                    return;
-                }
-                let token = log.appended();
-                for packet in packets.drain(..) {
-                    log.acks.park(token, conn, packet);
-                }
-                if log.refusing() {
-                    log.acks.fail(token);
-                }
+        } else if log.all_durable() {
+            for packet in packets.drain(..) {
+                conn.send(&packet);
+            }
+        } else {
+            let token = log.appended();
+            for packet in packets.drain(..) {
+                log.acks.park(token, conn, packet);
             }
         }
     }

@@ -264,3 +264,84 @@ fn write_snapshot(
     File::open(dir)?.sync_all()?;
     Ok((path, out.len() as u64, records))
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use fleetmq_core::packet::{Props, QoS};
+    use fleetmq_core::store::StoredMessage;
+
+    use super::*;
+
+    fn temp(what: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("fleetmq-open-{what}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A shard log: a header and three retained values (lsn 1..=4); returns
+    /// its bytes and where the last record starts.
+    fn log() -> (Vec<u8>, usize) {
+        let mut out = BytesMut::new();
+        let mut body = BytesMut::new();
+        Record::Header { version: FORMAT_VERSION, shard: 0, segment: 0 }.encode(1, &mut body);
+        put_frame(&mut out, &body);
+        let mut last = 0;
+        for i in 0..3u64 {
+            body.clear();
+            let m = StoredMessage {
+                topic: format!("t/{i}").into(),
+                payload: Bytes::from(format!("value {i}")),
+                qos: QoS::AtLeastOnce,
+                retain: true,
+                properties: Props::default(),
+                received_ms: unix_ms(),
+                origin: 0,
+            };
+            Record::Value(m).encode(2 + i, &mut body);
+            last = out.len();
+            put_frame(&mut out, &body);
+        }
+        (out.to_vec(), last)
+    }
+
+    #[test]
+    fn a_last_record_cut_at_any_byte_is_dropped_and_the_file_truncated() {
+        let (data, last) = log();
+        for cut in last + 1..data.len() {
+            let dir = temp("torn");
+            fs::create_dir_all(dir.join("shard-0")).unwrap();
+            let path = dir.join("shard-0").join(format!("{:016x}.log", 0));
+            fs::write(&path, &data[..cut]).unwrap();
+            let mut read = 0;
+            let (records, cut_rest) = read_file(&path, false, &mut read).unwrap();
+            assert_eq!((records.len(), cut_rest), (3, false), "cut at {cut}");
+            assert_eq!(fs::metadata(&path).unwrap().len(), last as u64, "truncated at the torn record");
+            let opened = open(&dir, false).unwrap();
+            let mut topics: Vec<&str> = opened.recovered.retained.keys().map(|t| &**t).collect();
+            topics.sort();
+            assert_eq!(topics, ["t/0", "t/1"], "cut at {cut}");
+            drop(opened);
+            fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_store_dir_is_recovered_the_same_after_each_start() {
+        let (data, _) = log();
+        let dir = temp("again");
+        fs::create_dir_all(dir.join("shard-0")).unwrap();
+        fs::write(dir.join("shard-0").join(format!("{:016x}.log", 0)), &data).unwrap();
+        let first = open(&dir, false).unwrap();
+        let lsn = first.next_lsn;
+        drop(first);
+        let second = open(&dir, false).unwrap();
+        assert_eq!(second.recovered.retained.len(), 3);
+        assert!(second.next_lsn > lsn, "sequence numbers keep growing");
+        assert!(dir.join("snapshot-0000000000000002.log").exists());
+        assert!(!dir.join("snapshot-0000000000000001.log").exists());
+        drop(second);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
