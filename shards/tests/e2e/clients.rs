@@ -86,7 +86,17 @@ macro_rules! client_wrapper {
                 what: &str,
                 pick: impl Fn(&$packet) -> bool,
             ) -> $packet {
-                let deadline = Instant::now() + WAIT;
+                self.wait_for_within(what, WAIT, pick).await
+            }
+
+            /// [`Self::wait_for`] waiting at most `wait`.
+            pub(crate) async fn wait_for_within(
+                &mut self,
+                what: &str,
+                wait: Duration,
+                pick: impl Fn(&$packet) -> bool,
+            ) -> $packet {
+                let deadline = Instant::now() + wait;
                 loop {
                     match timeout(
                         deadline.saturating_duration_since(Instant::now()),
@@ -99,7 +109,7 @@ macro_rules! client_wrapper {
                         Ok(Some(Ok(_))) => {}
                         Ok(Some(Err(e))) => panic!("waiting for {what}: connection ended: {e:?}"),
                         Ok(None) => panic!("waiting for {what}: connection ended"),
-                        Err(_) => panic!("no {what} within {WAIT:?}"),
+                        Err(_) => panic!("no {what} within {wait:?}"),
                     }
                 }
             }
