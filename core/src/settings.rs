@@ -13,7 +13,7 @@
 //! combinations and must pass before the broker starts.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -424,6 +424,22 @@ impl Shared {
 
 pub use crate::store::settings::{Fsync, Store, StoreKind};
 
+/// Whether `a` and `b`, on one port other than 0, take it on a shared
+/// address: one is the wildcard of a family that covers the other
+/// (`0.0.0.0` every IPv4 address; `::` every address, IPv4 too, as Linux
+/// binds it dual-stack by default). Equal addresses are a
+/// [`SettingsError::DuplicateAddress`].
+fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |wild: IpAddr, other: IpAddr| match wild {
+        IpAddr::V4(w) => w.is_unspecified() && other.is_ipv4(),
+        IpAddr::V6(w) => w.is_unspecified(),
+    };
+    a.port() == b.port()
+        && a.port() != 0
+        && a.ip() != b.ip()
+        && (covers(a.ip(), b.ip()) || covers(b.ip(), a.ip()))
+}
+
 /// Why [`Settings::validate`] refused the settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -460,6 +476,20 @@ pub enum SettingsError {
         /// Dotted key of the second one.
         key: String,
         /// The address both name.
+        value: String,
+    },
+    /// Two listeners (or a listener and `admin.listen`) on one port other
+    /// than 0 where one address is the wildcard (`0.0.0.0`, or `::`, which
+    /// also takes IPv4) and the other an address it covers: the wildcard
+    /// takes the port on every address, so the two would share one.
+    OverlappingAddress {
+        /// Dotted key of the first one, e.g. `listeners.tcp[0]`.
+        first: String,
+        /// Its address.
+        first_value: String,
+        /// Dotted key of the second one.
+        key: String,
+        /// Its address.
         value: String,
     },
     /// No MQTT listener is configured at all.
@@ -503,6 +533,10 @@ impl fmt::Display for SettingsError {
             SettingsError::DuplicateAddress { first, key, value } => write!(
                 f,
                 "{key} = {value:?} is the address of {first} too: each listener needs an address of its own (port 0 excepted)"
+            ),
+            SettingsError::OverlappingAddress { first, first_value, key, value } => write!(
+                f,
+                "{key} = {value:?} overlaps {first} = {first_value:?}: a wildcard address takes its port on every address, so each listener needs a port of its own there"
             ),
             SettingsError::NoListeners => write!(
                 f,
@@ -595,6 +629,14 @@ impl Settings {
             if let Some((_, first)) = bound.iter().find(|(a, _)| *a == addr && a.port() != 0) {
                 return Err(SettingsError::DuplicateAddress {
                     first: first.clone(),
+                    key,
+                    value: value.to_owned(),
+                });
+            }
+            if let Some((first_addr, first)) = bound.iter().find(|(a, _)| overlaps(*a, addr)) {
+                return Err(SettingsError::OverlappingAddress {
+                    first: first.clone(),
+                    first_value: first_addr.to_string(),
                     key,
                     value: value.to_owned(),
                 });
@@ -1130,6 +1172,38 @@ mod tests {
         s.validate().unwrap();
         // Another IP on the same port is another address.
         s.listeners.ws = vec!["127.0.0.2:1884".into()];
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn a_wildcard_listener_beside_an_address_it_covers_on_one_port_is_refused() {
+        let mut s = Settings::default();
+        s.auth.allow_anonymous = Some(true);
+        s.admin.listen = String::new();
+        s.listeners.tcp = vec!["0.0.0.0:1884".into()];
+        s.listeners.ws = vec!["127.0.0.1:1884".into()];
+        assert_eq!(
+            err(&s),
+            "listeners.ws[0] = \"127.0.0.1:1884\" overlaps listeners.tcp[0] = \"0.0.0.0:1884\": a wildcard \
+             address takes its port on every address, so each listener needs a port of its own there"
+        );
+        // Either order, IPv6 and dual-stack, and admin.listen too.
+        s.listeners.tcp = vec!["127.0.0.1:1884".into(), "0.0.0.0:1884".into()];
+        s.listeners.ws = vec![];
+        assert!(err(&s).starts_with("listeners.tcp[1] = \"0.0.0.0:1884\" overlaps listeners.tcp[0]"));
+        s.listeners.tcp = vec!["[::]:1884".into(), "10.0.0.1:1884".into()];
+        assert!(err(&s).starts_with("listeners.tcp[1] = \"10.0.0.1:1884\" overlaps listeners.tcp[0] = \"[::]:1884\""));
+        s.listeners.tcp = vec!["[::1]:1884".into(), "[::]:1884".into()];
+        assert!(err(&s).contains("overlaps listeners.tcp[0]"));
+        s.listeners.tcp = vec!["0.0.0.0:1884".into()];
+        s.admin.listen = "127.0.0.1:1884".into();
+        assert!(err(&s).starts_with("admin.listen = \"127.0.0.1:1884\" overlaps listeners.tcp[0]"));
+        // Other ports, port 0, and IPv4's wildcard beside an IPv6 address
+        // are not shared.
+        s.admin.listen = "127.0.0.1:8080".into();
+        s.listeners.tcp = vec!["0.0.0.0:1884".into(), "127.0.0.1:1885".into(), "[::1]:1884".into()];
+        s.validate().unwrap();
+        s.listeners.tcp = vec!["0.0.0.0:0".into(), "127.0.0.1:0".into()];
         s.validate().unwrap();
     }
 

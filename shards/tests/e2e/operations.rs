@@ -140,6 +140,20 @@ fn listening_on_all_interfaces_without_allow_anonymous_is_refused() {
     assert!(stderr.contains("allow_anonymous"), "{stderr}");
 }
 
+/// Two listeners on one port, one on the wildcard address beside one it
+/// covers, are refused at start naming both keys, as two on one address are.
+#[test]
+fn a_wildcard_listener_beside_another_on_its_port_is_refused_naming_both() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (wild, local) = (format!("0.0.0.0:{port}"), format!("127.0.0.1:{port}"));
+    let anonymous = "auth.allow_anonymous=true";
+    let stderr = serve_refused(&["--listen", &wild, "--listen", &local, "--set", anonymous]);
+    assert!(stderr.contains("listeners.tcp[1]") && stderr.contains("listeners.tcp[0]"), "{stderr}");
+    assert!(stderr.contains("overlaps") && stderr.contains(&wild), "{stderr}");
+    let stderr = serve_refused(&["--listen", &local, "--listen", &local]);
+    assert!(stderr.contains("is the address of listeners.tcp[0]"), "{stderr}");
+}
+
 /// SIGTERM: an MQTT 5 client gets DISCONNECT 0x8B (Server shutting down)
 /// and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
