@@ -115,12 +115,23 @@ fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
             get({
                 let metrics = metrics.clone();
                 move || async move {
-                    match (ready.load(Ordering::Acquire), metrics.store_problem()) {
-                        (true, None) => (StatusCode::OK, "ready".to_owned()),
-                        (_, Some(problem)) => (StatusCode::SERVICE_UNAVAILABLE, problem),
-                        (false, None) => (StatusCode::SERVICE_UNAVAILABLE, "starting".to_owned()),
+                    if !ready.load(Ordering::Acquire) {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "starting".to_owned());
+                    }
+                    // The store's problem, or the cluster's (fenced, another
+                    // process with this replica ID: DESIGN.md §12), in the body.
+                    match metrics.store_problem().or_else(|| metrics.not_ready()) {
+                        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+                        None => (StatusCode::OK, "ready".to_owned()),
                     }
                 }
+            }),
+        )
+        .route(
+            "/api/v1/status",
+            get({
+                let metrics = metrics.clone();
+                move || async move { ([(header::CONTENT_TYPE, "application/json")], metrics.status_json()) }
             }),
         )
         .route(

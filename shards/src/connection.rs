@@ -48,6 +48,8 @@ pub(crate) struct ConnSettings {
     pub(crate) tls: Option<Arc<TlsConfig>>,
     pub(crate) gate: Arc<Gate>,
     pub(crate) acl_cache: AuthorizeCache,
+    /// The replica's cluster, `None` on a single node.
+    pub(crate) cluster: Option<Arc<crate::cluster::Node>>,
 }
 
 /// A signed-in client: who it is and the limit slots it holds until it
@@ -57,6 +59,9 @@ pub(crate) struct Admission {
     /// Held, not read: dropping them gives the limit slots back.
     #[allow(dead_code)]
     pub(crate) slots: Vec<LimitSlot>,
+    /// The cluster claim on the client identifier (cluster mode), given
+    /// up when the connection ends.
+    pub(crate) claim: Option<crate::cluster::Claim>,
 }
 
 /// Above this capacity, an emptied buffer is released rather than kept, so
@@ -251,6 +256,7 @@ pub(crate) async fn accepted(
         },
     )
     .await;
+    let connect_at = Instant::now();
     let (mut transport, tls_identity, connect, buf) = match opened {
         Some(Ok(opened)) => opened,
         Some(Err((
@@ -355,8 +361,20 @@ pub(crate) async fn accepted(
             return refused(&shard, &settings, RefuseReason::ConnectRefused);
         }
     };
+    let claim = match &settings.cluster {
+        Some(node) => match Box::pin(claim(node, &negotiated.client_id, connect_at)).await {
+            Ok(claim) => Some(claim),
+            Err((reason, why)) => {
+                debug!(target: "cluster", client_id = %negotiated.client_id, why, "cluster: CONNECT refused");
+                let refusal = refuse_with(ReasonCode::SERVER_UNAVAILABLE, why);
+                Box::pin(refuse(&shard, &mut transport, &connect, refusal)).await;
+                return refused(&shard, &settings, reason);
+            }
+        },
+        None => None,
+    };
     drop(pending);
-    let admission = Admission { identity, slots };
+    let admission = Admission { identity, slots, claim };
     let owner = owner_of(&negotiated.client_id, shard.shards);
     let handoff = Connecting {
         transport,
@@ -374,6 +392,33 @@ pub(crate) async fn accepted(
         return;
     }
     Box::pin(hand_off(&shard, owner, Route::Fresh, handoff)).await;
+}
+
+/// Claim `client_id` in the cluster for a CONNECT that arrived at
+/// `connect_at`, within what is left of `cluster.connect_budget` (DESIGN.md
+/// §8); a client identifier that another replica took from this one less
+/// than a second ago waits out that second first.
+///
+/// # Errors
+/// The refusal reason and why: the replica is fenced, or the claim did not
+/// land in time.
+async fn claim(
+    node: &Arc<crate::cluster::Node>,
+    client_id: &str,
+    connect_at: Instant,
+) -> Result<crate::cluster::Claim, (RefuseReason, &'static str)> {
+    if node.status().is_fenced() {
+        return Err((RefuseReason::Fenced, "replica fenced"));
+    }
+    let budget = |now: Instant| node.connect_budget.saturating_sub(now.duration_since(connect_at));
+    let delay = crate::cluster::shard_state(|sc| sc.flap_delay(client_id, Instant::now()));
+    if !delay.is_zero() {
+        sleep(delay.min(budget(Instant::now()))).await;
+    }
+    node.claim(client_id, budget(Instant::now())).await.map_err(|why| {
+        let reason = if why == "replica fenced" { RefuseReason::Fenced } else { RefuseReason::ClusterUnavailable };
+        (reason, why)
+    })
 }
 
 /// A signed-in connection on its way to its session: what a [`Handoff`]
@@ -618,6 +663,12 @@ async fn serve(
     // one holds (the CONNECT, the negotiated CONNACK) is kept while idle.
     match start(&shard, &settings, &mut connecting) {
         Ok((conn, slot)) => {
+            if let Some(claim) = &connecting.admission.claim {
+                if !crate::cluster::shard_state(|sc| sc.attached(claim)) {
+                    // Another replica's later claim arrived first.
+                    conn.request_close(Some(ReasonCode::SESSION_TAKEN_OVER), false);
+                }
+            }
             let Connecting {
                 transport,
                 unread,

@@ -9,6 +9,7 @@ mod access;
 pub mod admin;
 pub mod alloc;
 pub mod auth;
+mod cluster;
 #[cfg(feature = "heap-census")]
 mod census;
 pub mod cert;

@@ -195,11 +195,16 @@ pub enum RefuseReason {
     /// Another connection holds the client identifier and may not be taken
     /// over.
     ClientIdInUse,
+    /// The replica is fenced (DESIGN.md §5): CONNACK 0x88.
+    Fenced,
+    /// The cluster did not take the client identifier claim within
+    /// `cluster.connect_budget` (DESIGN.md §8): CONNACK 0x88.
+    ClusterUnavailable,
 }
 
 impl RefuseReason {
     /// Every reason, in label order.
-    pub const ALL: [RefuseReason; 18] = [
+    pub const ALL: [RefuseReason; 20] = [
         RefuseReason::MaxPendingConnections,
         RefuseReason::PendingEvicted,
         RefuseReason::MaxConnectionsPerSource,
@@ -218,6 +223,8 @@ impl RefuseReason {
         RefuseReason::MaxConnectionsPerCredential,
         RefuseReason::ConnectRefused,
         RefuseReason::ClientIdInUse,
+        RefuseReason::Fenced,
+        RefuseReason::ClusterUnavailable,
     ];
 
     /// The `reason` label value, snake_case, e.g. `"max_clients"`.
@@ -241,6 +248,8 @@ impl RefuseReason {
             RefuseReason::MaxConnectionsPerCredential => "max_connections_per_credential",
             RefuseReason::ConnectRefused => "connect_refused",
             RefuseReason::ClientIdInUse => "client_id_in_use",
+            RefuseReason::Fenced => "fenced",
+            RefuseReason::ClusterUnavailable => "cluster_unavailable",
         }
     }
 
@@ -423,6 +432,8 @@ pub struct Metrics {
     pub(crate) store: crate::store::health::StoreMetrics,
     /// The local store's health, when there is one.
     store_health: std::sync::OnceLock<Arc<crate::store::health::Health>>,
+    /// The replica's cluster, set once at start in cluster mode.
+    cluster: std::sync::OnceLock<Arc<crate::cluster::Node>>,
 }
 
 /// Node-wide sums of the per-shard series, for the `$SYS/broker/...`
@@ -474,6 +485,7 @@ impl Metrics {
             shards,
             store,
             store_health: std::sync::OnceLock::new(),
+            cluster: std::sync::OnceLock::new(),
         };
         let r = &mut registry;
         r.register(
@@ -608,7 +620,45 @@ impl Metrics {
         // a metric's encoder.
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("encoding metrics into a String");
+        if let Some(node) = self.cluster.get() {
+            if let Some(body) = out.strip_suffix("# EOF\n").map(str::len) {
+                out.truncate(body);
+                node.render_metrics(&mut out);
+                out.push_str("# EOF\n");
+            }
+        }
         out
+    }
+
+    /// Attach the replica's cluster: its series join [`Metrics::render`],
+    /// its fence and status join readiness and `/api/v1/status`.
+    pub(crate) fn set_cluster(&self, node: Arc<crate::cluster::Node>) {
+        let _ = self.cluster.set(node);
+    }
+
+    /// Why the broker is not ready beyond starting (DESIGN.md §12: fenced,
+    /// a duplicate replica ID), `None` when nothing holds it back.
+    pub fn not_ready(&self) -> Option<String> {
+        self.cluster.get().and_then(|node| node.not_ready())
+    }
+
+    /// The `/api/v1/status` document: replica, shards, connections, and
+    /// the cluster's fields in cluster mode (DESIGN.md §12).
+    pub fn status_json(&self) -> String {
+        let totals = self.totals();
+        let mut doc = serde_json::json!({
+            "shards": self.shards,
+            "connections": totals.clients_connected,
+            "uptime_seconds": totals.uptime_seconds,
+            "cluster": null,
+        });
+        if let Some(node) = self.cluster.get() {
+            doc["cluster"] = node.status_json();
+            doc["replica"] = doc["cluster"]["replica"].clone();
+            doc["fenced"] = doc["cluster"]["fenced"].clone();
+            doc["members"] = doc["cluster"]["members"].clone();
+        }
+        doc.to_string()
     }
 }
 

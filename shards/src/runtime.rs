@@ -48,6 +48,8 @@ pub(crate) struct ShardStart {
     pub(crate) shutdown: Shutdown,
     /// Counted up once the shard accepts connections.
     pub(crate) started: Arc<AtomicUsize>,
+    /// The replica's cluster, `None` on a single node.
+    pub(crate) cluster: Option<Arc<crate::cluster::Node>>,
     /// The shard that publishes the `$SYS` topics gets the process's
     /// metrics and the interval (`server.sys_interval`).
     pub(crate) sys: Option<(Arc<Metrics>, Duration)>,
@@ -65,9 +67,13 @@ pub(crate) async fn run_shard(
         fds,
         shutdown,
         started,
+        cluster,
         sys,
     } = start;
     spawn_inbox_readers(&shard, &settings, receivers);
+    if let Some(node) = cluster {
+        crate::cluster::spawn_events(shard.clone(), node);
+    }
     spawn_acceptors(&shard, &settings, fds);
     spawn_flusher(&shard);
     let committer = shard.store.start();

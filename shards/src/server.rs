@@ -49,9 +49,6 @@ const SHARD_IO_MEMORY: usize = 64 << 10;
 /// # Errors
 /// A listener or the admin port cannot be bound, or a shard cannot start.
 pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
-    if settings.cluster.is_some() {
-        bail!("[cluster]: cluster mode is not available in this build yet; remove the [cluster] section");
-    }
     raise_fd_limit(settings.limits.max_clients as u64);
     let shards = shard_count(&settings);
     let (auth, tls) = load_security(&settings)?;
@@ -63,12 +60,14 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     let metrics = Metrics::with_sign_in(shards, auth.sign_in_metrics());
     let store = opened.map(|o| crate::store::LocalStart::new(o, &settings.store, &metrics, shards));
     let ready = Arc::new(AtomicBool::new(false));
+    let cluster = start_cluster(&settings, shards, &metrics)?;
     let admin = start_admin(&settings, &metrics, &ready)?;
-    let conn_settings = conn_settings(&settings, auth, tls);
+    let conn_settings = conn_settings(&settings, auth, tls, cluster.clone());
     let plan = ShardPlan {
         shards,
         conn_settings: conn_settings.clone(),
         limits: shard_limits(&settings),
+        cluster: cluster.clone(),
         metrics,
         shutdown,
         sys_interval: settings.server.sys_interval,
@@ -87,6 +86,9 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     // What the last burst of refusals counted is in the log too.
     conn_settings.gate.log_pending_refusals(true);
     let _ = reloader.join();
+    if let Some(cluster) = cluster {
+        cluster.stop();
+    }
     if let Some(admin) = admin {
         admin.stop();
     }
@@ -104,6 +106,25 @@ fn shard_count(settings: &Settings) -> usize {
     } else {
         settings.server.shards
     }
+}
+
+/// Join the cluster when `[cluster]` is set (DESIGN.md §4–§5): the NATS
+/// bridge starts, checks JetStream and establishes membership before the
+/// shards accept connections.
+///
+/// # Errors
+/// NATS cannot be reached or a start-up check refused.
+fn start_cluster(
+    settings: &Settings,
+    shards: usize,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Option<Arc<crate::cluster::Node>>> {
+    if settings.cluster.is_none() {
+        return Ok(None);
+    }
+    let node = crate::cluster::Node::start(settings, shards)?;
+    metrics.set_cluster(node.clone());
+    Ok(Some(node))
 }
 
 /// Sign-in, access control and certificates, loaded before binding.
@@ -196,6 +217,7 @@ fn conn_settings(
     settings: &Settings,
     auth: Arc<Authenticator>,
     tls: Option<Arc<TlsConfig>>,
+    cluster: Option<Arc<crate::cluster::Node>>,
 ) -> ConnSettings {
     let limits = &settings.limits;
     let topic = topic_limits(settings);
@@ -225,6 +247,7 @@ fn conn_settings(
             ttl: settings.auth.acl_cache_ttl,
             ..AuthorizeCache::default()
         },
+        cluster,
     }
 }
 
@@ -251,7 +274,9 @@ fn shard_limits(settings: &Settings) -> ShardLimits {
         max_client_writes_pending: limits.max_client_writes_pending as usize,
         max_client_write_bytes: limits.max_client_write_bytes,
         shared: settings.shared.clone(),
-        move_publishers: settings.server.move_publishers,
+        // A moved session leaves its client identifier's home shard, where
+        // the cluster's take-over events arrive: not in cluster mode.
+        move_publishers: settings.server.move_publishers && settings.cluster.is_none(),
     }
 }
 
@@ -262,6 +287,7 @@ struct ShardPlan {
     limits: ShardLimits,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
+    cluster: Option<Arc<crate::cluster::Node>>,
     /// `server.sys_interval`, for the shard that publishes `$SYS`.
     sys_interval: Duration,
     /// The local store, opened and recovered (`store.kind = "local"`).
@@ -297,6 +323,7 @@ fn start_shards(
             fds,
             shutdown: plan.shutdown.clone(),
             started: started.clone(),
+            cluster: plan.cluster.clone(),
             // Shard 0 publishes the $SYS topics.
             sys: (id == 0).then(|| (plan.metrics.clone(), plan.sys_interval)),
         };

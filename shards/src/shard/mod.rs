@@ -16,6 +16,7 @@
 //! `owner_of(shared filter)` (see [`groups`]).
 
 mod durable;
+mod cluster;
 mod groups;
 mod inbox;
 mod index;
@@ -1349,12 +1350,7 @@ impl Shard {
     /// Close every connection with DISCONNECT 0x8B (server shutting down).
     pub(crate) fn close_all(&self) {
         self.stopping.set(true);
-        let st = self.state.borrow();
-        for (_, client) in st.clients.iter() {
-            if let Some(conn) = &client.conn {
-                conn.request_close(Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
-            }
-        }
+        self.close_connections(ReasonCode::SERVER_SHUTTING_DOWN);
     }
 
     /// Make up a client identifier that this shard owns, for a client that

@@ -1,0 +1,433 @@
+//! The bridge thread: start-up, the request loop, events to the shards,
+//! and the stop.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Context};
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use fleetmq_core::cluster::membership::FenceReason;
+use tokio::sync::{oneshot, Notify};
+use tracing::{info, warn};
+
+use crate::config::{connect, JS_TIMEOUT};
+use crate::mailbox::Mailbox;
+use crate::stats::BridgeStats;
+use crate::{membership, ownership, setup, BridgeConfig};
+
+/// Requests queued for the bridge at most; beyond, [`Bridge::send`]
+/// refuses (the caller answers as for an unavailable store).
+const REQUEST_QUEUE: usize = 65_536;
+
+/// Events queued per shard mailbox; beyond, the bridge holds them and
+/// offers them again on its next turn.
+const EVENT_QUEUE: usize = 16_384;
+
+/// How long [`Bridge::start`] waits for NATS, the buckets and the first
+/// membership write.
+const START_WAIT: Duration = Duration::from_secs(30);
+
+/// Why the bridge did not start; the broker refuses to start with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A setting cannot be used (a file that cannot be read, a bad URL).
+    #[error("{0}")]
+    Config(String),
+    /// NATS or JetStream did not answer.
+    #[error("cannot reach NATS JetStream: {0}")]
+    Connect(String),
+    /// The server or a stream is not what fleetmq needs (API level, a
+    /// stream's configuration, the format floor, `member_ttl`).
+    #[error("{0}")]
+    Incompatible(String),
+}
+
+/// A request from a shard.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Request {
+    /// Claim `client_id` for connection `conn` of this process in
+    /// `mqtt-sessions` (create, or compare-and-set on the revision read).
+    Claim {
+        /// The client identifier.
+        client_id: String,
+        /// The connection, unique for this process's life.
+        conn: u64,
+        /// The outcome.
+        reply: oneshot::Sender<Result<Claimed, ClaimError>>,
+    },
+    /// Give `client_id` up if the claim at `revision` is still the latest.
+    Release {
+        /// The client identifier.
+        client_id: String,
+        /// The revision of this replica's claim.
+        revision: u64,
+    },
+}
+
+/// A claim that landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The revision of the claim in `mqtt-sessions`: a later revision by
+    /// another replica takes the client identifier over.
+    pub revision: u64,
+    /// The replica that owned the client identifier before, when another.
+    pub previous: Option<String>,
+}
+
+/// Why a claim did not land.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// This replica is fenced.
+    #[error("replica fenced")]
+    Fenced,
+    /// JetStream did not take the claim.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// An event for a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// The replica fenced: close every connection (MQTT 5: DISCONNECT
+    /// 0x8B) and refuse CONNECT until [`Event::Unfenced`].
+    Fenced(FenceReason),
+    /// The replica serves again.
+    Unfenced,
+    /// Another replica claimed `client_id` at `revision`: a connection
+    /// with that identifier here whose claim is older is taken over (MQTT
+    /// 5: DISCONNECT 0x8E).
+    TakenOver {
+        /// The client identifier.
+        client_id: String,
+        /// The revision of the other replica's claim.
+        revision: u64,
+        /// The replica that claimed it.
+        replica: String,
+    },
+}
+
+/// What the admin endpoints and the CONNECT path read of the cluster.
+#[derive(Debug)]
+pub struct ClusterStatus {
+    /// This replica's ID.
+    pub replica_id: String,
+    /// This process's instance ID.
+    pub instance: String,
+    fenced: AtomicBool,
+    reason: Mutex<Option<String>>,
+    members: Mutex<Vec<String>>,
+    /// What the bridge counts.
+    pub stats: BridgeStats,
+}
+
+impl ClusterStatus {
+    fn new(replica_id: String, instance: String) -> ClusterStatus {
+        ClusterStatus {
+            replica_id,
+            instance,
+            fenced: AtomicBool::new(true),
+            reason: Mutex::new(Some(FenceReason::Starting.as_str().to_owned())),
+            members: Mutex::new(Vec::new()),
+            stats: BridgeStats::default(),
+        }
+    }
+
+    /// Whether the replica is fenced (or not yet a member): CONNECT is
+    /// refused with 0x88.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Why the replica is not ready, `None` when it is.
+    pub fn not_ready(&self) -> Option<String> {
+        self.reason.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// The live replicas (this one included when serving), sorted.
+    pub fn members(&self) -> Vec<String> {
+        self.members.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    pub(crate) fn set_fenced(&self, fenced: bool, reason: Option<String>) {
+        if let Ok(mut r) = self.reason.lock() {
+            *r = reason;
+        }
+        self.fenced.store(fenced, Ordering::Release);
+    }
+
+    pub(crate) fn set_members(&self, members: Vec<String>) {
+        if let Ok(mut m) = self.members.lock() {
+            *m = members;
+        }
+    }
+}
+
+/// What the tasks on the bridge thread share.
+pub(crate) struct Shared {
+    pub(crate) config: BridgeConfig,
+    pub(crate) status: Arc<ClusterStatus>,
+    /// The state connection's JetStream context.
+    pub(crate) state: Context,
+    /// The lease connection's JetStream context.
+    pub(crate) lease: Context,
+    pub(crate) state_client: async_nats::Client,
+    pub(crate) mailboxes: Vec<Arc<Mailbox<Event>>>,
+    /// Events a full mailbox handed back, per shard.
+    held: Mutex<Vec<Vec<Event>>>,
+    pub(crate) stop: Notify,
+    pub(crate) stopping: AtomicBool,
+}
+
+impl Shared {
+    /// Offer `event` to `shard`'s mailbox, holding it when full.
+    pub(crate) fn send_event(&self, shard: usize, event: Event) {
+        let mut held = self.held.lock().expect("bridge-only lock");
+        if held[shard].is_empty() {
+            if let Err(event) = self.mailboxes[shard].push(event) {
+                held[shard].push(event);
+            }
+        } else {
+            held[shard].push(event);
+        }
+    }
+
+    /// Offer `event` to every shard.
+    pub(crate) fn broadcast(&self, event: Event) {
+        for shard in 0..self.mailboxes.len() {
+            self.send_event(shard, event.clone());
+        }
+    }
+
+    /// Offer the held events again, in order.
+    fn offer_held(&self) {
+        let mut held = self.held.lock().expect("bridge-only lock");
+        for (shard, queue) in held.iter_mut().enumerate() {
+            let mut sent = 0;
+            for event in queue.iter() {
+                if self.mailboxes[shard].push(event.clone()).is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            queue.drain(..sent);
+        }
+    }
+}
+
+/// The handle the broker keeps: send requests, read the status, stop.
+pub struct Bridge {
+    requests: Sender<Request>,
+    wake: Arc<Notify>,
+    status: Arc<ClusterStatus>,
+    mailboxes: Vec<Arc<Mailbox<Event>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Bridge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bridge").field("replica", &self.status.replica_id).finish_non_exhaustive()
+    }
+}
+
+impl Bridge {
+    /// Start the bridge thread: connect the state and lease connections,
+    /// check the JetStream API level, create or check the buckets and the
+    /// format floor, start membership, and return once the first
+    /// membership write landed (the replica serves) or
+    /// [`START_WAIT`] passed (it starts fenced and keeps trying).
+    ///
+    /// # Errors
+    /// Any [`StartError`] of the checks; the thread is stopped.
+    pub fn start(config: BridgeConfig) -> Result<Bridge, StartError> {
+        let (tx, rx) = bounded(REQUEST_QUEUE);
+        let wake = Arc::new(Notify::new());
+        let status = Arc::new(ClusterStatus::new(config.replica_id.clone(), config.instance.clone()));
+        let mailboxes: Vec<_> = (0..config.shards).map(|_| Arc::new(Mailbox::new(EVENT_QUEUE))).collect();
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<Result<Arc<Shared>, StartError>>();
+        let thread = {
+            let (wake, status, mailboxes) = (wake.clone(), status.clone(), mailboxes.clone());
+            std::thread::Builder::new()
+                .name("fleetmq-bridge".into())
+                .spawn(move || {
+                    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(StartError::Config(format!("bridge runtime: {e}"))));
+                            return;
+                        }
+                    };
+                    runtime.block_on(run(config, status, mailboxes, rx, wake, started_tx));
+                })
+                .map_err(|e| StartError::Config(format!("bridge thread: {e}")))?
+        };
+        let shared = match started_rx.recv_timeout(START_WAIT) {
+            Ok(Ok(shared)) => shared,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                return Err(StartError::Connect(format!("no answer within {START_WAIT:?}")));
+            }
+        };
+        Ok(Bridge { requests: tx, wake, status, mailboxes, thread: Mutex::new(Some(thread)), shared })
+    }
+
+    /// Queue `request` and wake the bridge.
+    ///
+    /// # Errors
+    /// The queue is full: the request is handed back.
+    pub fn send(&self, request: Request) -> Result<(), Request> {
+        match self.requests.try_send(request) {
+            Ok(()) => {
+                self.wake.notify_one();
+                Ok(())
+            }
+            Err(TrySendError::Full(r) | TrySendError::Disconnected(r)) => {
+                self.status.stats.queue_full.fetch_add(1, Ordering::Relaxed);
+                Err(r)
+            }
+        }
+    }
+
+    /// Requests queued and not yet taken by the bridge.
+    pub fn queue_depth(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// The cluster's status, shared.
+    pub fn status(&self) -> &Arc<ClusterStatus> {
+        &self.status
+    }
+
+    /// Shard `shard`'s event mailbox.
+    pub fn mailbox(&self, shard: usize) -> Arc<Mailbox<Event>> {
+        self.mailboxes[shard].clone()
+    }
+
+    /// Stop: what is queued is still carried out (up to a few seconds),
+    /// then the thread ends and is joined. Later calls do nothing.
+    pub fn stop(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.stop.notify_waiters();
+        self.wake.notify_one();
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(thread) = thread {
+            if thread.join().is_err() {
+                warn!(target: "bridge", "bridge: the bridge thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// How long the stop waits for requests in flight.
+const STOP_DRAIN: Duration = Duration::from_secs(3);
+
+async fn run(
+    config: BridgeConfig,
+    status: Arc<ClusterStatus>,
+    mailboxes: Vec<Arc<Mailbox<Event>>>,
+    requests: Receiver<Request>,
+    wake: Arc<Notify>,
+    started: std::sync::mpsc::Sender<Result<Arc<Shared>, StartError>>,
+) {
+    let shared = match start(config, status, mailboxes).await {
+        Ok(shared) => shared,
+        Err(e) => {
+            let _ = started.send(Err(e));
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local
+        .run_until(async move {
+            let (first_write_tx, first_write_rx) = oneshot::channel();
+            tokio::task::spawn_local(membership::run(shared.clone(), first_write_tx));
+            tokio::task::spawn_local(ownership::watch(shared.clone()));
+            // Ready to serve once the first membership write landed, or
+            // fenced after the wait (membership keeps trying).
+            let _ = tokio::time::timeout(START_WAIT / 2, first_write_rx).await;
+            let _ = started.send(Ok(shared.clone()));
+            loop {
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = shared.stop.notified() => {}
+                    // Held events are offered again at least this often.
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+                shared.offer_held();
+                while let Ok(request) = requests.try_recv() {
+                    shared.status.stats.started();
+                    tokio::task::spawn_local(handle(shared.clone(), request));
+                }
+                if shared.stopping.load(Ordering::Acquire) {
+                    break;
+                }
+            }
+            let drain_by = tokio::time::Instant::now() + STOP_DRAIN;
+            while shared.status.stats.in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < drain_by {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            info!(target: "bridge", "bridge: stopped");
+        })
+        .await;
+}
+
+async fn start(
+    config: BridgeConfig,
+    status: Arc<ClusterStatus>,
+    mailboxes: Vec<Arc<Mailbox<Event>>>,
+) -> Result<Arc<Shared>, StartError> {
+    let name = |part: &str| format!("fleetmq-{}-{part}", config.replica_id);
+    let state_client = connect(&config.cluster, name("state")).await?;
+    let lease_client = connect(&config.cluster, name("lease")).await?;
+    let context = |client: async_nats::Client| {
+        jetstream::ContextBuilder::new().timeout(JS_TIMEOUT).build(client)
+    };
+    let state = context(state_client.clone());
+    let lease = context(lease_client);
+    let level = setup::check_api_level(&state).await?;
+    setup::ensure_buckets(&state, usize::from(config.cluster.nats_replicas), config.cluster.member_ttl).await?;
+    let floor = setup::check_floor(&state).await?;
+    info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
+    let shards = mailboxes.len();
+    Ok(Arc::new(Shared {
+        config,
+        status,
+        state,
+        lease,
+        state_client,
+        mailboxes,
+        held: Mutex::new(vec![Vec::new(); shards]),
+        stop: Notify::new(),
+        stopping: AtomicBool::new(false),
+    }))
+}
+
+async fn handle(shared: Arc<Shared>, request: Request) {
+    match request {
+        Request::Claim { client_id, conn, reply } => {
+            let outcome = if shared.status.is_fenced() {
+                Err(ClaimError::Fenced)
+            } else {
+                ownership::claim(&shared, &client_id, conn).await
+            };
+            let _ = reply.send(outcome);
+        }
+        Request::Release { client_id, revision } => ownership::release(&shared, &client_id, revision).await,
+    }
+    shared.status.stats.finished();
+}

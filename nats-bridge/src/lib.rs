@@ -1,0 +1,31 @@
+//! fleetmq-nats-bridge: every JetStream round trip of a replica passes
+//! through one named OS thread running a tokio current-thread runtime and
+//! async-nats (DESIGN.md §3, §4, §5, §14).
+//!
+//! - Shards send [`Request`]s over a bounded crossbeam channel paired with
+//!   a wake signal, and await a oneshot completion; glommio wakers may be
+//!   woken from this thread, so the shard's task wakes through its own
+//!   eventfd.
+//! - The bridge drains what is queued each turn and runs each request as a
+//!   task of its own: many JetStream operations are in flight at once, and
+//!   one slow round trip holds up only the request that waits on it.
+//! - Events for the shards (fencing, a client identifier taken over by
+//!   another replica) go to each shard's [`Mailbox`].
+//! - Two NATS connections: the state connection (everything) and the lease
+//!   connection (this replica's membership writes only).
+//! - [`Bridge::stop`] drains what is queued, then joins the thread.
+//!
+//! Only this crate imports async-nats.
+
+mod bridge;
+mod config;
+mod mailbox;
+mod membership;
+mod ownership;
+mod setup;
+mod stats;
+
+pub use bridge::{Bridge, ClaimError, Claimed, ClusterStatus, Event, Request, StartError};
+pub use config::BridgeConfig;
+pub use mailbox::Mailbox;
+pub use stats::{BridgeStats, OpKind};

@@ -1,0 +1,109 @@
+//! What the bridge counts, for `/metrics` (DESIGN.md §12): the NATS round
+//! trip per operation kind, the request queue, requests in flight and
+//! reconnects.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// The kinds of JetStream operation whose round trips are measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OpKind {
+    /// A membership heartbeat (lease connection).
+    Heartbeat,
+    /// The store probe (`$JS.API.INFO`, state connection).
+    Probe,
+    /// A client identifier claim (read and compare-and-set).
+    Claim,
+    /// A client identifier release.
+    Release,
+}
+
+impl OpKind {
+    /// Every kind, in the order of [`OpKind::name`].
+    pub const ALL: [OpKind; 4] = [OpKind::Heartbeat, OpKind::Probe, OpKind::Claim, OpKind::Release];
+
+    /// The `op` label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Heartbeat => "heartbeat",
+            OpKind::Probe => "probe",
+            OpKind::Claim => "claim",
+            OpKind::Release => "release",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The bridge's counters, shared with the admin thread.
+#[derive(Debug)]
+pub struct BridgeStats {
+    /// Round trips per [`OpKind`], in microseconds.
+    round_trips: Vec<Mutex<Histogram<u64>>>,
+    /// Requests taken from the queue and not yet completed.
+    pub in_flight: AtomicI64,
+    /// Times a NATS connection was re-established.
+    pub reconnects: AtomicU64,
+    /// Requests refused because the queue was full.
+    pub queue_full: AtomicU64,
+}
+
+impl Default for BridgeStats {
+    fn default() -> Self {
+        BridgeStats {
+            round_trips: OpKind::ALL
+                .iter()
+                .map(|_| Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds")))
+                .collect(),
+            in_flight: AtomicI64::new(0),
+            reconnects: AtomicU64::new(0),
+            queue_full: AtomicU64::new(0),
+        }
+    }
+}
+
+impl BridgeStats {
+    /// Record one round trip of `kind`.
+    pub fn record(&self, kind: OpKind, took: Duration) {
+        let micros = (took.as_micros() as u64).clamp(1, 60_000_000);
+        if let Ok(mut h) = self.round_trips[kind.index()].lock() {
+            let _ = h.record(micros);
+        }
+    }
+
+    /// The round trips of `kind` so far: (count, sum in seconds, and the
+    /// cumulative count at or below each of `bounds_s`).
+    pub fn round_trips(&self, kind: OpKind, bounds_s: &[f64]) -> (u64, f64, Vec<u64>) {
+        let Ok(h) = self.round_trips[kind.index()].lock() else {
+            return (0, 0.0, vec![0; bounds_s.len()]);
+        };
+        let sum: f64 = h.iter_recorded().map(|v| v.value_iterated_to() as f64 * v.count_at_value() as f64).sum();
+        let below = bounds_s
+            .iter()
+            .map(|b| {
+                let limit = (b * 1e6) as u64;
+                h.iter_recorded().filter(|v| v.value_iterated_to() <= limit).map(|v| v.count_at_value()).sum()
+            })
+            .collect();
+        (h.len(), sum / 1e6, below)
+    }
+
+    /// `quantile` (0..=1) of the round trips of `kind`, in microseconds.
+    pub fn quantile_us(&self, kind: OpKind, quantile: f64) -> u64 {
+        self.round_trips[kind.index()].lock().map(|h| h.value_at_quantile(quantile)).unwrap_or(0)
+    }
+
+    pub(crate) fn started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn finished(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,252 @@
+//! The cluster as the shards see it (DESIGN.md §3–§5): a [`Node`] per
+//! process over the NATS bridge, and per shard a task that acts on the
+//! bridge's events (fencing, client identifiers taken over by another
+//! replica) plus the claims this shard's connections hold.
+//!
+//! The hooks are narrow and enqueue-only: the only awaited cluster call is
+//! the client identifier claim a connection task makes before its CONNACK,
+//! with no shard state borrowed.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use fleetmq_core::packet::ReasonCode;
+use fleetmq_core::settings::Settings;
+use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event, Request};
+use futures_lite::future::or;
+use glommio::timer::sleep;
+use tracing::{debug, info};
+
+use crate::shard::Shard;
+
+mod report;
+
+/// How long a client identifier lost to another replica is remembered, to
+/// refuse a late attach of the losing connection and to slow down a client
+/// identifier that flaps between replicas.
+const LOST_MEMORY: Duration = Duration::from_secs(10);
+
+/// A client identifier taken over less than this long ago waits this long
+/// before its next claim here (a flapping jail, as nats-server's MQTT has).
+const FLAP_DELAY: Duration = Duration::from_secs(1);
+
+/// Lost client identifiers remembered per shard at most.
+const LOST_MAX: usize = 100_000;
+
+/// This process as a replica: the bridge, and the numbering of its
+/// connections' claims.
+#[derive(Debug)]
+pub(crate) struct Node {
+    bridge: Bridge,
+    next_conn: AtomicU64,
+    /// `cluster.connect_budget`.
+    pub(crate) connect_budget: Duration,
+}
+
+impl Node {
+    /// Start the bridge for `settings.cluster` with `shards` shards (the
+    /// replica ID defaults to the host name).
+    ///
+    /// # Errors
+    /// NATS cannot be reached, or a start-up check refused (API level,
+    /// buckets, format floor, `member_ttl`): the broker does not start.
+    pub(crate) fn start(settings: &Settings, shards: usize) -> anyhow::Result<Arc<Node>> {
+        let cluster = settings.cluster.clone().expect("called with a [cluster] section");
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let replica_id = cluster.replica_id_or(host.trim());
+        let started_at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let config = BridgeConfig {
+            cluster: cluster.clone(),
+            replica_id: replica_id.clone(),
+            instance: format!("{:016x}", rand::random::<u64>()),
+            started_at_ms,
+            shards,
+            owner_of: crate::shard::owner_of,
+        };
+        let bridge = Bridge::start(config).with_context(|| format!("cluster: replica {replica_id}"))?;
+        info!(target: "cluster", replica = %replica_id, "cluster: joined");
+        Ok(Arc::new(Node { bridge, next_conn: AtomicU64::new(1), connect_budget: cluster.connect_budget }))
+    }
+
+    /// The cluster's status (fenced, members, bridge counters).
+    pub(crate) fn status(&self) -> &Arc<ClusterStatus> {
+        self.bridge.status()
+    }
+
+    /// Requests queued for the bridge.
+    pub(crate) fn queue_depth(&self) -> usize {
+        self.bridge.queue_depth()
+    }
+
+    /// Claim `client_id` for a new connection, within `budget`.
+    ///
+    /// # Errors
+    /// The refusal to send (CONNACK 0x88 Server unavailable; MQTT 3.1.1
+    /// return code 3): the replica is fenced, JetStream did not take the
+    /// claim, or the budget ran out.
+    pub(crate) async fn claim(self: &Arc<Self>, client_id: &str, budget: Duration) -> Result<Claim, &'static str> {
+        if self.status().is_fenced() {
+            return Err("replica fenced");
+        }
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        let request = Request::Claim { client_id: client_id.to_owned(), conn, reply };
+        if self.bridge.send(request).is_err() {
+            return Err("cluster bridge queue full");
+        }
+        let outcome = or(async { Some(outcome.await) }, async {
+            sleep(budget).await;
+            None
+        })
+        .await;
+        match outcome {
+            Some(Ok(Ok(claimed))) => {
+                if let Some(previous) = &claimed.previous {
+                    debug!(target: "cluster", client_id, %previous, "cluster: client identifier taken over from another replica");
+                }
+                Ok(Claim { node: self.clone(), client_id: client_id.to_owned(), revision: claimed.revision })
+            }
+            Some(Ok(Err(ClaimError::Fenced))) => Err("replica fenced"),
+            Some(Ok(Err(_))) | Some(Err(_)) => Err("cluster store unavailable"),
+            None => Err("connect budget exceeded"),
+        }
+    }
+
+    /// Stop the bridge (drains, then joins); later calls do nothing.
+    pub(crate) fn stop(&self) {
+        self.bridge.stop();
+    }
+}
+
+/// A connection's claim on its client identifier: released (if still the
+/// latest claim) when the connection ends and this is dropped.
+pub(crate) struct Claim {
+    node: Arc<Node>,
+    pub(crate) client_id: String,
+    pub(crate) revision: u64,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // This shard's table forgets the claim, unless a newer one of the
+        // same client identifier replaced it.
+        let _ = SHARD.try_with(|sc| {
+            let mut claims = sc.claims.borrow_mut();
+            if claims.get(&self.client_id) == Some(&self.revision) {
+                claims.remove(&self.client_id);
+            }
+        });
+        let request = Request::Release { client_id: std::mem::take(&mut self.client_id), revision: self.revision };
+        // A full queue loses only the release: the entry stays until the
+        // next claim replaces it.
+        let _ = self.node.bridge.send(request);
+    }
+}
+
+thread_local! {
+    /// The cluster state of the shard running on this thread.
+    static SHARD: ShardCluster = ShardCluster::default();
+}
+
+/// Run `f` with this shard's [`ShardCluster`].
+pub(crate) fn shard_state<R>(f: impl FnOnce(&ShardCluster) -> R) -> R {
+    SHARD.with(f)
+}
+
+/// A shard's part of the cluster: the claims of the connections attached
+/// here (each removed when its [`Claim`] is dropped, on this thread), and
+/// the client identifiers other replicas took from it.
+#[derive(Default)]
+pub(crate) struct ShardCluster {
+    /// Client identifier → revision of the claim of the connection served
+    /// here.
+    claims: RefCell<HashMap<String, u64>>,
+    /// Client identifier → (revision of another replica's claim, when).
+    lost: RefCell<HashMap<String, (u64, Instant)>>,
+}
+
+impl ShardCluster {
+    /// How long a CONNECT for `client_id` waits before it claims: a client
+    /// identifier taken from this replica less than [`FLAP_DELAY`] ago
+    /// waits out the rest of it.
+    pub(crate) fn flap_delay(&self, client_id: &str, now: Instant) -> Duration {
+        self.lost
+            .borrow()
+            .get(client_id)
+            .map_or(Duration::ZERO, |(_, at)| FLAP_DELAY.saturating_sub(now.saturating_duration_since(*at)))
+    }
+
+    /// A connection holding `claim` attached here. `false`: another
+    /// replica's later claim arrived first, and the connection must be
+    /// closed as taken over.
+    pub(crate) fn attached(&self, claim: &Claim) -> bool {
+        if let Some((revision, _)) = self.lost.borrow().get(&claim.client_id) {
+            if *revision > claim.revision {
+                return false;
+            }
+        }
+        self.claims.borrow_mut().insert(claim.client_id.clone(), claim.revision);
+        true
+    }
+
+    /// Another replica claimed `client_id` at `revision`: whether a
+    /// connection here holds an older claim (and must close).
+    fn lost_to(&self, client_id: &str, revision: u64, now: Instant) -> bool {
+        let mut lost = self.lost.borrow_mut();
+        if lost.len() >= LOST_MAX {
+            lost.retain(|_, (_, at)| now.saturating_duration_since(*at) < LOST_MEMORY);
+            if lost.len() >= LOST_MAX {
+                lost.clear();
+            }
+        }
+        lost.insert(client_id.to_owned(), (revision, now));
+        let mut claims = self.claims.borrow_mut();
+        match claims.get(client_id) {
+            Some(mine) if *mine < revision => {
+                claims.remove(client_id);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Run `shard`'s cluster events until the shard stops: fencing closes
+/// every connection (MQTT 5: DISCONNECT 0x8B); a client identifier claimed
+/// by another replica closes its connection here (0x8E).
+pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
+    let mailbox = node.bridge.mailbox(shard.id);
+    glommio::spawn_local(async move {
+        let mut events = Vec::new();
+        loop {
+            let ready = or(async { mailbox.ready().await; true }, async {
+                shard.stop_signal.wait().await;
+                false
+            });
+            if !ready.await {
+                break;
+            }
+            mailbox.drain(&mut events);
+            let now = Instant::now();
+            for event in events.drain(..) {
+                match event {
+                    Event::Fenced(_) => shard.close_connections(ReasonCode::SERVER_SHUTTING_DOWN),
+                    Event::TakenOver { client_id, revision, replica } => {
+                        if shard_state(|sc| sc.lost_to(&client_id, revision, now)) {
+                            debug!(target: "cluster", %client_id, %replica, "cluster: taken over by another replica");
+                            shard.close_client(&client_id, ReasonCode::SESSION_TAKEN_OVER);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            shard.try_flush();
+        }
+    })
+    .detach();
+}

@@ -1,0 +1,76 @@
+//! The cluster on the admin port (DESIGN.md §12): readiness, the
+//! `/api/v1/status` fields and the `/metrics` series of the bridge.
+
+use std::fmt::Write as _;
+
+use fleetmq_nats_bridge::OpKind;
+
+use super::Node;
+
+/// Upper bounds of the NATS round-trip histogram buckets, in seconds.
+const ROUND_TRIP_BOUNDS: [f64; 12] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.0, 10.0];
+
+impl Node {
+    /// Why the replica is not ready (fenced, starting, duplicate replica
+    /// ID), `None` when it is.
+    pub(crate) fn not_ready(&self) -> Option<String> {
+        self.status().not_ready()
+    }
+
+    /// The cluster's part of `/api/v1/status`, a JSON object.
+    pub(crate) fn status_json(&self) -> serde_json::Value {
+        let status = self.status();
+        let stats = &status.stats;
+        serde_json::json!({
+            "replica": status.replica_id,
+            "instance": status.instance,
+            "fenced": status.is_fenced(),
+            "reason": status.not_ready(),
+            "members": status.members(),
+            "mesh_links_up": 0,
+            "store": if status.is_fenced() { "unavailable" } else { "ok" },
+            "bridge": {
+                "queue_depth": self.queue_depth(),
+                "in_flight": stats.in_flight.load(std::sync::atomic::Ordering::Relaxed),
+                "reconnects": stats.reconnects.load(std::sync::atomic::Ordering::Relaxed),
+                "claim_p50_us": stats.quantile_us(OpKind::Claim, 0.5),
+                "claim_p99_us": stats.quantile_us(OpKind::Claim, 0.99),
+                "heartbeat_p99_us": stats.quantile_us(OpKind::Heartbeat, 0.99),
+            },
+        })
+    }
+
+    /// The cluster's `/metrics` series, in the text format, without the
+    /// final `# EOF`.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        let status = self.status();
+        let stats = &status.stats;
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        let gauge = |out: &mut String, name: &str, help: &str, value: String| {
+            let _ = writeln!(out, "# HELP fleetmq_{name} {help}\n# TYPE fleetmq_{name} gauge\nfleetmq_{name} {value}");
+        };
+        gauge(out, "cluster_members", "Live replicas, this one included while it serves", status.members().len().to_string());
+        gauge(out, "cluster_fenced", "1 while this replica is fenced (DESIGN.md §5)", u8::from(status.is_fenced()).to_string());
+        gauge(out, "bridge_queue_depth", "Requests queued for the NATS bridge", self.queue_depth().to_string());
+        gauge(out, "bridge_requests_in_flight", "Bridge requests taken and not yet completed", stats.in_flight.load(relaxed).to_string());
+        let _ = writeln!(
+            out,
+            "# HELP fleetmq_bridge_queue_full Requests refused because the bridge queue was full\n# TYPE fleetmq_bridge_queue_full counter\nfleetmq_bridge_queue_full_total {}",
+            stats.queue_full.load(relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fleetmq_nats_round_trip_seconds NATS JetStream round trips by operation\n# TYPE fleetmq_nats_round_trip_seconds histogram"
+        );
+        for kind in OpKind::ALL {
+            let (count, sum, below) = stats.round_trips(kind, &ROUND_TRIP_BOUNDS);
+            let op = kind.name();
+            for (bound, n) in ROUND_TRIP_BOUNDS.iter().zip(below) {
+                let _ = writeln!(out, "fleetmq_nats_round_trip_seconds_bucket{{op=\"{op}\",le=\"{bound}\"}} {n}");
+            }
+            let _ = writeln!(out, "fleetmq_nats_round_trip_seconds_bucket{{op=\"{op}\",le=\"+Inf\"}} {count}");
+            let _ = writeln!(out, "fleetmq_nats_round_trip_seconds_sum{{op=\"{op}\"}} {sum}");
+            let _ = writeln!(out, "fleetmq_nats_round_trip_seconds_count{{op=\"{op}\"}} {count}");
+        }
+    }
+}
