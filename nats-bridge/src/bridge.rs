@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use crate::config::{connect, JS_TIMEOUT};
 use crate::mailbox::Mailbox;
 use crate::stats::BridgeStats;
-use crate::{membership, ownership, setup, BridgeConfig};
+use crate::{membership, ownership, retained, setup, BridgeConfig};
 
 /// Requests queued for the bridge at most; beyond, [`Bridge::send`]
 /// refuses (the caller answers as for an unavailable store).
@@ -59,6 +59,18 @@ pub enum Request {
         /// The outcome.
         reply: oneshot::Sender<Result<Claimed, ClaimError>>,
     },
+    /// Write a retained message (`record`: a [`RetainedRecord`]
+    /// encoded) for `topic`, or clear it (`None`), in `mqtt-retained`.
+    ///
+    /// [`RetainedRecord`]: fleetmq_core::cluster::retained::RetainedRecord
+    RetainedPut {
+        /// The topic, with its workspace prefix.
+        topic: String,
+        /// The record, or `None` to clear.
+        record: Option<bytes::Bytes>,
+        /// The revision written, or why not; `None`: nobody waits.
+        reply: Option<oneshot::Sender<Result<u64, String>>>,
+    },
     /// Give `client_id` up if the claim at `revision` is still the latest.
     Release {
         /// The client identifier.
@@ -99,6 +111,15 @@ pub enum Event {
     Fenced(FenceReason),
     /// The replica serves again.
     Unfenced,
+    /// A retained message changed (any replica's write, this one's
+    /// included), at `revision` of `mqtt-retained`: apply it in that order
+    /// (an empty payload clears the topic).
+    Retained {
+        /// The bucket revision: the sequence of the change.
+        revision: u64,
+        /// The message (empty payload: cleared).
+        message: Arc<fleetmq_core::session::Message>,
+    },
     /// Another replica claimed `client_id` at `revision`: a connection
     /// with that identifier here whose claim is older is taken over (MQTT
     /// 5: DISCONNECT 0x8E).
@@ -122,6 +143,8 @@ pub struct ClusterStatus {
     fenced: AtomicBool,
     reason: Mutex<Option<String>>,
     members: Mutex<Vec<String>>,
+    /// Retained messages of the initial load, once it is complete.
+    retained_loaded: std::sync::atomic::AtomicU64,
     /// What the bridge counts.
     pub stats: BridgeStats,
 }
@@ -134,6 +157,7 @@ impl ClusterStatus {
             fenced: AtomicBool::new(true),
             reason: Mutex::new(Some(FenceReason::Starting.as_str().to_owned())),
             members: Mutex::new(Vec::new()),
+            retained_loaded: std::sync::atomic::AtomicU64::new(u64::MAX),
             stats: BridgeStats::default(),
         }
     }
@@ -144,9 +168,20 @@ impl ClusterStatus {
         self.fenced.load(Ordering::Acquire)
     }
 
-    /// Why the replica is not ready, `None` when it is.
+    /// Why the replica is not ready, `None` when it is: fenced, starting,
+    /// a duplicate replica ID, or the retained messages still loading.
     pub fn not_ready(&self) -> Option<String> {
-        self.reason.lock().ok().and_then(|r| r.clone())
+        let reason = self.reason.lock().ok().and_then(|r| r.clone());
+        reason.or_else(|| (!self.retained_loaded()).then(|| "loading retained messages".to_owned()))
+    }
+
+    /// Whether the initial load of `mqtt-retained` is complete.
+    pub fn retained_loaded(&self) -> bool {
+        self.retained_loaded.load(Ordering::Acquire) != u64::MAX
+    }
+
+    pub(crate) fn set_retained_loaded(&self, count: u64) {
+        self.retained_loaded.store(count, Ordering::Release);
     }
 
     /// The live replicas (this one included when serving), sorted.
@@ -357,9 +392,16 @@ async fn run(
             let (first_write_tx, first_write_rx) = oneshot::channel();
             tokio::task::spawn_local(membership::run(shared.clone(), first_write_tx));
             tokio::task::spawn_local(ownership::watch(shared.clone()));
+            tokio::task::spawn_local(retained::watch(shared.clone()));
             // Ready to serve once the first membership write landed, or
             // fenced after the wait (membership keeps trying).
             let _ = tokio::time::timeout(START_WAIT / 2, first_write_rx).await;
+            // And the retained messages loaded: SUBSCRIBEs are answered
+            // from the local copy.
+            let loaded_by = tokio::time::Instant::now() + START_WAIT / 2;
+            while !shared.status.retained_loaded() && tokio::time::Instant::now() < loaded_by {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             let _ = started.send(Ok(shared.clone()));
             loop {
                 tokio::select! {
@@ -428,6 +470,17 @@ async fn handle(shared: Arc<Shared>, request: Request) {
             let _ = reply.send(outcome);
         }
         Request::Release { client_id, revision } => ownership::release(&shared, &client_id, revision).await,
+        Request::RetainedPut { topic, record, reply } => {
+            let started = std::time::Instant::now();
+            let outcome = retained::put(&shared, &topic, record).await;
+            shared.status.stats.record(crate::OpKind::Retained, started.elapsed());
+            if let Err(e) = &outcome {
+                warn!(target: "cluster", %topic, error = %e, "cluster: retained message not stored");
+            }
+            if let Some(reply) = reply {
+                let _ = reply.send(outcome);
+            }
+        }
     }
     shared.status.stats.finished();
 }

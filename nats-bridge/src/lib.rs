@@ -22,6 +22,7 @@ mod config;
 mod mailbox;
 mod membership;
 mod ownership;
+mod retained;
 mod setup;
 mod stats;
 

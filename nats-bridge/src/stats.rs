@@ -20,11 +20,13 @@ pub enum OpKind {
     Claim,
     /// A client identifier release.
     Release,
+    /// A retained message write.
+    Retained,
 }
 
 impl OpKind {
     /// Every kind, in the order of [`OpKind::name`].
-    pub const ALL: [OpKind; 4] = [OpKind::Heartbeat, OpKind::Probe, OpKind::Claim, OpKind::Release];
+    pub const ALL: [OpKind; 5] = [OpKind::Heartbeat, OpKind::Probe, OpKind::Claim, OpKind::Release, OpKind::Retained];
 
     /// The `op` label value.
     pub fn name(self) -> &'static str {
@@ -33,6 +35,7 @@ impl OpKind {
             OpKind::Probe => "probe",
             OpKind::Claim => "claim",
             OpKind::Release => "release",
+            OpKind::Retained => "retained",
         }
     }
 

@@ -5,4 +5,5 @@
 
 pub mod membership;
 pub mod records;
+pub mod retained;
 pub mod settings;

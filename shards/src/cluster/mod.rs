@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+use fleetmq_core::cluster::records::Record as _;
+use fleetmq_core::cluster::retained::RetainedRecord;
 use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::settings::Settings;
 use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event, Request};
@@ -163,6 +165,8 @@ pub(crate) fn shard_state<R>(f: impl FnOnce(&ShardCluster) -> R) -> R {
 /// the client identifiers other replicas took from it.
 #[derive(Default)]
 pub(crate) struct ShardCluster {
+    /// The replica's node, set when the shard's event task starts.
+    node: RefCell<Option<Arc<Node>>>,
     /// Client identifier → revision of the claim of the connection served
     /// here.
     claims: RefCell<HashMap<String, u64>>,
@@ -216,11 +220,34 @@ impl ShardCluster {
     }
 }
 
+/// In cluster mode, write `message` (RETAIN set; an empty payload clears
+/// the topic `[MQTT-3.3.1-6]`) to `mqtt-retained` and return `true`: the
+/// bucket's watch applies it. `false` alone, and for the broker's own
+/// `$SYS` topics, which are each replica's own.
+pub(crate) fn publish_retained(message: &fleetmq_core::session::Message) -> bool {
+    let Some(node) = shard_state(|sc| sc.node.borrow().clone()) else {
+        return false;
+    };
+    if message.topic.starts_with("$SYS") {
+        return false;
+    }
+    let record = (!message.payload.is_empty()).then(|| {
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        RetainedRecord::of(message, now_ms).encode().into()
+    });
+    let request = Request::RetainedPut { topic: message.topic.to_string(), record, reply: None };
+    if node.bridge.send(request).is_err() {
+        tracing::warn!(target: "cluster", topic = %message.topic, "cluster: bridge queue full, retained message not stored");
+    }
+    true
+}
+
 /// Run `shard`'s cluster events until the shard stops: fencing closes
 /// every connection (MQTT 5: DISCONNECT 0x8B); a client identifier claimed
 /// by another replica closes its connection here (0x8E).
 pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
     let mailbox = node.bridge.mailbox(shard.id);
+    shard_state(|sc| *sc.node.borrow_mut() = Some(node.clone()));
     glommio::spawn_local(async move {
         let mut events = Vec::new();
         loop {
@@ -236,6 +263,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
             for event in events.drain(..) {
                 match event {
                     Event::Fenced(_) => shard.close_connections(ReasonCode::SERVER_SHUTTING_DOWN),
+                    Event::Retained { revision, message } => shard.apply_retained(revision, message, now),
                     Event::TakenOver { client_id, revision, replica } => {
                         if shard_state(|sc| sc.lost_to(&client_id, revision, now)) {
                             debug!(target: "cluster", %client_id, %replica, "cluster: taken over by another replica");

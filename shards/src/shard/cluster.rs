@@ -2,11 +2,36 @@
 //! connection when the replica fences, close one whose client identifier
 //! another replica took over.
 
-use fleetmq_core::packet::ReasonCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
 
-use super::Shard;
+use fleetmq_core::packet::ReasonCode;
+use fleetmq_core::session::Message;
+
+use super::inbox::Control;
+use super::{Shard, State};
 
 impl Shard {
+    /// Keep `message` (RETAIN set) as its topic's retained message: in
+    /// cluster mode it is written to `mqtt-retained` and applied when the
+    /// bucket's watch brings it back, on every replica in revision order
+    /// ([`Shard::apply_retained`]); alone, it is applied here and sent to
+    /// the other shards now.
+    pub(super) fn keep_retained(&self, st: &mut State, message: &Arc<Message>, now: Instant) {
+        if crate::cluster::publish_retained(message) {
+            return;
+        }
+        let seq = self.global.retain_seq.fetch_add(1, Ordering::Relaxed);
+        st.retained.apply(seq, message.clone(), now);
+        self.broadcast(Control::Retain { seq, message: message.clone() });
+    }
+
+    /// A retained change from `mqtt-retained` at `revision` (cluster mode).
+    pub(crate) fn apply_retained(&self, revision: u64, message: Arc<Message>, now: Instant) {
+        self.state.borrow_mut().retained.apply(revision, message, now);
+    }
+
     /// Ask every connection of this shard to close with `reason` (MQTT 5:
     /// a DISCONNECT with it), wills not published here: the replica is
     /// fenced and hands them over to the cluster.

@@ -929,12 +929,7 @@ impl Shard {
     /// bit per shard (this one's bit for its own subscribers).
     fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) -> u64 {
         if message.retain {
-            let seq = self.global.retain_seq.fetch_add(1, Ordering::Relaxed);
-            st.retained.apply(seq, message.clone(), now);
-            self.broadcast(Control::Retain {
-                seq,
-                message: message.clone(),
-            });
+            self.keep_retained(st, &message, now);
         }
         if self.shards == 1 {
             // Alone: no route table to consult.

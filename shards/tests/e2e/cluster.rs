@@ -1,0 +1,265 @@
+//! Cluster mode against a real 3-server NATS cluster (DESIGN.md §5, §6,
+//! §12): take-over across replicas, racing CONNECTs, fencing when NATS is
+//! gone or slow and recovery, one NATS server lost, and the start-up
+//! refusals (member_ttl, format floor, duplicate replica ID).
+//!
+//! Short timings (`member_ttl` 5 s) where a test is about logic; the
+//! default (10 s) where it is about the documented figures.
+
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::harness::{run_with_timeout, Broker};
+use crate::nats::{NatsCluster, NatsProxy};
+use crate::raw::{build, Incoming, RawClient};
+
+/// A replica `id` of the cluster whose NATS URLs are `urls`, with
+/// `extra` settings (`--set` arguments).
+fn replica(id: &str, urls: &[String], extra: &[&str]) -> Broker {
+    let mut args = cluster_args(id, urls);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Broker::start(&args)
+}
+
+fn cluster_args(id: &str, urls: &[String]) -> Vec<String> {
+    let urls = urls.iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(",");
+    vec![
+        "--set".into(),
+        format!("cluster.replica_id={id}"),
+        "--set".into(),
+        format!("cluster.nats_urls=[{urls}]"),
+        "--set".into(),
+        "cluster.nats_replicas=3".into(),
+    ]
+}
+
+/// Runs `fleetmq serve` for a replica expected to refuse to start; its
+/// exit status and stderr.
+fn refused_start(id: &str, urls: &[String], extra: &[&str]) -> (bool, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetmq"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .args(cluster_args(id, urls))
+        .args(extra);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(40));
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// An MQTT 5 CONNECT with `client_id`: the CONNACK's reason code, and the
+/// client (still open when the code is 0).
+fn connect_v5(broker: &Broker, client_id: &str) -> (u8, RawClient) {
+    let mut client = RawClient::connect(broker.mqtt);
+    let (_, code) = client.handshake(&build::Connect::v5(client_id).encode());
+    (code, client)
+}
+
+/// Waits until `/health/ready` answers `status`, at most `timeout`;
+/// returns the body and how long it took.
+fn wait_ready(broker: &Broker, status: u16, timeout: Duration) -> (String, Duration) {
+    let started = Instant::now();
+    loop {
+        let (now, body) = broker.admin_get("/health/ready");
+        if now == status {
+            return (body, started.elapsed());
+        }
+        assert!(started.elapsed() < timeout, "/health/ready stayed {now} ({body}) for {timeout:?}, expected {status}");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The next packet is a DISCONNECT with `reason`, then the close.
+fn expect_disconnect(client: &mut RawClient, reason: u8, within: Duration) {
+    match client.read(within) {
+        Incoming::Packet { header: 0xe0, body } => assert_eq!(body.first(), Some(&reason), "DISCONNECT {body:02x?}"),
+        other => panic!("expected DISCONNECT 0x{reason:02x}, got {other:02x?}"),
+    }
+}
+
+#[test]
+fn a_connect_on_another_replica_takes_the_client_identifier_over_within_a_second() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    let b = replica("rb", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    let (code, mut old) = connect_v5(&a, "device-7");
+    assert_eq!(code, 0);
+    let (code, mut new) = connect_v5(&b, "device-7");
+    assert_eq!(code, 0);
+    // [MQTT-3.1.4-3]: the existing connection is closed; MQTT 5 tells it
+    // why (0x8E Session taken over), wherever it is.
+    expect_disconnect(&mut old, 0x8e, Duration::from_secs(1));
+    // The new one stays.
+    new.send(&build::subscribe(1, "t", 0, true));
+    assert!(matches!(new.read(Duration::from_secs(2)), Incoming::Packet { header: 0x90, .. }));
+    a.wait_for_clients(0, Duration::from_secs(2));
+    b.wait_for_clients(1, Duration::from_secs(2));
+    // Both replicas see each other.
+    let (_, status) = a.admin_get("/api/v1/status");
+    assert!(status.contains("\"members\":[\"ra\",\"rb\"]"), "{status}");
+}
+
+#[test]
+fn racing_connects_for_one_client_identifier_leave_exactly_one_connection() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    let b = replica("rb", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    for round in 0..10 {
+        let id = format!("racer-{round}");
+        let (ta, tb) = {
+            let (ida, idb) = (id.clone(), id.clone());
+            let (aa, ab) = (a.mqtt, b.mqtt);
+            (
+                thread::spawn(move || {
+                    let mut c = RawClient::connect(aa);
+                    let code = c.handshake(&build::Connect::v5(&ida).encode()).1;
+                    (code, c)
+                }),
+                thread::spawn(move || {
+                    let mut c = RawClient::connect(ab);
+                    let code = c.handshake(&build::Connect::v5(&idb).encode()).1;
+                    (code, c)
+                }),
+            )
+        };
+        let (mut ca, mut cb) = (ta.join().unwrap(), tb.join().unwrap());
+        // Each connection either got CONNACK 0 or was refused; within a
+        // second of the later claim, exactly one stays open.
+        thread::sleep(Duration::from_millis(1500));
+        let open = |c: &mut (u8, RawClient)| {
+            if c.0 != 0 {
+                return false;
+            }
+            c.1.send(&build::subscribe(1, "t", 0, true));
+            loop {
+                match c.1.read(Duration::from_secs(2)) {
+                    Incoming::Packet { header: 0x90, .. } => return true,
+                    Incoming::Packet { .. } => continue,
+                    _ => return false,
+                }
+            }
+        };
+        let (oa, ob) = (open(&mut ca), open(&mut cb));
+        assert!(oa ^ ob, "round {round}: open on A {oa}, on B {ob} (CONNACKs {} and {})", ca.0, cb.0);
+    }
+    a.wait_for_clients(a.metric_sum("fleetmq_clients_connected") as usize, Duration::from_secs(1));
+}
+
+#[test]
+fn all_nats_servers_lost_fences_every_replica_and_service_resumes_when_they_return() {
+    let mut nats = NatsCluster::start(3);
+    // The default member_ttl (10 s): the documented figures.
+    let a = replica("ra", &nats.urls(), &[]);
+    let b = replica("rb", &nats.urls(), &[]);
+    let (code, mut held) = connect_v5(&a, "held");
+    assert_eq!(code, 0);
+    for i in 0..3 {
+        nats.pause(i);
+    }
+    let lost_at = Instant::now();
+    // Every replica fences within 10–15 s (DESIGN.md §6: ~12 s), closing
+    // its connections with 0x8B and answering 503 with the reason.
+    let (reason, _) = wait_ready(&a, 503, Duration::from_secs(16));
+    assert!(reason.contains("fenced"), "{reason}");
+    wait_ready(&b, 503, Duration::from_secs(16));
+    let fenced_after = lost_at.elapsed();
+    assert!(fenced_after >= Duration::from_secs(9), "fenced after {fenced_after:?}");
+    expect_disconnect(&mut held, 0x8b, Duration::from_secs(2));
+    // CONNECT refused: 0x88 Server unavailable; MQTT 3.1.1 return code 3.
+    let (code, _) = connect_v5(&b, "newcomer");
+    assert_eq!(code, 0x88);
+    let mut v311 = RawClient::connect(a.mqtt);
+    assert_eq!(v311.handshake(&build::Connect::v311("old-device").encode()).1, 3);
+    assert!(a.metric_sum("fleetmq_connect_refused_total") >= 2.0);
+    for i in 0..3 {
+        nats.resume(i);
+    }
+    wait_ready(&a, 200, Duration::from_secs(30));
+    wait_ready(&b, 200, Duration::from_secs(30));
+    let (code, _) = connect_v5(&a, "newcomer");
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn one_nats_server_stopped_goes_unnoticed_by_clients() {
+    let mut nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    let (code, _held) = connect_v5(&a, "steady");
+    assert_eq!(code, 0);
+    nats.stop(0);
+    let until = Instant::now() + Duration::from_secs(12);
+    let mut n = 0;
+    while Instant::now() < until {
+        let (status, body) = a.admin_get("/health/ready");
+        assert_eq!(status, 200, "{body}");
+        let (code, _c) = connect_v5(&a, &format!("visitor-{n}"));
+        assert_eq!(code, 0, "CONNECT {n} while one NATS server is down");
+        n += 1;
+        thread::sleep(Duration::from_millis(500));
+    }
+    a.wait_for_clients(1, Duration::from_secs(3));
+}
+
+#[test]
+fn nats_slowed_to_two_seconds_a_round_trip_does_not_fence_and_ten_seconds_fences_then_recovers() {
+    let nats = NatsCluster::start(1);
+    let proxy = NatsProxy::start(nats.client_addr(0));
+    let urls = vec![proxy.url()];
+    let a = {
+        let mut args = cluster_args("ra", &urls);
+        args.extend(["--set".to_string(), "cluster.nats_replicas=1".to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Broker::start(&args)
+    };
+    proxy.set_round_trip(Duration::from_secs(2));
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until {
+        let (status, body) = a.admin_get("/health/ready");
+        assert_eq!(status, 200, "fenced with NATS at 2 s a round trip: {body}");
+        thread::sleep(Duration::from_millis(500));
+    }
+    proxy.set_round_trip(Duration::from_secs(10));
+    wait_ready(&a, 503, Duration::from_secs(30));
+    proxy.set_round_trip(Duration::ZERO);
+    wait_ready(&a, 200, Duration::from_secs(40));
+}
+
+#[test]
+fn a_replica_with_another_member_ttl_refuses_to_start_naming_it() {
+    let nats = NatsCluster::start(3);
+    let _a = replica("ra", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    let (ok, stderr) = refused_start("rb", &nats.urls(), &["--set", "cluster.member_ttl=6s"]);
+    assert!(!ok, "started with another member_ttl: {stderr}");
+    assert!(stderr.contains("member_ttl"), "{stderr}");
+}
+
+#[test]
+fn a_format_floor_this_build_cannot_read_refuses_the_start_naming_the_format() {
+    let nats = NatsCluster::start(3);
+    let _a = replica("ra", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    crate::nats::block_on(async {
+        let client = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let kv = js.get_key_value("mqtt-cluster-floor").await.unwrap();
+        kv.put("floor", r#"{"format":1,"floor":9}"#.into()).await.unwrap();
+    });
+    let (ok, stderr) = refused_start("rb", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    assert!(!ok, "started below the format floor: {stderr}");
+    assert!(stderr.contains("format floor is 9"), "{stderr}");
+}
+
+#[test]
+fn a_second_process_with_the_same_replica_id_is_not_ready() {
+    let nats = NatsCluster::start(3);
+    let first = replica("twin", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    thread::sleep(Duration::from_millis(200));
+    let second = {
+        let mut args = cluster_args("twin", &nats.urls());
+        args.extend(["--set".to_string(), "cluster.member_ttl=5s".to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Broker::start(&args)
+    };
+    let (reason, _) = wait_ready(&second, 503, Duration::from_secs(10));
+    assert!(reason.contains("duplicate replica id"), "{reason}");
+    // The first keeps serving.
+    assert_eq!(first.admin_get("/health/ready").0, 200);
+}
