@@ -1,6 +1,7 @@
 //! The bridge thread: start-up, the request loop, events to the shards,
 //! and the stop.
 
+use std::future::IntoFuture as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -15,7 +16,7 @@ use tracing::{info, warn};
 use crate::config::{connect, JS_TIMEOUT};
 use crate::mailbox::Mailbox;
 use crate::stats::BridgeStats;
-use crate::{membership, ownership, retained, setup, BridgeConfig};
+use crate::{membership, ownership, retained, setup, sweeper, BridgeConfig};
 
 /// Requests queued for the bridge at most; beyond, [`Bridge::send`]
 /// refuses (the caller answers as for an unavailable store).
@@ -71,6 +72,29 @@ pub enum Request {
         /// The revision written, or why not; `None`: nobody waits.
         reply: Option<oneshot::Sender<Result<u64, String>>>,
     },
+    /// Answered at once with the bridge's clock: measures the queue, the
+    /// bridge's turn and the wake of the waiting task (no NATS involved).
+    Ping {
+        /// When the bridge answered.
+        reply: oneshot::Sender<std::time::Instant>,
+    },
+    /// Store `client_id`'s will (`record`: a `WillRecord` encoded) in
+    /// `mqtt-session-will`.
+    WillPut {
+        /// The client identifier.
+        client_id: String,
+        /// The record.
+        record: bytes::Bytes,
+        /// The revision written, or why not.
+        reply: oneshot::Sender<Result<u64, String>>,
+    },
+    /// Delete `client_id`'s will if `revision` is still its latest.
+    WillDelete {
+        /// The client identifier.
+        client_id: String,
+        /// The revision of this connection's will.
+        revision: u64,
+    },
     /// Give `client_id` up if the claim at `revision` is still the latest.
     Release {
         /// The client identifier.
@@ -111,6 +135,12 @@ pub enum Event {
     Fenced(FenceReason),
     /// The replica serves again.
     Unfenced,
+    /// Publish the will of a connection of a stopped, fenced or gone
+    /// replica (this replica holds the leader lock and sends it once).
+    PublishWill {
+        /// The will, its topic with the workspace prefix.
+        will: fleetmq_core::packet::Will,
+    },
     /// A retained message changed (any replica's write, this one's
     /// included), at `revision` of `mqtt-retained`: apply it in that order
     /// (an empty payload clears the topic).
@@ -213,6 +243,8 @@ pub(crate) struct Shared {
     pub(crate) lease: Context,
     pub(crate) state_client: async_nats::Client,
     pub(crate) mailboxes: Vec<Arc<Mailbox<Event>>>,
+    /// Live peers (not taken for gone): replica → process instance.
+    pub(crate) live: Mutex<std::collections::HashMap<String, String>>,
     /// Events a full mailbox handed back, per shard.
     held: Mutex<Vec<Vec<Event>>>,
     pub(crate) stop: Notify,
@@ -220,6 +252,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The process instances of the live peers.
+    pub(crate) fn live_instances(&self) -> std::collections::HashSet<String> {
+        self.live.lock().map(|l| l.values().cloned().collect()).unwrap_or_default()
+    }
+
     /// Offer `event` to `shard`'s mailbox, holding it when full.
     pub(crate) fn send_event(&self, shard: usize, event: Event) {
         let mut held = self.held.lock().expect("bridge-only lock");
@@ -393,6 +430,7 @@ async fn run(
             tokio::task::spawn_local(membership::run(shared.clone(), first_write_tx));
             tokio::task::spawn_local(ownership::watch(shared.clone()));
             tokio::task::spawn_local(retained::watch(shared.clone()));
+            tokio::task::spawn_local(sweeper::run(shared.clone()));
             // Ready to serve once the first membership write landed, or
             // fenced after the wait (membership keeps trying).
             let _ = tokio::time::timeout(START_WAIT / 2, first_write_rx).await;
@@ -418,6 +456,14 @@ async fn run(
                 if shared.stopping.load(Ordering::Acquire) {
                     break;
                 }
+            }
+            // Leave: the peers see this replica's entry gone now rather
+            // than member_ttl later, and the wills it handed over start
+            // their grace.
+            let subject = format!("$KV.{}.{}", fleetmq_core::cluster::records::bucket::MEMBERS, shared.config.replica_id);
+            let leave = async_nats::jetstream::message::PublishMessage::build().header("KV-Operation", "DEL");
+            if let Ok(ack) = shared.lease.send_publish(subject, leave).await {
+                let _ = tokio::time::timeout(Duration::from_secs(1), ack.into_future()).await;
             }
             let drain_by = tokio::time::Instant::now() + STOP_DRAIN;
             while shared.status.stats.in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < drain_by {
@@ -453,6 +499,7 @@ async fn start(
         lease,
         state_client,
         mailboxes,
+        live: Mutex::new(std::collections::HashMap::new()),
         held: Mutex::new(vec![Vec::new(); shards]),
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
@@ -470,6 +517,17 @@ async fn handle(shared: Arc<Shared>, request: Request) {
             let _ = reply.send(outcome);
         }
         Request::Release { client_id, revision } => ownership::release(&shared, &client_id, revision).await,
+        Request::WillPut { client_id, record, reply } => {
+            let _ = reply.send(sweeper::put_will(&shared, &client_id, record).await);
+        }
+        Request::WillDelete { client_id, revision } => {
+            if let Err(e) = sweeper::delete_will(&shared, &client_id, revision).await {
+                tracing::debug!(target: "cluster", %client_id, error = %e, "cluster: will not deleted (replaced, or store unavailable)");
+            }
+        }
+        Request::Ping { reply } => {
+            let _ = reply.send(std::time::Instant::now());
+        }
         Request::RetainedPut { topic, record, reply } => {
             let started = std::time::Instant::now();
             let outcome = retained::put(&shared, &topic, record).await;

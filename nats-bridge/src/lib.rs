@@ -25,6 +25,7 @@ mod ownership;
 mod retained;
 mod setup;
 mod stats;
+mod sweeper;
 
 pub use bridge::{Bridge, ClaimError, Claimed, ClusterStatus, Event, Request, StartError};
 pub use config::BridgeConfig;

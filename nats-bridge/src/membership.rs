@@ -130,6 +130,9 @@ fn handle(machine: &mut Membership, duplicate: &mut Option<String>, shared: &Sha
                 }
             }
             if let Some(r) = &record {
+                if let Ok(mut live) = shared.live.lock() {
+                    live.insert(replica.clone(), r.instance.clone());
+                }
                 if r.member_ttl_ms != shared.config.cluster.member_ttl.as_millis() as u64 {
                     warn!(target: "cluster", peer = %replica, their_ttl_ms = r.member_ttl_ms,
                         "cluster: a member runs with another member_ttl");
@@ -168,7 +171,12 @@ fn apply(shared: &Shared, change: &Change, fenced_reason: &mut Option<FenceReaso
             *fenced_reason = None;
             shared.broadcast(Event::Unfenced);
         }
-        Change::PeerGone(peer) => warn!(target: "cluster", %peer, "cluster: replica gone"),
+        Change::PeerGone(peer) => {
+            warn!(target: "cluster", %peer, "cluster: replica gone");
+            if let Ok(mut live) = shared.live.lock() {
+                live.remove(peer);
+            }
+        }
         Change::PeerJoined(peer) => info!(target: "cluster", %peer, "cluster: replica joined"),
         _ => {}
     }

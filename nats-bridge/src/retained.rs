@@ -24,6 +24,9 @@ use tracing::{debug, info};
 use crate::bridge::{Event, Shared};
 use crate::membership::unix_ms;
 
+/// A watch that brings nothing for this long has delivered its snapshot.
+const LOAD_QUIET: Duration = Duration::from_secs(1);
+
 /// Write `record` for its topic, or clear `topic` (`record` = `None`: a
 /// delete marker).
 ///
@@ -65,8 +68,23 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
             Ok(mut watch) => {
                 backoff = Duration::from_millis(250);
                 let mut loaded = 0u64;
-                while let Some(entry) = watch.next().await {
-                    let Ok(entry) = entry else { break };
+                loop {
+                    // The snapshot's end is the entry with delta 0; when the
+                    // bucket's last values are all delete markers the watch
+                    // yields none of them (seen with async-nats 0.52), so a
+                    // second without entries also ends the load.
+                    let next = tokio::time::timeout(LOAD_QUIET, watch.next()).await;
+                    let entry = match next {
+                        Ok(Some(Ok(entry))) => entry,
+                        Ok(_) => break,
+                        Err(_) => {
+                            if !shared.status.retained_loaded() {
+                                shared.status.set_retained_loaded(loaded);
+                                info!(target: "cluster", loaded, "cluster: retained messages loaded");
+                            }
+                            continue;
+                        }
+                    };
                     from = Some(entry.revision + 1);
                     let now = Instant::now();
                     let message = match entry.operation {

@@ -55,6 +55,10 @@ pub struct BridgeStats {
     pub reconnects: AtomicU64,
     /// Requests refused because the queue was full.
     pub queue_full: AtomicU64,
+    /// Wills of gone replicas' connections this replica sent as sweeper.
+    pub wills_sent: AtomicU64,
+    /// Such wills withheld because the client came back within the grace.
+    pub wills_withheld: AtomicU64,
 }
 
 impl Default for BridgeStats {
@@ -67,6 +71,8 @@ impl Default for BridgeStats {
             in_flight: AtomicI64::new(0),
             reconnects: AtomicU64::new(0),
             queue_full: AtomicU64::new(0),
+            wills_sent: AtomicU64::new(0),
+            wills_withheld: AtomicU64::new(0),
         }
     }
 }

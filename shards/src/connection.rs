@@ -362,7 +362,7 @@ pub(crate) async fn accepted(
         }
     };
     let claim = match &settings.cluster {
-        Some(node) => match Box::pin(claim(node, &negotiated.client_id, connect_at)).await {
+        Some(node) => match Box::pin(claim(node, &negotiated.client_id, connect_at, &connect, &identity)).await {
             Ok(claim) => Some(claim),
             Err((reason, why)) => {
                 debug!(target: "cluster", client_id = %negotiated.client_id, why, "cluster: CONNECT refused");
@@ -406,6 +406,8 @@ async fn claim(
     node: &Arc<crate::cluster::Node>,
     client_id: &str,
     connect_at: Instant,
+    connect: &Connect,
+    identity: &Identity,
 ) -> Result<crate::cluster::Claim, (RefuseReason, &'static str)> {
     if node.status().is_fenced() {
         return Err((RefuseReason::Fenced, "replica fenced"));
@@ -415,10 +417,21 @@ async fn claim(
     if !delay.is_zero() {
         sleep(delay.min(budget(Instant::now()))).await;
     }
-    node.claim(client_id, budget(Instant::now())).await.map_err(|why| {
+    let refusal = |why: &'static str| {
         let reason = if why == "replica fenced" { RefuseReason::Fenced } else { RefuseReason::ClusterUnavailable };
         (reason, why)
-    })
+    };
+    let mut claim = node.claim(client_id, budget(Instant::now())).await.map_err(refusal)?;
+    if let Some(will) = &connect.will {
+        // Stored as the shard keeps it: the topic with the workspace prefix.
+        let mut will = will.clone();
+        let namespace = fleetmq_core::session::workspace_namespace(&identity.workspace);
+        if !namespace.is_empty() {
+            will.topic = format!("{namespace}{}", will.topic).into();
+        }
+        claim.store_will(&will, identity, budget(Instant::now())).await.map_err(refusal)?;
+    }
+    Ok(claim)
 }
 
 /// A signed-in connection on its way to its session: what a [`Handoff`]

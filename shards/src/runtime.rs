@@ -326,6 +326,9 @@ async fn stop_shard(shard: &Rc<Shard>, settings: &Rc<ConnSettings>, parker: Opti
     let stop_by = Instant::now() + STOP_GRACE;
     crate::closing::stop_by(stop_by);
     shard.stop_signal.notify();
+    // Wills are not sent at a stop: in cluster mode they wait for their
+    // clients elsewhere (DESIGN.md §5, will_stop_grace).
+    crate::cluster::hand_over_wills();
     shard.close_all();
     for parked in parker.iter().flat_map(|p| p.stop()) {
         resume(shard.clone(), settings.clone(), parked, BytesMut::new());

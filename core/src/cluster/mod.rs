@@ -7,3 +7,4 @@ pub mod membership;
 pub mod records;
 pub mod retained;
 pub mod settings;
+pub mod wills;

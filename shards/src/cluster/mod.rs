@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use fleetmq_core::cluster::records::Record as _;
 use fleetmq_core::cluster::retained::RetainedRecord;
+use fleetmq_core::cluster::wills::WillRecord;
 use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::settings::Settings;
 use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event, Request};
@@ -111,7 +112,7 @@ impl Node {
                 if let Some(previous) = &claimed.previous {
                     debug!(target: "cluster", client_id, %previous, "cluster: client identifier taken over from another replica");
                 }
-                Ok(Claim { node: self.clone(), client_id: client_id.to_owned(), revision: claimed.revision })
+                Ok(Claim { node: self.clone(), client_id: client_id.to_owned(), revision: claimed.revision, will: None })
             }
             Some(Ok(Err(ClaimError::Fenced))) => Err("replica fenced"),
             Some(Ok(Err(_))) | Some(Err(_)) => Err("cluster store unavailable"),
@@ -126,11 +127,60 @@ impl Node {
 }
 
 /// A connection's claim on its client identifier: released (if still the
-/// latest claim) when the connection ends and this is dropped.
+/// latest claim) when the connection ends and this is dropped, and with it
+/// the connection's will in `mqtt-session-will` — unless the shard hands
+/// its wills to the cluster (fenced, stopping), when the will stays for
+/// the sweeper.
 pub(crate) struct Claim {
     node: Arc<Node>,
     pub(crate) client_id: String,
     pub(crate) revision: u64,
+    /// The revision of the connection's will in `mqtt-session-will`.
+    will: Option<u64>,
+}
+
+impl Claim {
+    /// Store the connection's `will` (its topic with the workspace prefix)
+    /// in `mqtt-session-will`, within `budget`, before the CONNACK.
+    ///
+    /// # Errors
+    /// Why the will was not stored: the CONNECT is refused (0x88).
+    pub(crate) async fn store_will(
+        &mut self,
+        will: &fleetmq_core::packet::Will,
+        identity: &crate::auth::Identity,
+        budget: Duration,
+    ) -> Result<(), &'static str> {
+        let status = self.node.status();
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let record = WillRecord::of(
+            will,
+            &self.client_id,
+            identity.username.as_deref(),
+            &identity.workspace,
+            &status.replica_id,
+            &status.instance,
+            now_ms,
+        );
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        let request = Request::WillPut { client_id: self.client_id.clone(), record: record.encode().into(), reply };
+        if self.node.bridge.send(request).is_err() {
+            return Err("cluster bridge queue full");
+        }
+        let outcome = or(async { Some(outcome.await) }, async {
+            sleep(budget).await;
+            None
+        })
+        .await;
+        match outcome {
+            Some(Ok(Ok(revision))) => {
+                self.will = Some(revision);
+                Ok(())
+            }
+            Some(_) => Err("cluster store unavailable"),
+            None => Err("connect budget exceeded"),
+        }
+    }
 }
 
 impl Drop for Claim {
@@ -143,6 +193,12 @@ impl Drop for Claim {
                 claims.remove(&self.client_id);
             }
         });
+        if let Some(revision) = self.will {
+            if !SHARD.try_with(|sc| sc.handing_over.get()).unwrap_or(false) {
+                let request = Request::WillDelete { client_id: self.client_id.clone(), revision };
+                let _ = self.node.bridge.send(request);
+            }
+        }
         let request = Request::Release { client_id: std::mem::take(&mut self.client_id), revision: self.revision };
         // A full queue loses only the release: the entry stays until the
         // next claim replaces it.
@@ -167,6 +223,10 @@ pub(crate) fn shard_state<R>(f: impl FnOnce(&ShardCluster) -> R) -> R {
 pub(crate) struct ShardCluster {
     /// The replica's node, set when the shard's event task starts.
     node: RefCell<Option<Arc<Node>>>,
+    /// Connections closing now hand their wills to the cluster (the
+    /// replica is fenced or stopping): their wills stay in
+    /// `mqtt-session-will` for the sweeper.
+    handing_over: std::cell::Cell<bool>,
     /// Client identifier → revision of the claim of the connection served
     /// here.
     claims: RefCell<HashMap<String, u64>>,
@@ -220,6 +280,12 @@ impl ShardCluster {
     }
 }
 
+/// The shard stops: the wills of the connections it closes now are
+/// handed to the cluster (DESIGN.md §5: they wait `will_stop_grace`).
+pub(crate) fn hand_over_wills() {
+    shard_state(|sc| sc.handing_over.set(true));
+}
+
 /// In cluster mode, write `message` (RETAIN set; an empty payload clears
 /// the topic `[MQTT-3.3.1-6]`) to `mqtt-retained` and return `true`: the
 /// bucket's watch applies it. `false` alone, and for the broker's own
@@ -262,7 +328,12 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
             let now = Instant::now();
             for event in events.drain(..) {
                 match event {
-                    Event::Fenced(_) => shard.close_connections(ReasonCode::SERVER_SHUTTING_DOWN),
+                    Event::Fenced(_) => {
+                        shard_state(|sc| sc.handing_over.set(true));
+                        shard.close_connections(ReasonCode::SERVER_SHUTTING_DOWN);
+                    }
+                    Event::Unfenced => shard_state(|sc| sc.handing_over.set(false)),
+                    Event::PublishWill { will } => shard.publish_cluster_will(will, now),
                     Event::Retained { revision, message } => shard.apply_retained(revision, message, now),
                     Event::TakenOver { client_id, revision, replica } => {
                         if shard_state(|sc| sc.lost_to(&client_id, revision, now)) {

@@ -58,6 +58,12 @@ impl Node {
             "# HELP fleetmq_bridge_queue_full Requests refused because the bridge queue was full\n# TYPE fleetmq_bridge_queue_full counter\nfleetmq_bridge_queue_full_total {}",
             stats.queue_full.load(relaxed)
         );
+        for (name, help, value) in [
+            ("cluster_wills_sent", "Wills of stopped, fenced or gone replicas' connections this replica sent as sweeper", &stats.wills_sent),
+            ("cluster_wills_withheld", "Such wills withheld: the client came back within will_stop_grace", &stats.wills_withheld),
+        ] {
+            let _ = writeln!(out, "# HELP fleetmq_{name} {help}\n# TYPE fleetmq_{name} counter\nfleetmq_{name}_total {}", value.load(relaxed));
+        }
         let _ = writeln!(
             out,
             "# HELP fleetmq_nats_round_trip_seconds NATS JetStream round trips by operation\n# TYPE fleetmq_nats_round_trip_seconds histogram"

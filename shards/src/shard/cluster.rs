@@ -27,6 +27,15 @@ impl Shard {
         self.broadcast(Control::Retain { seq, message: message.clone() });
     }
 
+    /// Publish the will of a gone replica's connection (this replica is the
+    /// sweeper), as a will of its own would be.
+    pub(crate) fn publish_cluster_will(&self, will: fleetmq_core::packet::Will, now: Instant) {
+        let mut st = self.state.borrow_mut();
+        self.publish_will(&mut st, will, now);
+        drop(st);
+        self.try_flush();
+    }
+
     /// A retained change from `mqtt-retained` at `revision` (cluster mode).
     pub(crate) fn apply_retained(&self, revision: u64, message: Arc<Message>, now: Instant) {
         self.state.borrow_mut().retained.apply(revision, message, now);

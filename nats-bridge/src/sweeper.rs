@@ -1,0 +1,251 @@
+//! The leader lock and the sweeper (DESIGN.md §4, §5): one replica at a
+//! time holds the lease key `sweeper` in `mqtt-leader` and sends the wills
+//! of connections whose replica is stopped, fenced or gone, once
+//! `will_stop_grace` (plus the will's own delay) has passed and unless the
+//! client reconnected anywhere meanwhile.
+//!
+//! The lease is built from raw publishes with an expected last subject
+//! sequence and a per-message TTL (not async-nats `create_with_ttl`,
+//! DESIGN.md §14). A will is sent once: the sweeper first deletes it with
+//! a compare-and-set on the revision it read, and sends it only when that
+//! delete landed, so two sweepers (a lease that changed hands) cannot both
+//! send it.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::kv::Operation;
+use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
+use fleetmq_core::cluster::records::{bucket, client_key, OwnerRecord, Record};
+use fleetmq_core::cluster::wills::WillRecord;
+use futures_util::StreamExt;
+use tracing::{debug, info, warn};
+
+use crate::bridge::{Event, Shared};
+
+/// The lease key in `mqtt-leader`.
+const LEASE_KEY: &str = "sweeper";
+
+/// How often the sweeper looks at the wills.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Every will in `mqtt-session-will`: key → (revision, record).
+type Wills = Rc<RefCell<HashMap<String, (u64, WillRecord)>>>;
+
+/// Write `record` as `client_id`'s will.
+///
+/// # Errors
+/// JetStream did not take it.
+pub(crate) async fn put_will(shared: &Shared, client_id: &str, record: Bytes) -> Result<u64, String> {
+    let subject = format!("$KV.{}.{}", bucket::WILLS, client_key(client_id));
+    let ack = shared.state.send_publish(subject, PublishMessage::build().payload(record)).await.map_err(|e| e.to_string())?;
+    ack.await.map(|a| a.sequence).map_err(|e| e.to_string())
+}
+
+/// Delete `client_id`'s will if `revision` is still its latest.
+pub(crate) async fn delete_will(shared: &Shared, client_id: &str, revision: u64) -> Result<(), String> {
+    let subject = format!("$KV.{}.{}", bucket::WILLS, client_key(client_id));
+    let publish = PublishMessage::build().header("KV-Operation", "DEL").expected_last_subject_sequence(revision);
+    let ack = shared.state.send_publish(subject, publish).await.map_err(|e| e.to_string())?;
+    ack.await.map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Run the lease and the sweeper until the bridge stops.
+pub(crate) async fn run(shared: Arc<Shared>) {
+    let wills: Wills = Rc::default();
+    tokio::task::spawn_local(watch_wills(shared.clone(), wills.clone()));
+    let ttl = shared.config.cluster.member_ttl;
+    let grace = shared.config.cluster.will_stop_grace;
+    let mut lease = Lease::default();
+    let mut orphaned: HashMap<String, Instant> = HashMap::new();
+    let mut was_fenced = true;
+    let mut last_sweep = Instant::now();
+    while !shared.stopping.load(Ordering::Acquire) {
+        let fenced = shared.status.is_fenced();
+        if fenced {
+            lease.revision = None;
+        } else {
+            lease.keep(&shared, ttl).await;
+        }
+        // The grace counts from when this replica serves again (after a
+        // whole-NATS outage it saw nothing meanwhile).
+        if was_fenced && !fenced {
+            orphaned.clear();
+        }
+        was_fenced = fenced;
+        if !fenced && lease.valid(ttl) && last_sweep.elapsed() >= SWEEP_EVERY {
+            last_sweep = Instant::now();
+            sweep(&shared, &wills, &mut orphaned, grace).await;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(ttl / 6) => {}
+            () = shared.stop.notified() => {}
+        }
+    }
+}
+
+/// This replica's hold on the lease.
+#[derive(Default)]
+struct Lease {
+    /// The revision of the last write that landed, while held.
+    revision: Option<u64>,
+    /// When that write was sent.
+    sent_at: Option<Instant>,
+}
+
+impl Lease {
+    /// Held, counted from the send time of the last write that landed,
+    /// with a third of the TTL to spare.
+    fn valid(&self, ttl: Duration) -> bool {
+        self.revision.is_some() && self.sent_at.is_some_and(|at| at.elapsed() < ttl * 2 / 3)
+    }
+
+    /// Renew the lease if held (compare-and-set on its revision), or take
+    /// it when free (no key, or a delete or expiry marker).
+    async fn keep(&mut self, shared: &Shared, ttl: Duration) {
+        if self.sent_at.is_some_and(|at| at.elapsed() < ttl / 3) && self.revision.is_some() {
+            return;
+        }
+        let expected = match self.revision {
+            Some(revision) => revision,
+            None => {
+                let Ok(kv) = shared.state.get_key_value(bucket::LEADER).await else { return };
+                match kv.entry(LEASE_KEY).await {
+                    Ok(None) => 0,
+                    Ok(Some(e)) if e.operation != Operation::Put => e.revision,
+                    // Held by someone (maybe this process before a fence):
+                    // wait for it to expire.
+                    Ok(Some(_)) | Err(_) => return,
+                }
+            }
+        };
+        let value = format!(
+            "{{\"format\":1,\"replica\":\"{}\",\"instance\":\"{}\"}}",
+            shared.config.replica_id, shared.config.instance
+        );
+        let subject = format!("$KV.{}.{LEASE_KEY}", bucket::LEADER);
+        let publish = PublishMessage::build().payload(value.into()).expected_last_subject_sequence(expected).ttl(ttl);
+        let sent = Instant::now();
+        let outcome = match shared.lease.send_publish(subject, publish).await {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(ack) => {
+                if self.revision.is_none() {
+                    info!(target: "cluster", replica = %shared.config.replica_id, "cluster: this replica sweeps (leader lock taken)");
+                }
+                self.revision = Some(ack.sequence);
+                self.sent_at = Some(sent);
+            }
+            Err(e) => {
+                if self.revision.take().is_some() {
+                    warn!(target: "cluster", error = %e, "cluster: leader lock lost");
+                }
+            }
+        }
+    }
+}
+
+/// Send or withhold every will whose process is no live member and whose
+/// grace (plus its delay) is over.
+async fn sweep(shared: &Shared, wills: &Wills, orphaned: &mut HashMap<String, Instant>, grace: Duration) {
+    let live: HashSet<String> = shared.live_instances();
+    let now = Instant::now();
+    let due: Vec<(String, u64, WillRecord)> = {
+        let wills = wills.borrow();
+        orphaned.retain(|key, _| wills.contains_key(key));
+        wills
+            .iter()
+            .filter_map(|(key, (revision, record))| {
+                if record.instance == shared.config.instance || live.contains(&record.instance) {
+                    orphaned.remove(key);
+                    return None;
+                }
+                let since = *orphaned.entry(key.clone()).or_insert(now);
+                let wait = grace + Duration::from_secs(u64::from(record.delay_s));
+                (now.duration_since(since) >= wait).then(|| (key.clone(), *revision, record.clone()))
+            })
+            .collect()
+    };
+    for (key, revision, record) in due {
+        orphaned.remove(&key);
+        let back = client_back(shared, &record).await;
+        let Ok(back) = back else { continue };
+        // Delete first: only the sweeper whose delete landed sends it.
+        if delete_will(shared, &record.client_id, revision).await.is_err() {
+            continue;
+        }
+        if back {
+            shared.status.stats.wills_withheld.fetch_add(1, Ordering::Relaxed);
+            debug!(target: "cluster", client_id = %record.client_id, "cluster: will withheld, the client is back");
+            continue;
+        }
+        let Some(will) = record.will() else { continue };
+        shared.status.stats.wills_sent.fetch_add(1, Ordering::Relaxed);
+        info!(target: "cluster", client_id = %record.client_id, replica = %record.replica, "cluster: sending the will of a connection of a gone replica");
+        let shard = (shared.config.owner_of)(&record.client_id, shared.mailboxes.len());
+        shared.send_event(shard, Event::PublishWill { will });
+    }
+}
+
+/// Whether the will's client connected again since (anywhere): its client
+/// identifier is claimed by another process or connection.
+async fn client_back(shared: &Shared, record: &WillRecord) -> Result<bool, String> {
+    let kv = shared.state.get_key_value(bucket::SESSIONS).await.map_err(|e| e.to_string())?;
+    let entry = kv.entry(client_key(&record.client_id)).await.map_err(|e| e.to_string())?;
+    Ok(match entry {
+        Some(e) if e.operation == Operation::Put => {
+            OwnerRecord::decode(&e.value).map(|owner| owner.instance != record.instance).unwrap_or(false)
+        }
+        _ => false,
+    })
+}
+
+/// Keep `wills` current from a watch on `mqtt-session-will`.
+async fn watch_wills(shared: Arc<Shared>, wills: Wills) {
+    let mut from: Option<u64> = None;
+    let mut backoff = Duration::from_millis(250);
+    while !shared.stopping.load(Ordering::Acquire) {
+        let watch = async {
+            let kv = shared.state.get_key_value(bucket::WILLS).await.map_err(|e| e.to_string())?;
+            match from {
+                Some(revision) => kv.watch_all_from_revision(revision).await,
+                None => kv.watch_all().await,
+            }
+            .map_err(|e| e.to_string())
+        }
+        .await;
+        match watch {
+            Ok(mut watch) => {
+                backoff = Duration::from_millis(250);
+                while let Some(entry) = watch.next().await {
+                    let Ok(entry) = entry else { break };
+                    from = Some(entry.revision + 1);
+                    let mut wills = wills.borrow_mut();
+                    match entry.operation {
+                        Operation::Put => match WillRecord::decode(&entry.value) {
+                            Ok(record) => {
+                                wills.insert(entry.key, (entry.revision, record));
+                            }
+                            Err(_) => {
+                                wills.remove(&entry.key);
+                            }
+                        },
+                        Operation::Delete | Operation::Purge => {
+                            wills.remove(&entry.key);
+                        }
+                    }
+                }
+            }
+            Err(e) => debug!(target: "cluster", error = %e, "cluster: wills watch failed"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
