@@ -237,7 +237,7 @@ async fn watch_members(shared: Arc<Shared>, report: mpsc::UnboundedSender<Report
     let mut backoff = Duration::from_millis(250);
     while !shared.stopping.load(std::sync::atomic::Ordering::Acquire) {
         let watch = match shared.state.get_key_value(bucket::MEMBERS).await {
-            Ok(kv) => kv.watch_all().await.map_err(|e| e.to_string()),
+            Ok(kv) => kv.watch_with_history(">").await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         match watch {

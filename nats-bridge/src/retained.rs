@@ -59,7 +59,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
             }
             match from {
                 Some(revision) => kv.watch_all_from_revision(revision).await,
-                None => kv.watch_all().await,
+                None => kv.watch_with_history(">").await,
             }
             .map_err(|e| e.to_string())
         }
@@ -69,10 +69,10 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
                 backoff = Duration::from_millis(250);
                 let mut loaded = 0u64;
                 loop {
-                    // The snapshot's end is the entry with delta 0; when the
-                    // bucket's last values are all delete markers the watch
-                    // yields none of them (seen with async-nats 0.52), so a
-                    // second without entries also ends the load.
+                    // The snapshot's end is the entry with delta 0 (the watch
+                    // starts with the last value of every key, delete markers
+                    // included); a second without entries also ends the load
+                    // (NumPending can be wrong, notes/jetstream.md §2.3).
                     let next = tokio::time::timeout(LOAD_QUIET, watch.next()).await;
                     let entry = match next {
                         Ok(Some(Ok(entry))) => entry,

@@ -216,7 +216,7 @@ async fn watch_wills(shared: Arc<Shared>, wills: Wills) {
             let kv = shared.state.get_key_value(bucket::WILLS).await.map_err(|e| e.to_string())?;
             match from {
                 Some(revision) => kv.watch_all_from_revision(revision).await,
-                None => kv.watch_all().await,
+                None => kv.watch_with_history(">").await,
             }
             .map_err(|e| e.to_string())
         }

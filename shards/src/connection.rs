@@ -60,8 +60,9 @@ pub(crate) struct Admission {
     #[allow(dead_code)]
     pub(crate) slots: Vec<LimitSlot>,
     /// The cluster claim on the client identifier (cluster mode), given
-    /// up when the connection ends.
-    pub(crate) claim: Option<crate::cluster::Claim>,
+    /// up when the connection ends. Boxed: a parked connection keeps its
+    /// admission, and on a single node this is always `None` (8 bytes).
+    pub(crate) claim: Option<Box<crate::cluster::Claim>>,
 }
 
 /// Above this capacity, an emptied buffer is released rather than kept, so
@@ -363,7 +364,7 @@ pub(crate) async fn accepted(
     };
     let claim = match &settings.cluster {
         Some(node) => match Box::pin(claim(node, &negotiated.client_id, connect_at, &connect, &identity)).await {
-            Ok(claim) => Some(claim),
+            Ok(claim) => Some(Box::new(claim)),
             Err((reason, why)) => {
                 debug!(target: "cluster", client_id = %negotiated.client_id, why, "cluster: CONNECT refused");
                 let refusal = refuse_with(ReasonCode::SERVER_UNAVAILABLE, why);

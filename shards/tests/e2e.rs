@@ -118,3 +118,9 @@ mod store;
 /// subscriber at each QoS, a slow reader, a thousand subscribers at once.
 #[path = "e2e/retained_paced.rs"]
 mod retained_paced;
+
+/// Cluster mode against a real 3-server NATS cluster: take-over across
+/// replicas, racing CONNECTs, fencing and recovery, retained messages and
+/// wills, start-up refusals.
+#[path = "e2e/cluster.rs"]
+mod cluster;

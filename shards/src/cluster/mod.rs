@@ -335,11 +335,11 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                     Event::Unfenced => shard_state(|sc| sc.handing_over.set(false)),
                     Event::PublishWill { will } => shard.publish_cluster_will(will, now),
                     Event::Retained { revision, message } => shard.apply_retained(revision, message, now),
-                    Event::TakenOver { client_id, revision, replica } => {
-                        if shard_state(|sc| sc.lost_to(&client_id, revision, now)) {
-                            debug!(target: "cluster", %client_id, %replica, "cluster: taken over by another replica");
-                            shard.close_client(&client_id, ReasonCode::SESSION_TAKEN_OVER);
-                        }
+                    Event::TakenOver { client_id, revision, replica }
+                        if shard_state(|sc| sc.lost_to(&client_id, revision, now)) =>
+                    {
+                        debug!(target: "cluster", %client_id, %replica, "cluster: taken over by another replica");
+                        shard.close_client(&client_id, ReasonCode::SESSION_TAKEN_OVER);
                     }
                     _ => {}
                 }
