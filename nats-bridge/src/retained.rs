@@ -104,6 +104,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
                                 properties: Default::default(),
                                 received_at: now,
                                 origin: u64::MAX,
+                                stored: 0,
                             }),
                             None => continue,
                         },

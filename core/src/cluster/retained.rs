@@ -99,6 +99,7 @@ impl RetainedRecord {
             properties: properties.into(),
             received_at: now,
             origin: u64::MAX,
+            stored: 0,
         }))
     }
 }
@@ -132,6 +133,7 @@ mod tests {
             properties: properties.into(),
             received_at: Instant::now(),
             origin: 7,
+            stored: 0,
         }
     }
 

@@ -68,6 +68,7 @@ impl WillRecord {
             properties: will.properties.clone(),
             received_at: Instant::now(),
             origin: u64::MAX,
+            stored: 0,
         };
         let mut message = RetainedRecord::of(&message, now_ms);
         // The Message Expiry Interval of a will counts from its
