@@ -339,14 +339,16 @@ impl Bridge {
                 })
                 .map_err(|e| StartError::Config(format!("bridge thread: {e}")))?
         };
-        let shared = match started_rx.recv_timeout(START_WAIT) {
+        // Setup retries for 2/3 of START_WAIT, then membership and the
+        // retained load have half of it each.
+        let shared = match started_rx.recv_timeout(START_WAIT * 2) {
             Ok(Ok(shared)) => shared,
             Ok(Err(e)) => {
                 let _ = thread.join();
                 return Err(e);
             }
             Err(_) => {
-                return Err(StartError::Connect(format!("no answer within {START_WAIT:?}")));
+                return Err(StartError::Connect(format!("no answer within {:?}", START_WAIT * 2)));
             }
         };
         Ok(Bridge { requests: tx, wake, status, mailboxes, thread: Mutex::new(Some(thread)), shared })
@@ -487,9 +489,26 @@ async fn start(
     };
     let state = context(state_client.clone());
     let lease = context(lease_client);
-    let level = setup::check_api_level(&state).await?;
-    setup::ensure_buckets(&state, usize::from(config.cluster.nats_replicas), config.cluster.member_ttl).await?;
-    let floor = setup::check_floor(&state).await?;
+    // JetStream may still be electing (a cluster just started, a server
+    // restarting: "no suitable peers for placement"): what did not answer
+    // is tried again for a while; an incompatible answer stops at once.
+    let retry_until = tokio::time::Instant::now() + START_WAIT * 2 / 3;
+    let (level, floor) = loop {
+        let attempt = async {
+            let level = setup::check_api_level(&state).await?;
+            setup::ensure_buckets(&state, usize::from(config.cluster.nats_replicas), config.cluster.member_ttl).await?;
+            let floor = setup::check_floor(&state).await?;
+            Ok::<_, StartError>((level, floor))
+        };
+        match attempt.await {
+            Ok(done) => break done,
+            Err(StartError::Connect(why)) if tokio::time::Instant::now() < retry_until => {
+                warn!(target: "bridge", %why, "bridge: JetStream not ready yet, trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
     let shards = mailboxes.len();
     Ok(Arc::new(Shared {
