@@ -26,6 +26,7 @@ mod retained;
 mod setup;
 mod stats;
 mod sweeper;
+mod watch;
 
 pub use bridge::{Bridge, ClaimError, Claimed, ClusterStatus, Event, Request, StartError};
 pub use config::BridgeConfig;

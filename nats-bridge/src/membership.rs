@@ -16,12 +16,12 @@ use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use fleetmq_core::cluster::membership::{Change, FenceReason, Membership, PROBE_INTERVAL};
 use fleetmq_core::cluster::records::{bucket, MemberRecord, Record, FORMAT, FORMATS_READ};
-use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use crate::bridge::{Event, Shared};
 use crate::stats::OpKind;
+use crate::watch::{follow, Seen, Start};
 
 /// What the tasks report to the membership loop.
 enum Report {
@@ -230,38 +230,18 @@ async fn probe(shared: Arc<Shared>, report: mpsc::UnboundedSender<Report>) {
     }
 }
 
-/// Watch `mqtt-members` (state connection) and report every entry, with
-/// a new watch after an error (backing off: recreated watchers leak
-/// consumers on the server when made in a loop, notes/jetstream.md).
+/// Watch `mqtt-members` (state connection) and report every entry.
 async fn watch_members(shared: Arc<Shared>, report: mpsc::UnboundedSender<Report>) {
-    let mut backoff = Duration::from_millis(250);
-    while !shared.stopping.load(std::sync::atomic::Ordering::Acquire) {
-        let watch = match shared.state.get_key_value(bucket::MEMBERS).await {
-            Ok(kv) => kv.watch_with_history(">").await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match watch {
-            Ok(mut watch) => {
-                backoff = Duration::from_millis(250);
-                while let Some(entry) = watch.next().await {
-                    let Ok(entry) = entry else { break };
-                    let replica = entry.key.clone();
-                    let r = match entry.operation {
-                        Operation::Put => Report::Present {
-                            replica,
-                            revision: entry.revision,
-                            record: MemberRecord::decode(&entry.value).ok(),
-                        },
-                        Operation::Delete | Operation::Purge => Report::Missing { replica, revision: entry.revision },
-                    };
-                    if report.send(r).is_err() {
-                        return;
-                    }
-                }
+    follow(&shared, bucket::MEMBERS, Start::History, None, |seen| {
+        let Seen::Entry(entry) = seen else { return };
+        let replica = entry.key.clone();
+        let r = match entry.operation {
+            Operation::Put => {
+                Report::Present { replica, revision: entry.revision, record: MemberRecord::decode(&entry.value).ok() }
             }
-            Err(e) => tracing::debug!(target: "cluster", error = %e, "cluster: members watch failed"),
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
+            Operation::Delete | Operation::Purge => Report::Missing { replica, revision: entry.revision },
+        };
+        let _ = report.send(r);
+    })
+    .await;
 }

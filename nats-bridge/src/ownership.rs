@@ -11,12 +11,12 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::message::PublishMessage;
 use fleetmq_core::cluster::records::{bucket, client_id_of_key, client_key, OwnerRecord, Record, FORMAT};
-use futures_util::StreamExt;
 use tracing::debug;
 
 use crate::bridge::{ClaimError, Claimed, Event, Shared};
 use crate::membership::unix_ms;
 use crate::stats::OpKind;
+use crate::watch::{follow, Seen, Start};
 
 /// Compare-and-set attempts before a claim gives up (each conflict means
 /// another replica claimed in between; the last claim wins).
@@ -106,45 +106,18 @@ pub(crate) async fn release(shared: &Shared, client_id: &str, revision: u64) {
 /// another process into [`Event::TakenOver`] for the shard that serves
 /// the client identifier.
 pub(crate) async fn watch(shared: Arc<Shared>) {
-    let mut from: Option<u64> = None;
-    let mut backoff = std::time::Duration::from_millis(250);
-    while !shared.stopping.load(std::sync::atomic::Ordering::Acquire) {
-        let watch = async {
-            let kv = shared.state.get_key_value(bucket::SESSIONS).await.map_err(|e| e.to_string())?;
-            let start = match from {
-                Some(revision) => revision,
-                None => {
-                    let mut stream = shared.state.get_stream(format!("KV_{}", bucket::SESSIONS)).await.map_err(|e| e.to_string())?;
-                    stream.info().await.map_err(|e| e.to_string())?.state.last_sequence + 1
-                }
-            };
-            kv.watch_all_from_revision(start).await.map_err(|e| e.to_string())
+    follow(&shared, bucket::SESSIONS, Start::New, None, |seen| {
+        let Seen::Entry(entry) = seen else { return };
+        if entry.operation != Operation::Put {
+            return;
         }
-        .await;
-        match watch {
-            Ok(mut watch) => {
-                backoff = std::time::Duration::from_millis(250);
-                while let Some(entry) = watch.next().await {
-                    let Ok(entry) = entry else { break };
-                    from = Some(entry.revision + 1);
-                    if entry.operation != Operation::Put {
-                        continue;
-                    }
-                    let Ok(record) = OwnerRecord::decode(&entry.value) else { continue };
-                    if record.instance == shared.config.instance {
-                        continue;
-                    }
-                    let Some(client_id) = client_id_of_key(&entry.key) else { continue };
-                    let shard = (shared.config.owner_of)(&client_id, shared.mailboxes.len());
-                    shared.send_event(
-                        shard,
-                        Event::TakenOver { client_id, revision: entry.revision, replica: record.replica },
-                    );
-                }
-            }
-            Err(e) => debug!(target: "cluster", error = %e, "cluster: sessions watch failed"),
+        let Ok(record) = OwnerRecord::decode(&entry.value) else { return };
+        if record.instance == shared.config.instance {
+            return;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
-    }
+        let Some(client_id) = client_id_of_key(&entry.key) else { return };
+        let shard = (shared.config.owner_of)(&client_id, shared.mailboxes.len());
+        shared.send_event(shard, Event::TakenOver { client_id, revision: entry.revision, replica: record.replica });
+    })
+    .await;
 }

@@ -7,7 +7,6 @@
 //! bucket's revision order, with the revision as its sequence: all
 //! replicas converge on the last write JetStream took.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,11 +17,11 @@ use fleetmq_core::cluster::records::{bucket, Record};
 use fleetmq_core::cluster::retained::{retained_key, topic_of_retained_key, RetainedRecord};
 use fleetmq_core::packet::QoS;
 use fleetmq_core::session::Message;
-use futures_util::StreamExt;
-use tracing::{debug, info};
+use tracing::info;
 
 use crate::bridge::{Event, Shared};
 use crate::membership::unix_ms;
+use crate::watch::{follow, Seen, Start};
 
 /// A watch that brings nothing for this long has delivered its snapshot.
 const LOAD_QUIET: Duration = Duration::from_secs(1);
@@ -46,80 +45,54 @@ pub(crate) async fn put(shared: &Shared, topic: &str, record: Option<Bytes>) -> 
 /// Watch `mqtt-retained` from its start and hand every change to every
 /// shard; set the status's "retained loaded" once the snapshot is in.
 pub(crate) async fn watch(shared: Arc<Shared>) {
-    let mut from: Option<u64> = None;
-    let mut backoff = Duration::from_millis(250);
-    while !shared.stopping.load(Ordering::Acquire) {
-        let watch = async {
-            let kv = shared.state.get_key_value(bucket::RETAINED).await.map_err(|e| e.to_string())?;
-            if from.is_none() {
-                let mut stream = shared.state.get_stream(format!("KV_{}", bucket::RETAINED)).await.map_err(|e| e.to_string())?;
-                if stream.info().await.map_err(|e| e.to_string())?.state.messages == 0 {
-                    shared.status.set_retained_loaded(0);
-                }
-            }
-            match from {
-                Some(revision) => kv.watch_all_from_revision(revision).await,
-                None => kv.watch_with_history(">").await,
-            }
-            .map_err(|e| e.to_string())
+    if let Ok(mut stream) = shared.state.get_stream(format!("KV_{}", bucket::RETAINED)).await {
+        if stream.info().await.is_ok_and(|i| i.state.messages == 0) {
+            shared.status.set_retained_loaded(0);
         }
-        .await;
-        match watch {
-            Ok(mut watch) => {
-                backoff = Duration::from_millis(250);
-                let mut loaded = 0u64;
-                loop {
-                    // The snapshot's end is the entry with delta 0 (the watch
-                    // starts with the last value of every key, delete markers
-                    // included); a second without entries also ends the load
-                    // (NumPending can be wrong, notes/jetstream.md §2.3).
-                    let next = tokio::time::timeout(LOAD_QUIET, watch.next()).await;
-                    let entry = match next {
-                        Ok(Some(Ok(entry))) => entry,
-                        Ok(_) => break,
-                        Err(_) => {
-                            if !shared.status.retained_loaded() {
-                                shared.status.set_retained_loaded(loaded);
-                                info!(target: "cluster", loaded, "cluster: retained messages loaded");
-                            }
-                            continue;
-                        }
-                    };
-                    from = Some(entry.revision + 1);
-                    let now = Instant::now();
-                    let message = match entry.operation {
-                        Operation::Put => RetainedRecord::decode(&entry.value).ok().and_then(|r| r.message(now, unix_ms())),
-                        Operation::Delete | Operation::Purge => None,
-                    };
-                    // A clear (or an expired or unreadable record) is an
-                    // empty retained message: the shards drop the topic.
-                    let message = match message {
-                        Some(m) => m,
-                        None => match topic_of_retained_key(&entry.key) {
-                            Some(topic) => Arc::new(Message {
-                                topic: topic.as_str().into(),
-                                payload: Bytes::new(),
-                                qos: QoS::AtMostOnce,
-                                retain: true,
-                                properties: Default::default(),
-                                received_at: now,
-                                origin: u64::MAX,
-                                stored: 0,
-                            }),
-                            None => continue,
-                        },
-                    };
-                    shared.broadcast(Event::Retained { revision: entry.revision, message });
-                    loaded += 1;
-                    if entry.delta == 0 && !shared.status.retained_loaded() {
-                        shared.status.set_retained_loaded(loaded);
-                        info!(target: "cluster", loaded, "cluster: retained messages loaded");
-                    }
-                }
-            }
-            Err(e) => debug!(target: "cluster", error = %e, "cluster: retained watch failed"),
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+    let mut loaded = 0u64;
+    let loaded_now = |loaded: u64| {
+        if !shared.status.retained_loaded() {
+            shared.status.set_retained_loaded(loaded);
+            info!(target: "cluster", loaded, "cluster: retained messages loaded");
+        }
+    };
+    // The snapshot's end is the entry with delta 0 (the watch starts with
+    // the last value of every key, delete markers included); a quiet second
+    // also ends the load (NumPending can be wrong, notes/jetstream.md §2.3).
+    follow(&shared, bucket::RETAINED, Start::History, Some(LOAD_QUIET), |seen| {
+        let entry = match seen {
+            Seen::Quiet => return loaded_now(loaded),
+            Seen::Entry(entry) => entry,
+        };
+        let now = Instant::now();
+        let message = match entry.operation {
+            Operation::Put => RetainedRecord::decode(&entry.value).ok().and_then(|r| r.message(now, unix_ms())),
+            Operation::Delete | Operation::Purge => None,
+        };
+        // A clear (or an expired or unreadable record) is an empty
+        // retained message: the shards drop the topic.
+        let message = match message {
+            Some(m) => m,
+            None => match topic_of_retained_key(&entry.key) {
+                Some(topic) => Arc::new(Message {
+                    topic: topic.as_str().into(),
+                    payload: Bytes::new(),
+                    qos: QoS::AtMostOnce,
+                    retain: true,
+                    properties: Default::default(),
+                    received_at: now,
+                    origin: u64::MAX,
+                    stored: 0,
+                }),
+                None => return,
+            },
+        };
+        shared.broadcast(Event::Retained { revision: entry.revision, message });
+        loaded += 1;
+        if entry.delta == 0 {
+            loaded_now(loaded);
+        }
+    })
+    .await;
 }

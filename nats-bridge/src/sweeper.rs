@@ -23,10 +23,10 @@ use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use fleetmq_core::cluster::records::{bucket, client_key, OwnerRecord, Record};
 use fleetmq_core::cluster::wills::WillRecord;
-use futures_util::StreamExt;
 use tracing::{debug, info, warn};
 
 use crate::bridge::{Event, Shared};
+use crate::watch::{follow, Seen, Start};
 
 /// The lease key in `mqtt-leader`.
 const LEASE_KEY: &str = "sweeper";
@@ -209,43 +209,22 @@ async fn client_back(shared: &Shared, record: &WillRecord) -> Result<bool, Strin
 
 /// Keep `wills` current from a watch on `mqtt-session-will`.
 async fn watch_wills(shared: Arc<Shared>, wills: Wills) {
-    let mut from: Option<u64> = None;
-    let mut backoff = Duration::from_millis(250);
-    while !shared.stopping.load(Ordering::Acquire) {
-        let watch = async {
-            let kv = shared.state.get_key_value(bucket::WILLS).await.map_err(|e| e.to_string())?;
-            match from {
-                Some(revision) => kv.watch_all_from_revision(revision).await,
-                None => kv.watch_with_history(">").await,
-            }
-            .map_err(|e| e.to_string())
-        }
-        .await;
-        match watch {
-            Ok(mut watch) => {
-                backoff = Duration::from_millis(250);
-                while let Some(entry) = watch.next().await {
-                    let Ok(entry) = entry else { break };
-                    from = Some(entry.revision + 1);
-                    let mut wills = wills.borrow_mut();
-                    match entry.operation {
-                        Operation::Put => match WillRecord::decode(&entry.value) {
-                            Ok(record) => {
-                                wills.insert(entry.key, (entry.revision, record));
-                            }
-                            Err(_) => {
-                                wills.remove(&entry.key);
-                            }
-                        },
-                        Operation::Delete | Operation::Purge => {
-                            wills.remove(&entry.key);
-                        }
-                    }
+    follow(&shared, bucket::WILLS, Start::History, None, |seen| {
+        let Seen::Entry(entry) = seen else { return };
+        let mut wills = wills.borrow_mut();
+        match entry.operation {
+            Operation::Put => match WillRecord::decode(&entry.value) {
+                Ok(record) => {
+                    wills.insert(entry.key, (entry.revision, record));
                 }
+                Err(_) => {
+                    wills.remove(&entry.key);
+                }
+            },
+            Operation::Delete | Operation::Purge => {
+                wills.remove(&entry.key);
             }
-            Err(e) => debug!(target: "cluster", error = %e, "cluster: wills watch failed"),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
+    })
+    .await;
 }

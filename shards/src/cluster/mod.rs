@@ -102,12 +102,7 @@ impl Node {
         if self.bridge.send(request).is_err() {
             return Err("cluster bridge queue full");
         }
-        let outcome = or(async { Some(outcome.await) }, async {
-            sleep(budget).await;
-            None
-        })
-        .await;
-        match outcome {
+        match within(budget, outcome).await {
             Some(Ok(Ok(claimed))) => {
                 if let Some(previous) = &claimed.previous {
                     debug!(target: "cluster", client_id, %previous, "cluster: client identifier taken over from another replica");
@@ -124,6 +119,15 @@ impl Node {
     pub(crate) fn stop(&self) {
         self.bridge.stop();
     }
+}
+
+/// `future`'s output, or `None` when `budget` runs out first.
+async fn within<T>(budget: Duration, future: impl std::future::Future<Output = T>) -> Option<T> {
+    or(async { Some(future.await) }, async {
+        sleep(budget).await;
+        None
+    })
+    .await
 }
 
 /// A connection's claim on its client identifier: released (if still the
@@ -167,12 +171,7 @@ impl Claim {
         if self.node.bridge.send(request).is_err() {
             return Err("cluster bridge queue full");
         }
-        let outcome = or(async { Some(outcome.await) }, async {
-            sleep(budget).await;
-            None
-        })
-        .await;
-        match outcome {
+        match within(budget, outcome).await {
             Some(Ok(Ok(revision))) => {
                 self.will = Some(revision);
                 Ok(())
