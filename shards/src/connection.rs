@@ -527,6 +527,7 @@ async fn sign_in(
             })
             .await
             else {
+                auth.abandon(admitted, SystemTime::now());
                 return Err((ReasonCode::SERVER_BUSY, RefuseReason::MaxConnectsAuthenticating));
             };
             let auth = auth.clone();

@@ -177,10 +177,7 @@ impl State {
                 self.devices.remember(device, now);
                 self.device_failures.forget(device);
             }
-            let known = matches!(verdict, Verdict::Check { known: true, .. });
-            if let Some(budget) = budget_key(attempt, known) {
-                self.budget.give_back(budget, now);
-            }
+            self.abandon(attempt, verdict, now);
             return;
         }
         for key in [attempt.user, attempt.address].into_iter().flatten() {
@@ -188,6 +185,16 @@ impl State {
         }
         if let Some(device) = attempt.device.filter(|d| self.devices.contains(*d)) {
             self.device_failures.record_failure(device, now);
+        }
+    }
+
+    /// Gives back the budget share [`State::admit`] took for a check that
+    /// did not run; nothing else changes.
+    pub fn abandon(&mut self, attempt: &Attempt, verdict: Verdict, now: SystemTime) {
+        if let Verdict::Check { known, .. } = verdict {
+            if let Some(budget) = budget_key(attempt, known) {
+                self.budget.give_back(budget, now);
+            }
         }
     }
 
@@ -292,6 +299,11 @@ impl Guard {
         for (table, entries) in sizes {
             self.metrics.set_entries(table, entries);
         }
+    }
+
+    /// [`State::abandon`].
+    pub fn abandon(&self, attempt: &Attempt, verdict: Verdict, now: SystemTime) {
+        self.lock().abandon(attempt, verdict, now);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

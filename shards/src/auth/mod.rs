@@ -288,6 +288,14 @@ impl Authenticator {
         }
     }
 
+    /// Gives back what [`Authenticator::admit`] reserved for a check that
+    /// will not run (its turn never came): the user name's budget share.
+    pub fn abandon(&self, admitted: Admitted, now: SystemTime) {
+        if let Some((attempt, verdict)) = admitted.guarded {
+            self.guard.abandon(&attempt, verdict, now);
+        }
+    }
+
     /// Checks `creds`, which [`Authenticator::admit`] let through as
     /// `admitted`, at `now`, and records the outcome with the guard.
     /// CPU-heavy when `admitted` [`Admitted::is_costly`].

@@ -199,6 +199,17 @@ fn a_flood_of_new_combinations_cannot_spend_the_budget_of_known_devices() {
 }
 
 #[test]
+fn a_check_that_never_ran_gives_its_budget_share_back() {
+    let mut s = State::new(&config(false));
+    let a = from_anywhere(ALICE, 500);
+    for _ in 0..10 {
+        let verdict = s.admit(&a, at(0));
+        assert_eq!(verdict, CHECKED);
+        s.abandon(&a, verdict, at(0));
+    }
+}
+
+#[test]
 fn a_success_does_not_clear_the_user_names_failures() {
     let mut s = State::new(&config(false));
     let device = from_anywhere(ALICE, DEVICE);
