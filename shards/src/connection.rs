@@ -246,7 +246,7 @@ pub(crate) async fn accepted(
     let Ok(source_slot) = settings.gate.source(peer) else {
         return refused(&shard, &settings, RefuseReason::MaxConnectionsPerSource);
     };
-    let Some(pending) = doors.pending.admit(&settings.gate, Instant::now()) else {
+    let Some(pending) = doors.pending.admit(&settings.gate, Instant::now(), Some(stream.as_raw_fd())) else {
         return refused(&shard, &settings, RefuseReason::MaxPendingConnections);
     };
     let opened = or(

@@ -38,6 +38,7 @@
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
 use std::collections::VecDeque;
+use std::os::fd::RawFd;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -174,6 +175,9 @@ struct Pending {
     slot: Cell<Option<Slot>>,
     /// Fires when the connection is evicted.
     evicted: Signal,
+    /// Its socket, to see whether bytes wait unread before it is taken
+    /// for silent (see [`PendingSet::victim`]); `None` in unit tests.
+    fd: Option<RawFd>,
 }
 
 impl Pending {
@@ -210,7 +214,12 @@ impl PendingSet {
     /// way (it is evicted: its task sees [`PendingGuard::evicted`]).
     /// `None` when the limit is reached and every pending connection here
     /// is progressing.
-    pub(crate) fn admit(self: &Rc<Self>, gate: &Arc<Gate>, now: Instant) -> Option<PendingGuard> {
+    pub(crate) fn admit(
+        self: &Rc<Self>,
+        gate: &Arc<Gate>,
+        now: Instant,
+        fd: Option<RawFd>,
+    ) -> Option<PendingGuard> {
         let slot = match gate.pending() {
             Some(slot) => slot,
             None => self.evict(now)?,
@@ -221,6 +230,7 @@ impl PendingSet {
             index: Cell::new(usize::MAX),
             slot: Cell::new(Some(slot)),
             evicted: Signal::default(),
+            fd,
         });
         let mut entries = self.entries.borrow_mut();
         entry.index.set(entries.len());
@@ -253,12 +263,27 @@ impl PendingSet {
 
     /// The oldest silent connection, else the lowest ranked of those
     /// stalled; `None` when every one is progressing.
+    ///
+    /// A connection whose task has not read yet looks silent although its
+    /// bytes may be waiting in the socket: in a reconnect storm, with the
+    /// shard behind, those are the oldest, the next to be served. So a
+    /// silent one is first asked (`FIONREAD`, one system call) and, with
+    /// bytes waiting, counted as reading its CONNECT (or handshake) from
+    /// now, with those bytes read, instead of evicted: judged by their
+    /// pace after [`GRACE`] like any other.
     fn victim(&self, now: Instant) -> Option<Rc<Pending>> {
         let mut silent = self.silent.borrow_mut();
         while let Some(weak) = silent.pop_front() {
-            if let Some(p) = weak.upgrade().filter(|p| is_silent(p)) {
-                return Some(p);
+            let Some(p) = weak.upgrade().filter(|p| is_silent(p)) else { continue };
+            let waiting = p.fd.map_or(0, bytes_waiting);
+            if waiting > 0 {
+                let mut progress = p.progress.get();
+                (progress.stage, progress.since, progress.last) = (Stage::Connect, now, now);
+                progress.read = waiting;
+                p.progress.set(progress);
+                continue;
             }
+            return Some(p);
         }
         drop(silent);
         let entries = self.entries.borrow();
@@ -283,6 +308,20 @@ impl PendingSet {
         if let Some(moved) = entries.get(index) {
             moved.index.set(index);
         }
+    }
+}
+
+/// Bytes the kernel holds unread for the socket `fd` (0 when it cannot
+/// tell).
+fn bytes_waiting(fd: RawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int; `fd` is the pending connection's
+    // open socket (its task holds the stream while it is in the set).
+    let ok = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } == 0;
+    if ok {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
     }
 }
 
@@ -377,20 +416,38 @@ mod tests {
         let gate = Gate::new(3, 1, None, 1);
         let set = set();
         let t0 = Instant::now();
-        let a = set.admit(&gate, t0).unwrap();
-        let b = set.admit(&gate, t0 + ms(1)).unwrap();
-        let c = set.admit(&gate, t0 + ms(2)).unwrap();
+        let a = set.admit(&gate, t0, None).unwrap();
+        let b = set.admit(&gate, t0 + ms(1), None).unwrap();
+        let c = set.admit(&gate, t0 + ms(2), None).unwrap();
         b.connect_read(&[0x10], t0 + ms(3));
         let d = set
-            .admit(&gate, t0 + ms(4))
+            .admit(&gate, t0 + ms(4), None)
             .expect("a silent one gives way");
         assert!(evicted_now(&a), "the oldest silent one");
-        let e = set.admit(&gate, t0 + ms(5)).expect("c is silent too");
+        let e = set.admit(&gate, t0 + ms(5), None).expect("c is silent too");
         assert!(evicted_now(&c));
         assert_eq!(set.len(), 3);
         drop((b, d, e));
         assert_eq!(set.len(), 0);
-        let _three: Vec<_> = (0..3).map(|_| set.admit(&gate, t0).unwrap()).collect();
+        let _three: Vec<_> = (0..3).map(|_| set.admit(&gate, t0, None).unwrap()).collect();
+    }
+
+    #[test]
+    fn a_connection_whose_bytes_wait_unread_is_not_taken_for_silent() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let gate = Gate::new(2, 1, None, 1);
+        let set = set();
+        let t0 = Instant::now();
+        let (mut client, served) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (_quiet, unread) = std::os::unix::net::UnixStream::pair().unwrap();
+        client.write_all(&[0x10, 12]).unwrap();
+        let waiting = set.admit(&gate, t0, Some(served.as_raw_fd())).unwrap();
+        let silent = set.admit(&gate, t0 + ms(1), Some(unread.as_raw_fd())).unwrap();
+        let _new = set.admit(&gate, t0 + ms(2), None).expect("the silent one gives way");
+        assert!(waiting.entry.in_set(), "its CONNECT waits to be read: the older, kept");
+        assert!(!silent.entry.in_set());
+        assert_eq!(waiting.entry.progress.get().stage, Stage::Connect);
     }
 
     #[test]
@@ -398,18 +455,18 @@ mod tests {
         let gate = Gate::new(2, 1, None, 1);
         let set = set();
         let t0 = Instant::now();
-        let a = set.admit(&gate, t0).unwrap();
-        let b = set.admit(&gate, t0).unwrap();
+        let a = set.admit(&gate, t0, None).unwrap();
+        let b = set.admit(&gate, t0, None).unwrap();
         a.connect_read(&[0x10, 30, 0, 4], t0 + ms(10));
         b.complete(t0 + ms(10));
         assert!(
-            set.admit(&gate, t0 + ms(20)).is_none(),
+            set.admit(&gate, t0 + ms(20), None).is_none(),
             "a is within STALL of its first byte"
         );
         // a sends its CONNECT at a byte a second: 4 of 32 bytes after 3 s.
         a.connect_read(&[0x10, 30, 0, 4, b'M'], t0 + ms(3010));
         let c = set
-            .admit(&gate, t0 + ms(3020))
+            .admit(&gate, t0 + ms(3020), None)
             .expect("a CONNECT a byte a second gives way");
         assert!(!a.entry.in_set());
         drop(c);
@@ -421,20 +478,20 @@ mod tests {
         let gate = Gate::new(3, 1, None, 1);
         let set = set();
         let t0 = Instant::now();
-        let tls = set.admit(&gate, t0).unwrap();
-        let near = set.admit(&gate, t0).unwrap();
-        let far = set.admit(&gate, t0).unwrap();
+        let tls = set.admit(&gate, t0, None).unwrap();
+        let near = set.admit(&gate, t0, None).unwrap();
+        let far = set.admit(&gate, t0, None).unwrap();
         tls.handshaking(t0 + ms(5));
         near.connect_read(&[0x10, 10, 1, 2, 3, 4, 5, 6, 7, 8], t0 + ms(1));
         far.connect_read(&[0x10, 100, 1], t0 + ms(1));
         let later = t0 + ms(1500);
         let n1 = set
-            .admit(&gate, later)
+            .admit(&gate, later, None)
             .expect("the stalled handshake first");
         assert!(!tls.entry.in_set());
         n1.complete(later);
         let _n2 = set
-            .admit(&gate, later)
+            .admit(&gate, later, None)
             .expect("then the CONNECT missing the most");
         assert!(!far.entry.in_set() && near.entry.in_set());
     }
@@ -482,7 +539,7 @@ mod tests {
         let mut kept = Vec::new();
         for i in 0..10_000u64 {
             let guard = set
-                .admit(&gate, t0 + ms(i))
+                .admit(&gate, t0 + ms(i), None)
                 .expect("a silent one gives way");
             if i % 3 != 0 {
                 // Most connections send their CONNECT at once and go.
