@@ -294,16 +294,17 @@ pub struct Limits {
     /// Entries the failed sign-in throttle keeps (user names, addresses,
     /// the check budgets of user names, and the failures of recognised
     /// combinations, each table at most this many); beyond it the entries
-    /// that changed least recently are dropped. Each costs about 100
-    /// bytes whatever the length of the user name. Default 100,000, range
+    /// that changed least recently are dropped. An entry costs 80 bytes
+    /// plus the hash table's slack (about 90–190 bytes in all), whatever
+    /// the length of the user name. Default 100,000, range
     /// 100..=10,000,000.
     pub auth_throttle_max_entries: u32,
     /// Successful sign-ins remembered (user name, client identifier, and
     /// address when `trust_client_addresses` is on, as one 64-bit keyed
-    /// hash, about 32 bytes each) so that those devices are still checked
-    /// while their user name backs off; beyond it the least recent success
-    /// is forgotten. 0 turns the recognition off. Default 1,000,000, range
-    /// 0..=100,000,000.
+    /// hash and a time: 24 bytes, about 30–60 with the hash table's slack)
+    /// so that those devices are still checked while their user name
+    /// backs off; beyond it the least recent success is forgotten. 0 turns
+    /// the recognition off. Default 1,000,000, range 0..=100,000,000.
     pub auth_known_devices: u32,
     /// Largest CONNECT packet, and so the largest will, in bytes. Default
     /// 64 KiB, range 1 KiB..=16 MiB. A larger CONNECT is refused as soon as

@@ -4,7 +4,8 @@
 //! backs off they are still checked (see [`super::guard`]).
 //!
 //! A combination is held as its 64-bit keyed hash with the time of its
-//! last success: about 32 bytes each, whatever the user name. Beyond the
+//! last success: 24 bytes a slot (about 30–60 with the hash table's
+//! slack), whatever the user name. Beyond the
 //! bound the least recent successes are forgotten. Only verified sign-ins
 //! (a password or a JWT that checked out) add entries, so a client without
 //! credentials cannot fill the table. No lock, no clock: the time is an
@@ -90,6 +91,11 @@ mod tests {
         assert!(d.contains(0), "recently successful");
         assert!(d.contains(999));
         assert!(!d.contains(1), "the oldest success went");
+    }
+
+    #[test]
+    fn a_slot_is_24_bytes_whatever_the_user_name() {
+        assert_eq!(std::mem::size_of::<(u64, SystemTime)>(), 24);
     }
 
     #[test]

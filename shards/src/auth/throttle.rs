@@ -227,6 +227,12 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
     }
 
+    /// `limits.auth_throttle_max_entries` documents 80 bytes a slot.
+    #[test]
+    fn a_slot_is_80_bytes_whatever_the_key() {
+        assert_eq!(std::mem::size_of::<(u64, Entry)>(), 80);
+    }
+
     #[test]
     fn failures_below_the_threshold_do_not_block() {
         let mut t = Throttle::new(config());
