@@ -252,6 +252,12 @@ struct PubState {
     done: Cell<bool>,
     failed: Cell<bool>,
     version: ProtocolVersion,
+    /// Send stamps of the QoS 1/2 messages awaiting their acknowledgement,
+    /// oldest first (acknowledgements come in publish order
+    /// `[MQTT-4.6.0-2]`, `[MQTT-4.6.0-3]`).
+    sent: RefCell<std::collections::VecDeque<u64>>,
+    /// Publish-to-acknowledgement latency of the measured messages.
+    ack_latency: RefCell<crate::latency::Latency>,
 }
 
 async fn publisher(
@@ -274,6 +280,8 @@ async fn publisher(
         done: Cell::new(false),
         failed: Cell::new(false),
         version: conn.version,
+        sent: RefCell::new(std::collections::VecDeque::new()),
+        ack_latency: RefCell::new(crate::latency::Latency::default()),
     });
     let Conn {
         mut stream,
@@ -368,6 +376,9 @@ async fn publisher(
                     NonZeroU16::new(next_id).unwrap_or(NonZeroU16::MIN)
                 });
                 template.put(&mut out, stamp, (i as u64) << 40 | k, id);
+                if id.is_some() {
+                    state.sent.borrow_mut().push_back(stamp);
+                }
                 k += 1;
             }
         }
@@ -395,6 +406,7 @@ async fn publisher(
     state.write.notify();
     let written = writer_task.await;
     reader_task.await;
+    shared.ack_latency.lock().unwrap_or_else(|e| e.into_inner()).merge(&state.ack_latency.borrow());
     written
 }
 
@@ -432,8 +444,13 @@ async fn read_acks(
                 Some(state.version),
                 max_packet_size,
             ) {
-                Ok(Some(Packet::PubAck(_) | Packet::PubComp(_))) => acked += 1,
+                Ok(Some(Packet::PubAck(_))) => {
+                    acked += 1;
+                    ack_received(&state, &shared);
+                }
+                Ok(Some(Packet::PubComp(_))) => acked += 1,
                 Ok(Some(Packet::PubRec(r))) => {
+                    ack_received(&state, &shared);
                     put_response(
                         &mut state.out.borrow_mut(),
                         state.version,
@@ -467,6 +484,16 @@ async fn read_acks(
             state.acked.notify();
             return;
         }
+    }
+}
+
+/// The oldest message awaiting its acknowledgement got it: record its
+/// latency if it was sent in the measured interval.
+fn ack_received(state: &PubState, shared: &Shared) {
+    let Some(sent) = state.sent.borrow_mut().pop_front() else { return };
+    let (from, to) = (shared.measure_start.load(Ordering::Relaxed), shared.measure_end.load(Ordering::Relaxed));
+    if (from..to).contains(&sent) {
+        state.ack_latency.borrow_mut().record_ns(now_ns().saturating_sub(sent));
     }
 }
 

@@ -29,6 +29,9 @@ pub fn now_ns() -> u64 {
 pub struct Shared {
     /// Start of the run (ns on [`now_ns`]'s clock); 0 until set.
     pub t0: AtomicU64,
+    /// Publish-to-acknowledgement latency (PUBACK at QoS 1, PUBREC at QoS
+    /// 2) of the measured messages, merged by each publisher when it ends.
+    pub ack_latency: std::sync::Mutex<Latency>,
     /// Start of the measured interval, ns.
     pub measure_start: AtomicU64,
     /// End of the measured interval, ns.
@@ -66,6 +69,7 @@ impl Shared {
     /// Counters for `subscribers` subscribers.
     pub fn new(subscribers: usize) -> Shared {
         Shared {
+            ack_latency: std::sync::Mutex::new(Latency::default()),
             received: (0..subscribers).map(|_| AtomicU64::new(0)).collect(),
             forgiven: (0..subscribers).map(|_| AtomicU64::new(0)).collect(),
             ..Shared::default()

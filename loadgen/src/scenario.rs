@@ -202,6 +202,9 @@ fn flow_report(
     r.received = shared.received_measured.load(Ordering::Relaxed);
     r.published_total = shared.published.load(Ordering::Relaxed);
     r.acked_total = shared.acked.load(Ordering::Relaxed);
+    let acks = shared.ack_latency.lock().unwrap_or_else(|e| e.into_inner());
+    r.ack_latency_us = (acks.count() > 0).then(|| acks.summary());
+    drop(acks);
     r.sent_per_s = r.sent as f64 / secs;
     r.received_per_s = r.received as f64 / secs;
     r.throughput_per_s = r.received_per_s;
