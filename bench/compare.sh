@@ -13,11 +13,14 @@
 #   BROKERS ["fleetmq mosquitto nats rumqttd"]; "fleetmq:N" is fleetmq with
 #                        --shards N, e.g. BROKERS="fleetmq fleetmq:2" with
 #                        BROKER_CPU=0,1 LOAD_CPU=0,1 compares shard counts
-#                        run by run
+#                        run by run; "fleetmq-local[:N]" is fleetmq with
+#                        the durable local store (store.kind = local, batch)
 #   SCENARIOS ["fanin-q0 fanin-q1 fanin-p99 fanout-q0 idle"]
 #       fanin-q0   fan-in FANIN_PUBLISHERS[100] → 1, QoS 0, --rate max: delivered msg/s
 #       fanin-q1   the same at QoS 1: delivered msg/s
 #       fanin-p99  fan-in at QoS 0, P99_RATE[20000] msg/s offered: p99 µs
+#       fanin-ack-p99  fan-in at QoS 1, P99_RATE msg/s offered: p99 µs from
+#                  publish to PUBACK
 #       fanout-q0  fan-out 1 → FANOUT_SUBSCRIBERS[100], QoS 0, max: deliveries/s
 #       idle       IDLE_CONNECTIONS[10000] idle connections: broker KiB RSS each
 #   PAYLOAD [64]         payload bytes
@@ -40,6 +43,9 @@
 #                        that put subscriber 0 on shard (r-1) mod N
 #                        (`fleetmq home-shard`), so that its serving CPU
 #                        alternates as a 1-shard broker's does
+#   MOSQUITTO_PERSISTENCE [false] true: Mosquitto saves its state (a snapshot
+#                        at autosave_interval and at exit, not per message)
+#   FLEETMQ_ADMIN [""]   fleetmq's admin address ("" = none)
 #   FLEETMQ_ARGS [""]    more `fleetmq serve` arguments, e.g.
 #                        "--set server.move_publishers=false"
 #   KEEP_ALIVE [600]     Keep Alive (s) the loadgen's clients announce; rumqttd
@@ -116,7 +122,7 @@ log "fleetmq: $FLEETMQ; loadgen: $LOADGEN"
 # --- peers: install when missing ------------------------------------------
 ensure_peer() {
     case "$1" in
-    fleetmq | fleetmq:[0-9]*) return 0 ;;
+    fleetmq | fleetmq:[0-9]* | fleetmq-local | fleetmq-local:[0-9]*) return 0 ;;
     mosquitto)
         command -v mosquitto >/dev/null 2>&1 || {
             log "installing mosquitto (apt-get)"
@@ -178,7 +184,7 @@ rotated_cpus() {
 
 # shards_of NAME: the shard count of fleetmq broker NAME (fleetmq:N or fleetmq).
 shards_of() {
-    if [[ $1 == fleetmq:* ]]; then echo "${1#fleetmq:}"; else echo "$FLEETMQ_SHARDS"; fi
+    if [[ $1 == fleetmq:* || $1 == fleetmq-local:* ]]; then echo "${1#*:}"; else echo "$FLEETMQ_SHARDS"; fi
 }
 
 # placed_prefix N: a loadgen client-identifier prefix whose subscriber 0
@@ -198,18 +204,22 @@ start_broker() {
     local name=$1 port=$2 dir=$WORK/$1-$2
     mkdir -p "$dir"
     case "$name" in
-    fleetmq | fleetmq:[0-9]*)
-        local shards cpus=$BROKER_CPU
+    fleetmq | fleetmq:[0-9]* | fleetmq-local | fleetmq-local:[0-9]*)
+        local shards cpus=$BROKER_CPU store=(--set store.kind=none)
         shards=$(shards_of "$name")
         [[ $ROTATE_SHARD_CPUS == 1 ]] && cpus=$(rotated_cpus "$shards")
-        RUST_LOG=warn taskset -c "$cpus" "$FLEETMQ" serve --listen "127.0.0.1:$port" --admin "" \
-            --shards "$shards" --set store.kind=none $FLEETMQ_ARGS >"$dir/log" 2>&1 &
+        # fleetmq-local: the durable local store (store.fsync = batch) in
+        # the run's directory, on the file system of /tmp.
+        [[ $name == fleetmq-local* ]] && store=(--set store.kind=local --set "store.dir=$dir/data")
+        RUST_LOG=warn taskset -c "$cpus" "$FLEETMQ" serve --listen "127.0.0.1:$port" --admin "${FLEETMQ_ADMIN:-}" \
+            --shards "$shards" "${store[@]}" $FLEETMQ_ARGS >"$dir/log" 2>&1 &
         ;;
     mosquitto)
         cat >"$dir/mosquitto.conf" <<EOF
 listener $port 127.0.0.1
 allow_anonymous true
-persistence false
+persistence ${MOSQUITTO_PERSISTENCE:-false}
+persistence_location $dir/
 set_tcp_nodelay true
 max_queued_messages 10000
 log_dest none
@@ -289,6 +299,7 @@ scenario_args() { # SCENARIO [BROKER]
     fanin-q0) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 0 --rate max "${common[@]}" ;;
     fanin-q1) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 1 --rate max "${common[@]}" ;;
     fanin-p99) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 0 --rate "$P99_RATE" "${common[@]}" ;;
+    fanin-ack-p99) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 1 --rate "$P99_RATE" "${common[@]}" ;;
     fanout-q0) echo fan-out --publishers 1 --subscribers "$FANOUT_SUBSCRIBERS" --qos 0 --rate max "${common[@]}" ;;
     idle) echo idle --connections "$IDLE_CONNECTIONS" --connect-rate "$rate" --connect-timeout 30s --duration "$IDLE_HOLD" \
         --keep-alive "$KEEP_ALIVE" --cpu "$LOAD_CPU" --threads "$LOAD_THREADS" ;;
@@ -298,12 +309,13 @@ scenario_args() { # SCENARIO [BROKER]
 figure_of() { # SCENARIO JSON -> the number the table shows
     case "$1" in
     fanin-p99) jq -r '.latency_us.p99' "$2" ;;
+    fanin-ack-p99) jq -r '.ack_latency_us.p99 // "nan"' "$2" ;;
     idle) jq -r '.connections.broker_kib_per_connection // "nan"' "$2" ;;
     *) jq -r '.received_per_s' "$2" ;;
     esac
 }
 unit_of() {
-    case "$1" in fanin-p99) echo "p99 µs" ;; idle) echo "KiB/conn" ;; *) echo "msg/s" ;; esac
+    case "$1" in fanin-p99 | fanin-ack-p99) echo "p99 µs" ;; idle) echo "KiB/conn" ;; *) echo "msg/s" ;; esac
 }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
