@@ -212,6 +212,10 @@ impl Shard {
                 st.feeds.remove(slot);
                 break Feeding::Idle;
             };
+            if !st.clients[slot as usize].session.subscriptions().contains_key(&feed.filter) {
+                // Unsubscribed: nothing more for it `[MQTT-3.10.4-2]`.
+                continue;
+            }
             batch.clear();
             let done = st
                 .retained

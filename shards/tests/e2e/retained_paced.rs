@@ -19,9 +19,8 @@ fn topic(i: usize) -> String {
     format!("p/{}/{i}", i / 1000)
 }
 
-/// Publish `n` retained messages of 32 bytes at QoS 0 from one MQTT 3.1.1
-/// connection, then one at QoS 1 whose PUBACK says all were stored (a
-/// connection's packets are handled in order).
+/// Publish `n` retained messages of 32 bytes at QoS 2 from one MQTT 3.1.1
+/// connection; each PUBCOMP says one was stored.
 fn retain(broker: &Broker, n: usize) {
     retain_sized(broker, n, 32);
 }
@@ -34,28 +33,23 @@ fn retain_sized(broker: &Broker, n: usize, size: usize) {
         (0, 0)
     );
     let payload = vec![b'r'; size];
-    let mut batch = Vec::new();
-    for i in 0..n {
-        batch.extend(wire::packet(
-            0x31,
-            &[wire::string(topic(i).as_bytes()), payload.to_vec()].concat(),
-        ));
-        if batch.len() > 256 << 10 {
-            publisher.send(&batch);
-            batch.clear();
+    // QoS 2, 500 at a time: a PUBREL for each PUBREC, then every PUBCOMP.
+    for window in (0..n).collect::<Vec<_>>().chunks(500) {
+        let mut batch = Vec::new();
+        for &i in window {
+            let id = ((i % 60_000) as u16 + 1).to_be_bytes();
+            let body = [wire::string(topic(i).as_bytes()), id.to_vec(), payload.clone()].concat();
+            batch.extend(wire::packet(0x35, &body));
         }
-    }
-    // The marker, QoS 1 with packet identifier 1, on a topic outside `p/`.
-    batch.extend(wire::packet(
-        0x33,
-        &[wire::string(b"marker"), vec![0, 1], payload.to_vec()].concat(),
-    ));
-    publisher.send(&batch);
-    loop {
-        match publisher.read(Duration::from_secs(30)) {
-            Incoming::Packet { header: 0x40, .. } => return,
-            Incoming::Packet { .. } => {}
-            other => panic!("no PUBACK for the marker: {other:?}"),
+        publisher.send(&batch);
+        let mut completed = 0;
+        while completed < window.len() {
+            match publisher.read(Duration::from_secs(30)) {
+                Incoming::Packet { header: 0x50, body } => publisher.send(&wire::packet(0x62, &body[..2])),
+                Incoming::Packet { header: 0x70, .. } => completed += 1,
+                Incoming::Packet { .. } => {}
+                other => panic!("storing retained messages: {other:?}"),
+            }
         }
     }
 }
@@ -95,6 +89,8 @@ struct Counted {
     live: Vec<String>,
     /// PUBLISHes with RETAIN=1 received more than once on one topic.
     repeated: usize,
+    /// PUBLISHes received at QoS 0, 1 and 2.
+    qos_seen: [usize; 3],
     /// The payloads received on the topics watched, in order.
     watched: std::collections::HashMap<String, Vec<Vec<u8>>>,
 }
@@ -106,6 +102,11 @@ struct Subscriber {
     buf: Vec<u8>,
     at: usize,
     counted: Counted,
+    /// QoS 1 and 2 PUBLISHes not acknowledged yet (when `hold` is set).
+    held: Vec<u8>,
+    hold: bool,
+    /// An UNSUBACK came.
+    unsubacked: bool,
 }
 
 impl Subscriber {
@@ -127,6 +128,9 @@ impl Subscriber {
             buf: Vec::new(),
             at: 0,
             counted: Counted::default(),
+            held: Vec::new(),
+            hold: false,
+            unsubacked: false,
         };
         s.stream.write_all(&subscribe_v5(filter, qos)).unwrap();
         s
@@ -154,8 +158,14 @@ impl Subscriber {
                     let qos = (header >> 1) & 3;
                     if qos > 0 {
                         let id = [body[2 + len], body[3 + len]];
-                        acks.extend(wire::packet(if qos == 1 { 0x40 } else { 0x50 }, &id));
+                        let ack = wire::packet(if qos == 1 { 0x40 } else { 0x50 }, &id);
+                        if self.hold {
+                            self.held.extend(ack);
+                        } else {
+                            acks.extend(ack);
+                        }
                     }
+                    self.counted.qos_seen[usize::from(qos)] += 1;
                     let payload_at = 2 + len + if qos > 0 { 2 } else { 0 } + 1;
                     if let Some(seen) = self.counted.watched.get_mut(&topic) {
                         seen.push(body[payload_at..].to_vec());
@@ -168,6 +178,7 @@ impl Subscriber {
                         self.counted.live.push(topic);
                     }
                 }
+                11 => self.unsubacked = true,
                 // PUBREL: PUBCOMP.
                 6 => acks.extend(wire::packet(0x70, &body[..2])),
                 // SUBACK: the QoS granted as asked.
@@ -216,7 +227,7 @@ impl Subscriber {
 
 /// 80,000 retained messages (topics `p/<i/1000>/<i>`, 32-byte payloads),
 /// then a `p/#` subscriber at QoS 0, 1 and 2: each receives every one,
-/// once, with RETAIN=1 [MQTT-3.3.1-9], at QoS min(1, granted)
+/// once, with RETAIN=1 [MQTT-3.3.1-9], at QoS min(2, granted)
 /// [MQTT-3.8.4-6], none dropped; with two shards, the subscriber on the
 /// shard that did not store them.
 #[test]
@@ -239,6 +250,7 @@ fn every_one_of_80000_retained_messages_reaches_a_hash_subscriber_at_qos_0_1_and
             // Nothing more: every topic came once.
             while s.read_some(Duration::from_millis(300), 64 << 10) {}
             assert_eq!(s.counted.repeated, 0, "QoS {qos}: repeated");
+            assert_eq!(s.counted.qos_seen[usize::from(qos)], N, "QoS {qos}: {:?}", s.counted.qos_seen);
             assert!(
                 s.counted.live.is_empty(),
                 "QoS {qos}: {:?}",
@@ -443,4 +455,37 @@ fn a_retained_value_changed_during_a_feed_never_reaches_the_subscriber_older_tha
         vec![b"new".to_vec(), b"new".to_vec()],
         "{last}: live, then retained"
     );
+}
+
+/// UNSUBSCRIBE during a feed ends it: after the UNSUBACK no more retained
+/// messages for the filter are added for delivery `[MQTT-3.10.4-2]`; the
+/// ones already sent (and held unacknowledged here) are all there is.
+#[test]
+fn unsubscribing_during_a_feed_ends_it() {
+    const N: usize = 5_000;
+    let broker = Broker::start(&["--shards", "1"]);
+    retain(&broker, N);
+    // QoS 1 with Receive Maximum 10, nothing acknowledged: the feed stops
+    // at 10 in flight.
+    let mut s = Subscriber::start(broker.mqtt, "unsubscriber", "p/#", 1, 10);
+    s.hold = true;
+    while s.counted.retained.len() < 10 {
+        s.read_some(Duration::from_millis(100), 4096);
+    }
+    let mut body = vec![0, 2, 0];
+    body.extend(wire::string(b"p/#"));
+    s.stream.write_all(&wire::packet(0xA2, &body)).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !s.unsubacked {
+        assert!(Instant::now() < deadline, "no UNSUBACK");
+        s.read_some(Duration::from_millis(100), 4096);
+    }
+    let at_unsuback = s.counted.retained.len();
+    // The window opens: nothing more comes for the filter.
+    s.hold = false;
+    let held = std::mem::take(&mut s.held);
+    s.stream.write_all(&held).unwrap();
+    while s.read_some(Duration::from_millis(500), 64 << 10) {}
+    assert_eq!(at_unsuback, 10, "the window held 10");
+    assert_eq!(s.counted.retained.len(), 10, "retained messages after the UNSUBACK");
 }
