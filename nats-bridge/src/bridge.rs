@@ -242,6 +242,8 @@ pub(crate) struct Shared {
     /// The lease connection's JetStream context.
     pub(crate) lease: Context,
     pub(crate) state_client: async_nats::Client,
+    /// `mqtt-sessions`, opened once (opening it is a round trip).
+    pub(crate) sessions: async_nats::jetstream::kv::Store,
     pub(crate) mailboxes: Vec<Arc<Mailbox<Event>>>,
     /// Live peers (not taken for gone): replica → process instance.
     pub(crate) live: Mutex<std::collections::HashMap<String, String>>,
@@ -510,6 +512,10 @@ async fn start(
         }
     };
     info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
+    let sessions = state
+        .get_key_value(fleetmq_core::cluster::records::bucket::SESSIONS)
+        .await
+        .map_err(|e| StartError::Connect(format!("bucket mqtt-sessions: {e}")))?;
     let shards = mailboxes.len();
     Ok(Arc::new(Shared {
         config,
@@ -517,6 +523,7 @@ async fn start(
         state,
         lease,
         state_client,
+        sessions,
         mailboxes,
         live: Mutex::new(std::collections::HashMap::new()),
         held: Mutex::new(vec![Vec::new(); shards]),

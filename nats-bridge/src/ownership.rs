@@ -50,11 +50,7 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64) -> Result
         claimed_at_ms: unix_ms(),
     };
     let payload: bytes::Bytes = record.encode().into();
-    let kv = shared
-        .state
-        .get_key_value(bucket::SESSIONS)
-        .await
-        .map_err(|e| ClaimError::Unavailable(e.to_string()))?;
+    let kv = &shared.sessions;
     for _ in 0..CLAIM_ATTEMPTS {
         let entry = kv.entry(&key).await.map_err(|e| ClaimError::Unavailable(e.to_string()))?;
         let (expected, previous) = match &entry {

@@ -197,8 +197,7 @@ async fn sweep(shared: &Shared, wills: &Wills, orphaned: &mut HashMap<String, In
 /// Whether the will's client connected again since (anywhere): its client
 /// identifier is claimed by another process or connection.
 async fn client_back(shared: &Shared, record: &WillRecord) -> Result<bool, String> {
-    let kv = shared.state.get_key_value(bucket::SESSIONS).await.map_err(|e| e.to_string())?;
-    let entry = kv.entry(client_key(&record.client_id)).await.map_err(|e| e.to_string())?;
+    let entry = shared.sessions.entry(client_key(&record.client_id)).await.map_err(|e| e.to_string())?;
     Ok(match entry {
         Some(e) if e.operation == Operation::Put => {
             OwnerRecord::decode(&e.value).map(|owner| owner.instance != record.instance).unwrap_or(false)
