@@ -251,6 +251,9 @@ pub(crate) struct Shared {
     held: Mutex<Vec<Vec<Event>>>,
     pub(crate) stop: Notify,
     pub(crate) stopping: AtomicBool,
+    /// Another process runs this replica ID: this one must not touch its
+    /// membership entry, not even to leave.
+    pub(crate) duplicate: AtomicBool,
 }
 
 impl Shared {
@@ -466,8 +469,11 @@ async fn run(
             // their grace.
             let subject = format!("$KV.{}.{}", fleetmq_core::cluster::records::bucket::MEMBERS, shared.config.replica_id);
             let leave = async_nats::jetstream::message::PublishMessage::build().header("KV-Operation", "DEL");
-            if let Ok(ack) = shared.lease.send_publish(subject, leave).await {
-                let _ = tokio::time::timeout(Duration::from_secs(1), ack.into_future()).await;
+            // A duplicate leaves nothing: the entry is the other process's.
+            if !shared.duplicate.load(Ordering::Acquire) {
+                if let Ok(ack) = shared.lease.send_publish(subject, leave).await {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), ack.into_future()).await;
+                }
             }
             let drain_by = tokio::time::Instant::now() + STOP_DRAIN;
             while shared.status.stats.in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < drain_by {
@@ -529,6 +535,7 @@ async fn start(
         held: Mutex::new(vec![Vec::new(); shards]),
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
+        duplicate: AtomicBool::new(false),
     }))
 }
 

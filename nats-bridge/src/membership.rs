@@ -86,6 +86,7 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
             }
         }
         publish_status(&shared, &machine, fenced_reason, duplicate.as_deref());
+        shared.duplicate.store(duplicate.is_some(), std::sync::atomic::Ordering::Release);
         let next_probe = last_probe.map_or(now, |at| at + PROBE_INTERVAL);
         let deadline = machine.next_deadline(now).min(next_probe).max(now + Duration::from_millis(5));
         tokio::select! {

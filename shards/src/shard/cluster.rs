@@ -54,7 +54,9 @@ impl Shard {
     }
 
     /// Ask the connection of `client_id`, if one is served here, to close
-    /// with `reason`; `true` if there was one.
+    /// with `reason`, its will following the usual rules as for a take-over
+    /// on this replica (sent unless its delay holds it); `true` if there
+    /// was one.
     pub(crate) fn close_client(&self, client_id: &str, reason: ReasonCode) -> bool {
         let st = self.state.borrow();
         let Some(slot) = st.by_id.get(&st.clients, client_id) else {
@@ -62,7 +64,7 @@ impl Shard {
         };
         match &st.clients[slot as usize].conn {
             Some(conn) => {
-                conn.request_close(Some(reason), false);
+                conn.request_close(Some(reason), true);
                 true
             }
             None => false,

@@ -81,17 +81,26 @@ fn a_connect_on_another_replica_takes_the_client_identifier_over_within_a_second
     let nats = NatsCluster::start(3);
     let a = replica("ra", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
     let b = replica("rb", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
-    let (code, mut old) = connect_v5(&a, "device-7");
-    assert_eq!(code, 0);
+    let mut watcher = crate::harness::MosquittoSub::start(&a, &["-t", "wills/#", "-v"]);
+    let mut old = RawClient::connect(a.mqtt);
+    let with_will = build::Connect {
+        will: Some(build::Will { topic: "wills/device-7", payload: b"gone", delay_secs: None, payload_format: None }),
+        ..build::Connect::v5("device-7")
+    };
+    assert_eq!(old.handshake(&with_will.encode()).1, 0);
     let (code, mut new) = connect_v5(&b, "device-7");
     assert_eq!(code, 0);
     // [MQTT-3.1.4-3]: the existing connection is closed; MQTT 5 tells it
     // why (0x8E Session taken over), wherever it is.
     expect_disconnect(&mut old, 0x8e, Duration::from_secs(1));
+    // Its will follows the rules of a take-over on one replica: sent.
+    let will = watcher.next_message(Duration::from_secs(3));
+    assert!(will.as_deref().is_some_and(|w| w.ends_with("wills/device-7 gone")), "{will:?}");
     // The new one stays.
     new.send(&build::subscribe(1, "t", 0, true));
     assert!(matches!(new.read(Duration::from_secs(2)), Incoming::Packet { header: 0x90, .. }));
-    a.wait_for_clients(0, Duration::from_secs(2));
+    // On A only the will's watcher is left.
+    a.wait_for_clients(1, Duration::from_secs(2));
     b.wait_for_clients(1, Duration::from_secs(2));
     // Both replicas see each other.
     let (_, status) = a.admin_get("/api/v1/status");
