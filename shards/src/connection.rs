@@ -363,7 +363,7 @@ pub(crate) async fn accepted(
         }
     };
     let claim = match &settings.cluster {
-        Some(node) => match Box::pin(claim(node, &negotiated.client_id, connect_at, &connect, &identity)).await {
+        Some(node) => match Box::pin(node.admit(&negotiated.client_id, connect_at, &connect, &identity)).await {
             Ok(claim) => Some(Box::new(claim)),
             Err((reason, why)) => {
                 debug!(target: "cluster", client_id = %negotiated.client_id, why, "cluster: CONNECT refused");
@@ -393,46 +393,6 @@ pub(crate) async fn accepted(
         return;
     }
     Box::pin(hand_off(&shard, owner, Route::Fresh, handoff)).await;
-}
-
-/// Claim `client_id` in the cluster for a CONNECT that arrived at
-/// `connect_at`, within what is left of `cluster.connect_budget` (DESIGN.md
-/// §8); a client identifier that another replica took from this one less
-/// than a second ago waits out that second first.
-///
-/// # Errors
-/// The refusal reason and why: the replica is fenced, or the claim did not
-/// land in time.
-async fn claim(
-    node: &Arc<crate::cluster::Node>,
-    client_id: &str,
-    connect_at: Instant,
-    connect: &Connect,
-    identity: &Identity,
-) -> Result<crate::cluster::Claim, (RefuseReason, &'static str)> {
-    if node.status().is_fenced() {
-        return Err((RefuseReason::Fenced, "replica fenced"));
-    }
-    let budget = |now: Instant| node.connect_budget.saturating_sub(now.duration_since(connect_at));
-    let delay = crate::cluster::shard_state(|sc| sc.flap_delay(client_id, Instant::now()));
-    if !delay.is_zero() {
-        sleep(delay.min(budget(Instant::now()))).await;
-    }
-    let refusal = |why: &'static str| {
-        let reason = if why == "replica fenced" { RefuseReason::Fenced } else { RefuseReason::ClusterUnavailable };
-        (reason, why)
-    };
-    let mut claim = node.claim(client_id, budget(Instant::now())).await.map_err(refusal)?;
-    if let Some(will) = &connect.will {
-        // Stored as the shard keeps it: the topic with the workspace prefix.
-        let mut will = will.clone();
-        let namespace = fleetmq_core::session::workspace_namespace(&identity.workspace);
-        if !namespace.is_empty() {
-            will.topic = format!("{namespace}{}", will.topic).into();
-        }
-        claim.store_will(&will, identity, budget(Instant::now())).await.map_err(refusal)?;
-    }
-    Ok(claim)
 }
 
 /// A signed-in connection on its way to its session: what a [`Handoff`]

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use fleetmq_core::cluster::records::Record as _;
@@ -25,6 +25,7 @@ use futures_lite::future::or;
 use glommio::timer::sleep;
 use tracing::{debug, info};
 
+use crate::metrics::RefuseReason;
 use crate::shard::Shard;
 
 mod report;
@@ -62,7 +63,7 @@ impl Node {
         let cluster = settings.cluster.clone().expect("called with a [cluster] section");
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let replica_id = cluster.replica_id_or(host.trim());
-        let started_at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let started_at_ms = crate::store::unix_ms();
         let config = BridgeConfig {
             cluster: cluster.clone(),
             replica_id: replica_id.clone(),
@@ -92,15 +93,15 @@ impl Node {
     /// The refusal to send (CONNACK 0x88 Server unavailable; MQTT 3.1.1
     /// return code 3): the replica is fenced, JetStream did not take the
     /// claim, or the budget ran out.
-    pub(crate) async fn claim(self: &Arc<Self>, client_id: &str, budget: Duration) -> Result<Claim, &'static str> {
+    async fn claim(self: &Arc<Self>, client_id: &str, budget: Duration) -> Result<Claim, Refused> {
         if self.status().is_fenced() {
-            return Err("replica fenced");
+            return Err(FENCED);
         }
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let (reply, outcome) = tokio::sync::oneshot::channel();
         let request = Request::Claim { client_id: client_id.to_owned(), conn, reply };
         if self.bridge.send(request).is_err() {
-            return Err("cluster bridge queue full");
+            return Err(unavailable("cluster bridge queue full"));
         }
         match within(budget, outcome).await {
             Some(Ok(Ok(claimed))) => {
@@ -109,15 +110,64 @@ impl Node {
                 }
                 Ok(Claim { node: self.clone(), client_id: client_id.to_owned(), revision: claimed.revision, will: None })
             }
-            Some(Ok(Err(ClaimError::Fenced))) => Err("replica fenced"),
-            Some(Ok(Err(_))) | Some(Err(_)) => Err("cluster store unavailable"),
-            None => Err("connect budget exceeded"),
+            Some(Ok(Err(ClaimError::Fenced))) => Err(FENCED),
+            Some(Ok(Err(_))) | Some(Err(_)) => Err(unavailable("cluster store unavailable")),
+            None => Err(unavailable("connect budget exceeded")),
         }
     }
 
     /// Stop the bridge (drains, then joins); later calls do nothing.
     pub(crate) fn stop(&self) {
         self.bridge.stop();
+    }
+}
+
+/// Why the cluster refused a CONNECT (CONNACK 0x88): the reason counted
+/// in `fleetmq_connect_refused_total` and the detail logged.
+pub(crate) type Refused = (RefuseReason, &'static str);
+
+const FENCED: Refused = (RefuseReason::Fenced, "replica fenced");
+
+fn unavailable(why: &'static str) -> Refused {
+    (RefuseReason::ClusterUnavailable, why)
+}
+
+impl Node {
+    /// Admit a signed-in CONNECT that arrived at `connect_at` (DESIGN.md
+    /// §8): claim its client identifier and store its will, within what is
+    /// left of `cluster.connect_budget`. A client identifier that another
+    /// replica took from this one less than a second ago waits out that
+    /// second first.
+    ///
+    /// # Errors
+    /// The refusal: the replica is fenced, or the claim or the will did not
+    /// land in time.
+    pub(crate) async fn admit(
+        self: &Arc<Self>,
+        client_id: &str,
+        connect_at: Instant,
+        connect: &fleetmq_core::packet::Connect,
+        identity: &crate::auth::Identity,
+    ) -> Result<Claim, Refused> {
+        if self.status().is_fenced() {
+            return Err(FENCED);
+        }
+        let budget = |now: Instant| self.connect_budget.saturating_sub(now.duration_since(connect_at));
+        let delay = shard_state(|sc| sc.flap_delay(client_id, Instant::now()));
+        if !delay.is_zero() {
+            sleep(delay.min(budget(Instant::now()))).await;
+        }
+        let mut claim = self.claim(client_id, budget(Instant::now())).await?;
+        if let Some(will) = &connect.will {
+            // Stored as the shard keeps it: the topic with the workspace prefix.
+            let mut will = will.clone();
+            let namespace = fleetmq_core::session::workspace_namespace(&identity.workspace);
+            if !namespace.is_empty() {
+                will.topic = format!("{namespace}{}", will.topic).into();
+            }
+            claim.store_will(&will, identity, budget(Instant::now())).await?;
+        }
+        Ok(claim)
     }
 }
 
@@ -149,14 +199,14 @@ impl Claim {
     ///
     /// # Errors
     /// Why the will was not stored: the CONNECT is refused (0x88).
-    pub(crate) async fn store_will(
+    async fn store_will(
         &mut self,
         will: &fleetmq_core::packet::Will,
         identity: &crate::auth::Identity,
         budget: Duration,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), Refused> {
         let status = self.node.status();
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::store::unix_ms();
         let record = WillRecord::of(
             will,
             &self.client_id,
@@ -169,15 +219,15 @@ impl Claim {
         let (reply, outcome) = tokio::sync::oneshot::channel();
         let request = Request::WillPut { client_id: self.client_id.clone(), record: record.encode().into(), reply };
         if self.node.bridge.send(request).is_err() {
-            return Err("cluster bridge queue full");
+            return Err(unavailable("cluster bridge queue full"));
         }
         match within(budget, outcome).await {
             Some(Ok(Ok(revision))) => {
                 self.will = Some(revision);
                 Ok(())
             }
-            Some(_) => Err("cluster store unavailable"),
-            None => Err("connect budget exceeded"),
+            Some(_) => Err(unavailable("cluster store unavailable")),
+            None => Err(unavailable("connect budget exceeded")),
         }
     }
 }
@@ -297,7 +347,7 @@ pub(crate) fn publish_retained(message: &fleetmq_core::session::Message) -> bool
         return false;
     }
     let record = (!message.payload.is_empty()).then(|| {
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::store::unix_ms();
         RetainedRecord::of(message, now_ms).encode().into()
     });
     let request = Request::RetainedPut { topic: message.topic.to_string(), record, reply: None };
