@@ -77,7 +77,8 @@ async fn run(bridge: std::sync::Arc<Bridge>, ops: usize) {
                         let (reply, answer) = tokio::sync::oneshot::channel();
                         let record = bytes::Bytes::from(format!("{{\"format\":1,\"i\":{i}}}"));
                         let topic = format!("bench/{}", i % 10_000);
-                        bridge.send(Request::RetainedPut { topic, record: Some(record), reply: Some(reply) }).ok();
+                        let wait = Duration::from_secs(10);
+                        bridge.send(Request::RetainedPut { topic, record: Some(record), previous: None, wait, reply: Some(reply) }).ok();
                         let _ = answer.await;
                     }
                     _ => {

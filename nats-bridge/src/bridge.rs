@@ -61,7 +61,11 @@ pub enum Request {
         reply: oneshot::Sender<Result<Claimed, ClaimError>>,
     },
     /// Write a retained message (`record`: a [`RetainedRecord`]
-    /// encoded) for `topic`, or clear it (`None`), in `mqtt-retained`.
+    /// encoded) for `topic`, or clear it (`None`), in `mqtt-retained`
+    /// (DESIGN.md §7). With a `reply`, the publisher's acknowledgement
+    /// waits: answered once JetStream has it, or refused after `wait`; a
+    /// refused write that lands anyway is undone (the topic gets
+    /// `previous` back) unless another write followed it.
     ///
     /// [`RetainedRecord`]: fleetmq_core::cluster::retained::RetainedRecord
     RetainedPut {
@@ -69,8 +73,14 @@ pub enum Request {
         topic: String,
         /// The record, or `None` to clear.
         record: Option<bytes::Bytes>,
-        /// The revision written, or why not; `None`: nobody waits.
-        reply: Option<oneshot::Sender<Result<u64, String>>>,
+        /// The topic's retained message before this write, as this
+        /// replica knows it (`None`: none).
+        previous: Option<Arc<fleetmq_core::session::Message>>,
+        /// How long the publisher waits (`cluster.session_log_append_wait`).
+        wait: Duration,
+        /// The revision written, or why not; `None`: nobody waits (QoS
+        /// 0, wills): a failure is logged and counted.
+        reply: Option<oneshot::Sender<Result<u64, RetainedError>>>,
     },
     /// Answered at once with the bridge's clock: measures the queue, the
     /// bridge's turn and the wake of the waiting task (no NATS involved).
@@ -101,6 +111,25 @@ pub enum Request {
         client_id: String,
         /// The revision of this replica's claim.
         revision: u64,
+    },
+}
+
+/// Why a retained write was refused (see [`Request::RetainedPut`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetainedError {
+    /// JetStream did not take it within the wait (MQTT 5: PUBACK or
+    /// PUBREC 0x80 Unspecified error).
+    #[error("not stored: {0}")]
+    Unavailable(String),
+    /// The record does not fit the server's `max_payload` (MQTT 5: 0x97
+    /// Quota exceeded).
+    #[error("a record of {size} bytes does not fit the NATS max_payload of {limit} bytes")]
+    TooLarge {
+        /// The record's size, bytes.
+        size: usize,
+        /// The server's `max_payload`, bytes.
+        limit: usize,
     },
 }
 
@@ -251,6 +280,12 @@ pub(crate) struct Shared {
     held: Mutex<Vec<Vec<Event>>>,
     pub(crate) stop: Notify,
     pub(crate) stopping: AtomicBool,
+    /// Numbers this process's retained writes (their `Fleetmq-Write`
+    /// header).
+    pub(crate) writes: std::sync::atomic::AtomicU64,
+    /// When a failed retained write was last logged, and how many were
+    /// not logged since.
+    pub(crate) warned: Mutex<(Option<std::time::Instant>, u64)>,
     /// Another process runs this replica ID: this one must not touch its
     /// membership entry, not even to leave.
     pub(crate) duplicate: AtomicBool,
@@ -536,6 +571,8 @@ async fn start(
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
         duplicate: AtomicBool::new(false),
+        writes: std::sync::atomic::AtomicU64::new(0),
+        warned: Mutex::new((None, 0)),
     }))
 }
 
@@ -561,12 +598,13 @@ async fn handle(shared: Arc<Shared>, request: Request) {
         Request::Ping { reply } => {
             let _ = reply.send(std::time::Instant::now());
         }
-        Request::RetainedPut { topic, record, reply } => {
+        Request::RetainedPut { topic, record, previous, wait, reply } => {
             let started = std::time::Instant::now();
-            let outcome = retained::put(&shared, &topic, record).await;
+            let put = retained::Put { topic, record, previous, wait, waited: reply.is_some() };
+            let outcome = retained::put(&shared, &put).await;
             shared.status.stats.record(crate::OpKind::Retained, started.elapsed());
             if let Err(e) = &outcome {
-                warn!(target: "cluster", %topic, error = %e, "cluster: retained message not stored");
+                retained::failed(&shared, &put, e);
             }
             if let Some(reply) = reply {
                 let _ = reply.send(outcome);

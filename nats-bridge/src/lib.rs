@@ -28,7 +28,7 @@ mod stats;
 mod sweeper;
 mod watch;
 
-pub use bridge::{Bridge, ClaimError, Claimed, ClusterStatus, Event, Request, StartError};
+pub use bridge::{Bridge, ClaimError, Claimed, ClusterStatus, Event, Request, RetainedError, StartError};
 pub use config::BridgeConfig;
 pub use mailbox::Mailbox;
 pub use stats::{BridgeStats, OpKind};

@@ -7,39 +7,231 @@
 //! bucket's revision order, with the revision as its sequence: all
 //! replicas converge on the last write JetStream took.
 
+use std::future::IntoFuture as _;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::DirectGetErrorKind;
 use bytes::Bytes;
 use fleetmq_core::cluster::records::{bucket, Record};
 use fleetmq_core::cluster::retained::{retained_key, topic_of_retained_key, RetainedRecord};
 use fleetmq_core::packet::QoS;
 use fleetmq_core::session::Message;
-use tracing::info;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
 use crate::bridge::{Event, Shared};
+use crate::RetainedError;
 use crate::membership::unix_ms;
 use crate::watch::{follow, Seen, Start};
 
 /// A watch that brings nothing for this long has delivered its snapshot.
 const LOAD_QUIET: Duration = Duration::from_secs(1);
 
-/// Write `record` for its topic, or clear `topic` (`record` = `None`: a
-/// delete marker).
+/// The header naming the write a retained record came from,
+/// `<instance>.<n>`: a refused write found in the bucket later is known by
+/// it.
+const WRITE_HEADER: &str = "Fleetmq-Write";
+
+/// Room left in `max_payload` for the headers of a write.
+const HEADER_ROOM: usize = 512;
+
+/// A write JetStream refused is tried again after this pause (while the
+/// wait lasts).
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// How long a refused write is looked for in the bucket, to be undone if
+/// it landed after all.
+const UNDO_FOR: Duration = Duration::from_secs(60);
+
+/// Longest pause between two looks for a refused write.
+const UNDO_PAUSE_MAX: Duration = Duration::from_secs(4);
+
+/// Failed writes logged at most once per this period (the others are
+/// counted and their number logged with the next).
+const WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// A retained write (see [`crate::Request::RetainedPut`]).
+pub(crate) struct Put {
+    pub(crate) topic: String,
+    pub(crate) record: Option<Bytes>,
+    pub(crate) previous: Option<Arc<Message>>,
+    pub(crate) wait: Duration,
+    /// The publisher waits for the outcome: a refusal is undone.
+    pub(crate) waited: bool,
+}
+
+/// What became of one attempt at a write.
+enum Fate {
+    /// JetStream has it, at this revision.
+    Landed(u64),
+    /// JetStream answered that it did not store it.
+    Rejected(String),
+    /// No answer: it may land later.
+    Unknown(String),
+}
+
+fn subject(topic: &str) -> String {
+    format!("$KV.{}.{}", bucket::RETAINED, retained_key(topic))
+}
+
+/// Write `put.record` for its topic, or clear it (`None`: a delete
+/// marker), within `put.wait`; returns the revision written.
 ///
 /// # Errors
-/// JetStream did not take the write; it may still land later (a retained
-/// write is idempotent: the last one per topic wins).
-pub(crate) async fn put(shared: &Shared, topic: &str, record: Option<Bytes>) -> Result<u64, String> {
-    let subject = format!("$KV.{}.{}", bucket::RETAINED, retained_key(topic));
+/// [`RetainedError::TooLarge`] when the record cannot fit the server's
+/// `max_payload`; [`RetainedError::Unavailable`] when JetStream did not
+/// take it within the wait (a write that may still land is undone, if
+/// the publisher waited: see [`undo`]).
+pub(crate) async fn put(shared: &Arc<Shared>, put: &Put) -> Result<u64, RetainedError> {
+    let size = put.record.as_ref().map_or(0, Bytes::len);
+    let limit = shared.state_client.max_payload();
+    if size + HEADER_ROOM > limit {
+        return Err(RetainedError::TooLarge { size, limit: limit.saturating_sub(HEADER_ROOM) });
+    }
+    let id = format!("{}.{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed));
+    let subject = subject(&put.topic);
+    let deadline = Instant::now() + put.wait;
+    loop {
+        match attempt(shared, &subject, put.record.clone(), &id, deadline).await {
+            Fate::Landed(revision) => return Ok(revision),
+            Fate::Rejected(why) if Instant::now() + RETRY_PAUSE < deadline => {
+                debug!(target: "cluster", topic = %put.topic, %why, "cluster: retained write rejected, trying again");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Fate::Rejected(why) => return Err(RetainedError::Unavailable(why)),
+            Fate::Unknown(why) => {
+                if put.waited {
+                    tokio::task::spawn_local(undo(shared.clone(), put.topic.clone(), id, put.previous.clone()));
+                }
+                return Err(RetainedError::Unavailable(why));
+            }
+        }
+    }
+}
+
+/// One publish of the write `id` to `subject`, and what became of it by
+/// `deadline`.
+async fn attempt(shared: &Shared, subject: &str, record: Option<Bytes>, id: &str, deadline: Instant) -> Fate {
     let publish = match record {
         Some(value) => PublishMessage::build().payload(value),
         None => PublishMessage::build().header("KV-Operation", "DEL"),
+    }
+    .header(WRITE_HEADER, id);
+    let ack = match shared.state.send_publish(subject.to_owned(), publish).await {
+        Ok(ack) => ack,
+        Err(e) => return Fate::Rejected(e.to_string()),
     };
-    let ack = shared.state.send_publish(subject, publish).await.map_err(|e| e.to_string())?;
-    ack.await.map(|a| a.sequence).map_err(|e| e.to_string())
+    let left = deadline.saturating_duration_since(Instant::now());
+    match tokio::time::timeout(left, ack.into_future()).await {
+        Ok(Ok(ack)) => Fate::Landed(ack.sequence),
+        Ok(Err(e)) => match e.kind() {
+            // An answer that it was not stored.
+            PublishErrorKind::StreamNotFound
+            | PublishErrorKind::WrongLastSequence
+            | PublishErrorKind::WrongLastMessageId
+            | PublishErrorKind::MaxPayloadExceeded
+            | PublishErrorKind::Other => Fate::Rejected(e.to_string()),
+            // No answer: look for it until the deadline.
+            _ => look(shared, subject, id, deadline).await,
+        },
+        Err(_) => Fate::Unknown("no acknowledgement from JetStream in time".to_owned()),
+    }
+}
+
+/// The revision of the last entry of `subject` when it is the write `id`;
+/// `Ok(None)` when the last entry is another or there is none.
+async fn last_is(shared: &Shared, subject: &str, id: &str) -> Result<Option<u64>, String> {
+    let stream = shared.state.get_stream_no_info(format!("KV_{}", bucket::RETAINED)).await.map_err(|e| e.to_string())?;
+    match stream.direct_get_last_for_subject(subject).await {
+        Ok(message) => {
+            let ours = message.headers.get(WRITE_HEADER).is_some_and(|v| v.as_str() == id);
+            Ok(ours.then_some(message.sequence))
+        }
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Look for the write `id` in the bucket until `deadline` (its
+/// acknowledgement was lost).
+async fn look(shared: &Shared, subject: &str, id: &str, deadline: Instant) -> Fate {
+    let mut why = "no acknowledgement from JetStream".to_owned();
+    while Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, last_is(shared, subject, id)).await {
+            Ok(Ok(Some(revision))) => return Fate::Landed(revision),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => why = e,
+            Err(_) => break,
+        }
+        tokio::time::sleep(RETRY_PAUSE.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+    Fate::Unknown(why)
+}
+
+/// The write `id` of `topic` was refused to its publisher but may land
+/// later: for [`UNDO_FOR`], look for it as the topic's last entry and, if
+/// it is, put `previous` back (a delete marker when `None`) with a
+/// compare-and-set on its revision, so that a write that followed it is
+/// never undone. Every replica follows the bucket, so all of them end
+/// with what it holds: the refused value may be seen between its landing
+/// and its undoing, never after.
+async fn undo(shared: Arc<Shared>, topic: String, id: String, previous: Option<Arc<Message>>) {
+    let subject = subject(&topic);
+    let until = Instant::now() + UNDO_FOR;
+    let mut pause = RETRY_PAUSE;
+    while Instant::now() < until && !shared.stopping.load(Ordering::Acquire) {
+        if let Ok(Some(revision)) = last_is(&shared, &subject, &id).await {
+            let publish = match &previous {
+                Some(message) => {
+                    let received_ms = unix_ms().saturating_sub(message.received_at.elapsed().as_millis() as u64);
+                    PublishMessage::build().payload(RetainedRecord::of(message, received_ms).encode().into())
+                }
+                None => PublishMessage::build().header("KV-Operation", "DEL"),
+            }
+            .header(WRITE_HEADER, format!("{id}.undo"))
+            .expected_last_subject_sequence(revision);
+            let outcome = match shared.state.send_publish(subject.clone(), publish).await {
+                Ok(ack) => ack.await.map_err(|e| e.kind()),
+                Err(_) => Err(PublishErrorKind::Other),
+            };
+            match outcome {
+                Ok(_) => {
+                    shared.status.stats.retained_undone.fetch_add(1, Ordering::Relaxed);
+                    info!(target: "cluster", %topic, revision, "cluster: a refused retained write landed late and was undone");
+                    return;
+                }
+                // Another write followed it: that one stands.
+                Err(PublishErrorKind::WrongLastSequence) => return,
+                Err(_) => {}
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(UNDO_PAUSE_MAX);
+    }
+}
+
+/// Count and log (at most once per [`WARN_EVERY`], with how many were not
+/// logged) a retained write that failed.
+pub(crate) fn failed(shared: &Shared, put: &Put, error: &RetainedError) {
+    let stats = &shared.status.stats;
+    let counter = if put.waited { &stats.retained_refused } else { &stats.retained_failed };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let Ok(mut warned) = shared.warned.lock() else { return };
+    let now = std::time::Instant::now();
+    if warned.0.is_some_and(|at| now.duration_since(at) < WARN_EVERY) {
+        warned.1 += 1;
+        return;
+    }
+    let unlogged = std::mem::take(&mut warned.1);
+    warned.0 = Some(now);
+    let qos = if put.waited { "QoS 1/2 (refused to the publisher)" } else { "QoS 0 or will (lost)" };
+    warn!(target: "cluster", topic = %put.topic, %error, qos, unlogged, "cluster: retained message not stored");
 }
 
 /// Watch `mqtt-retained` from its start and hand every change to every
@@ -65,7 +257,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
             Seen::Quiet => return loaded_now(loaded),
             Seen::Entry(entry) => entry,
         };
-        let now = Instant::now();
+        let now = std::time::Instant::now();
         let message = match entry.operation {
             Operation::Put => RetainedRecord::decode(&entry.value).ok().and_then(|r| r.message(now, unix_ms())),
             Operation::Delete | Operation::Purge => None,

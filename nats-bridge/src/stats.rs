@@ -59,6 +59,14 @@ pub struct BridgeStats {
     pub wills_sent: AtomicU64,
     /// Such wills withheld because the client came back within the grace.
     pub wills_withheld: AtomicU64,
+    /// Retained writes whose publisher waited, refused (not stored within
+    /// `session_log_append_wait`, or too large).
+    pub retained_refused: AtomicU64,
+    /// Retained writes nobody waited for (QoS 0, wills) that JetStream
+    /// did not take.
+    pub retained_failed: AtomicU64,
+    /// Refused retained writes that landed late and were undone.
+    pub retained_undone: AtomicU64,
 }
 
 impl Default for BridgeStats {
@@ -73,6 +81,9 @@ impl Default for BridgeStats {
             queue_full: AtomicU64::new(0),
             wills_sent: AtomicU64::new(0),
             wills_withheld: AtomicU64::new(0),
+            retained_refused: AtomicU64::new(0),
+            retained_failed: AtomicU64::new(0),
+            retained_undone: AtomicU64::new(0),
         }
     }
 }

@@ -319,6 +319,7 @@ fn start_shards(
         let (conn_settings, limits) = (plan.conn_settings.clone(), plan.limits.clone());
         let metrics = plan.metrics.shard(id);
         let local = plan.store.clone();
+        let clustered = plan.cluster.is_some();
         let start = ShardStart {
             fds,
             shutdown: plan.shutdown.clone(),
@@ -332,7 +333,7 @@ fn start_shards(
             .io_memory(SHARD_IO_MEMORY)
             .spawn(move || async move {
                 let (senders, receivers) = mesh.join().await.expect("the shard mesh forms");
-                let store = crate::store::ShardStore::new(id, local.as_deref());
+                let store = crate::store::ShardStore::new(id, local.as_deref(), clustered);
                 let shard = Rc::new(Shard::new(id, shards, limits, metrics, global, senders, store));
                 if let Some(local) = local {
                     shard.restore(&local.opened.recovered, crate::store::unix_ms());

@@ -124,3 +124,9 @@ mod retained_paced;
 /// wills, start-up refusals.
 #[path = "e2e/cluster.rs"]
 mod cluster;
+
+/// Cluster mode: a retained value is acknowledged only once it is in
+/// JetStream, refused when it cannot be, and carried byte-exact up to
+/// NATS max_payload.
+#[path = "e2e/cluster_retained.rs"]
+mod cluster_retained;

@@ -20,13 +20,14 @@ use fleetmq_core::cluster::retained::RetainedRecord;
 use fleetmq_core::cluster::wills::WillRecord;
 use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::settings::Settings;
-use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event, Request};
+use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event, Request, RetainedError};
 use futures_lite::future::or;
 use glommio::timer::sleep;
 use tracing::{debug, info};
 
 use crate::metrics::RefuseReason;
 use crate::shard::Shard;
+use crate::store::Outcome;
 
 mod report;
 
@@ -50,6 +51,9 @@ pub(crate) struct Node {
     next_conn: AtomicU64,
     /// `cluster.connect_budget`.
     pub(crate) connect_budget: Duration,
+    /// `cluster.session_log_append_wait`: how long a QoS 1/2 retained
+    /// value waits for `mqtt-retained` before it is refused.
+    append_wait: Duration,
 }
 
 impl Node {
@@ -74,7 +78,12 @@ impl Node {
         };
         let bridge = Bridge::start(config).with_context(|| format!("cluster: replica {replica_id}"))?;
         info!(target: "cluster", replica = %replica_id, "cluster: joined");
-        Ok(Arc::new(Node { bridge, next_conn: AtomicU64::new(1), connect_budget: cluster.connect_budget }))
+        Ok(Arc::new(Node {
+            bridge,
+            next_conn: AtomicU64::new(1),
+            connect_budget: cluster.connect_budget,
+            append_wait: cluster.session_log_append_wait,
+        }))
     }
 
     /// The cluster's status (fenced, members, bridge counters).
@@ -337,9 +346,25 @@ pub(crate) fn hand_over_wills() {
 
 /// In cluster mode, write `message` (RETAIN set; an empty payload clears
 /// the topic `[MQTT-3.3.1-6]`) to `mqtt-retained` and return `true`: the
-/// bucket's watch applies it. `false` alone, and for the broker's own
-/// `$SYS` topics, which are each replica's own.
-pub(crate) fn publish_retained(message: &fleetmq_core::session::Message) -> bool {
+/// bucket's watch applies it, on every replica in revision order. `false`
+/// alone, and for the broker's own `$SYS` topics, which are each
+/// replica's own.
+///
+/// A QoS 1 or 2 value is acknowledged only once the bucket has it
+/// (DESIGN.md §7): its PUBACK or PUBREC waits for a [`Write`] of `store`,
+/// resolved when the bridge answers — refused with 0x80 when JetStream
+/// did not take it within `cluster.session_log_append_wait` (the bridge
+/// then undoes it should it land later, putting `previous` back), 0x97
+/// when it cannot fit NATS `max_payload`. This replica applies the value
+/// only from the watch, as every other does, so a refused or failed
+/// write leaves no replica with a value the others lack.
+///
+/// [`Write`]: crate::store::Write
+pub(crate) fn publish_retained(
+    message: &fleetmq_core::session::Message,
+    previous: impl FnOnce() -> Option<Arc<fleetmq_core::session::Message>>,
+    store: &crate::store::ShardStore,
+) -> bool {
     let Some(node) = shard_state(|sc| sc.node.borrow().clone()) else {
         return false;
     };
@@ -350,9 +375,39 @@ pub(crate) fn publish_retained(message: &fleetmq_core::session::Message) -> bool
         let now_ms = crate::store::unix_ms();
         RetainedRecord::of(message, now_ms).encode().into()
     });
-    let request = Request::RetainedPut { topic: message.topic.to_string(), record, reply: None };
+    let waits = message.qos != fleetmq_core::packet::QoS::AtMostOnce;
+    let (reply, outcome) = match waits {
+        true => {
+            let (reply, outcome) = tokio::sync::oneshot::channel();
+            (Some(reply), Some(outcome))
+        }
+        false => (None, None),
+    };
+    let previous = if waits { previous() } else { None };
+    let request = Request::RetainedPut {
+        topic: message.topic.to_string(),
+        record,
+        previous,
+        wait: node.append_wait,
+        reply,
+    };
+    let write = waits.then(|| store.expect_write(message.origin));
     if node.bridge.send(request).is_err() {
         tracing::warn!(target: "cluster", topic = %message.topic, "cluster: bridge queue full, retained message not stored");
+        if let Some(write) = write {
+            write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
+        }
+        return true;
+    }
+    if let (Some(write), Some(outcome)) = (write, outcome) {
+        glommio::spawn_local(async move {
+            write.resolve(match outcome.await {
+                Ok(Ok(_)) => Outcome::Done,
+                Ok(Err(RetainedError::TooLarge { .. })) => Outcome::Refused(ReasonCode::QUOTA_EXCEEDED),
+                Ok(Err(_)) | Err(_) => Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR),
+            });
+        })
+        .detach();
     }
     true
 }

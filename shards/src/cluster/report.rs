@@ -61,6 +61,13 @@ impl Node {
         for (name, help, value) in [
             ("cluster_wills_sent", "Wills of stopped, fenced or gone replicas' connections this replica sent as sweeper", &stats.wills_sent),
             ("cluster_wills_withheld", "Such wills withheld: the client came back within will_stop_grace", &stats.wills_withheld),
+            (
+                "cluster_retained_refused",
+                "QoS 1/2 retained values refused to their publisher: not in mqtt-retained within session_log_append_wait (0x80), or larger than NATS max_payload (0x97)",
+                &stats.retained_refused,
+            ),
+            ("cluster_retained_failed", "QoS 0 retained values and retained wills that mqtt-retained did not take (lost)", &stats.retained_failed),
+            ("cluster_retained_undone", "Refused retained values that landed in mqtt-retained late and were undone", &stats.retained_undone),
         ] {
             let _ = writeln!(out, "# HELP fleetmq_{name} {help}\n# TYPE fleetmq_{name} counter\nfleetmq_{name}_total {}", value.load(relaxed));
         }

@@ -16,10 +16,12 @@ impl Shard {
     /// Keep `message` (RETAIN set) as its topic's retained message: in
     /// cluster mode it is written to `mqtt-retained` and applied when the
     /// bucket's watch brings it back, on every replica in revision order
-    /// ([`Shard::apply_retained`]); alone, it is applied here and sent to
-    /// the other shards now.
+    /// ([`Shard::apply_retained`]; its acknowledgement waits for the
+    /// bucket: [`crate::cluster::publish_retained`]); alone, it is applied
+    /// here and sent to the other shards now.
     pub(super) fn keep_retained(&self, st: &mut State, message: &Arc<Message>, now: Instant) {
-        if crate::cluster::publish_retained(message) {
+        let previous = || st.retained.get(&message.topic);
+        if crate::cluster::publish_retained(message, previous, &self.store) {
             return;
         }
         let seq = self.global.retain_seq.fetch_add(1, Ordering::Relaxed);

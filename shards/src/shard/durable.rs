@@ -47,7 +47,7 @@ impl Shard {
         if present {
             conn.send(&connack);
         } else {
-            self.store.acknowledge(conn, &mut vec![connack], since);
+            self.store.acknowledge(conn, &mut vec![connack], since, None);
         }
     }
 

@@ -817,7 +817,7 @@ impl Shard {
             return 0;
         }
         let is_publish = matches!(packet, Packet::Publish(_));
-        let since = self.store.appended();
+        let since = self.store.begin_packet();
         let mut outputs = std::mem::take(&mut st.outputs);
         st.clients[slot as usize]
             .session
@@ -829,7 +829,7 @@ impl Shard {
         }
         let mut deliveries = Vec::new();
         let mut acks = Vec::new();
-        let durable = self.store.is_durable();
+        let durable = self.store.defers();
         let mut reach = 0;
         for output in outputs.drain(..) {
             match output {
@@ -891,8 +891,8 @@ impl Shard {
         st.outputs = outputs;
         if !acks.is_empty() {
             // After every output of the packet: the store covers them all.
-            if let Some(conn) = st.clients.get(slot as usize).and_then(|c| c.conn.clone()) {
-                self.store.acknowledge(&conn, &mut acks, since);
+            if let Some((key, conn)) = st.clients.get(slot as usize).and_then(|c| Some((c.key, c.conn.clone()?))) {
+                self.store.acknowledge(&conn, &mut acks, since, Some(key));
             }
         }
         if !deliveries.is_empty() {

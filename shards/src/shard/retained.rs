@@ -69,6 +69,11 @@ impl Retained {
         }
     }
 
+    /// The retained message of `topic`, if any.
+    pub(crate) fn get(&self, topic: &str) -> Option<Arc<Message>> {
+        self.messages.get(topic).map(|(_, message)| message.clone())
+    }
+
     /// Forget clears older than [`TOMBSTONE_LIFETIME`].
     pub(crate) fn prune(&mut self, now: Instant) {
         self.cleared

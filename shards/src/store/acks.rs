@@ -1,51 +1,185 @@
-//! Acknowledgements waiting for the store (see [`super`]).
+//! Acknowledgements waiting for the store, and for writes to the cluster
+//! (see [`super`]).
+//!
+//! Two conditions can hold an acknowledgement back: the local store's
+//! token (durable up to T, completed in order) and a [`Write`] to another
+//! store (a retained value to `mqtt-retained`, completed in any order,
+//! each on its own). Acknowledgements of a connection leave in the order
+//! they were parked `[MQTT-4.6.0-2]` `[MQTT-4.6.0-3]`: a connection with a
+//! write pending gets its own queue (a *chain*) until that queue empties,
+//! so one slow write holds up only its own connection; every other
+//! acknowledgement waits only for the local store, in one queue for the
+//! shard, which costs an idle connection nothing.
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
-use std::rc::Rc;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::{Rc, Weak};
 
 use fleetmq_core::packet::{Packet, ReasonCode};
 
 use super::Token;
 use crate::shard::ConnShared;
 
+/// How a [`Write`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Not yet known.
+    Pending,
+    /// The other store has it: the acknowledgement may go.
+    Done,
+    /// The other store did not take it: the acknowledgement is refused
+    /// with this reason (see [`refuse`]).
+    Refused(ReasonCode),
+}
+
+/// A write to another store that the acknowledgement of the packet that
+/// caused it waits for (DESIGN.md §7: a retained value is in
+/// `mqtt-retained` before its PUBACK or PUBREC). Made by
+/// [`super::ShardStore::expect_write`], resolved once by whoever awaits
+/// the other store.
+pub(crate) struct Write {
+    /// The key of the client that published.
+    origin: u64,
+    /// The key of the connection whose acknowledgement waits, once
+    /// parked.
+    conn: Cell<Option<u64>>,
+    outcome: Cell<Outcome>,
+    acks: Weak<AckQueue>,
+}
+
+impl Write {
+    /// The key of the client that published.
+    pub(crate) fn origin(&self) -> u64 {
+        self.origin
+    }
+
+    /// The acknowledgement of connection `conn` waits for it.
+    pub(crate) fn attach(&self, conn: u64) {
+        self.conn.set(Some(conn));
+    }
+
+    /// The write ended with `outcome`: the acknowledgements of its
+    /// connection that no longer wait are written, in order. Later calls
+    /// do nothing.
+    pub(crate) fn resolve(&self, outcome: Outcome) {
+        if self.outcome.get() != Outcome::Pending {
+            return;
+        }
+        self.outcome.set(outcome);
+        if let (Some(acks), Some(conn)) = (self.acks.upgrade(), self.conn.get()) {
+            acks.release_chain(conn);
+        }
+    }
+}
+
 /// One parked acknowledgement.
 struct Parked {
+    /// The local store must be durable up to this.
     token: Token,
+    /// A write it waits for too.
+    write: Option<Rc<Write>>,
+    /// The local store failed it: refused with this reason.
+    refused: Option<ReasonCode>,
     conn: Rc<ConnShared>,
     packet: Packet,
 }
 
-/// A shard's acknowledgements waiting for the store, oldest first. Tokens
-/// are parked in increasing order, so one queue keeps every connection's
-/// acknowledgements in order and costs an idle connection nothing.
+impl Parked {
+    /// Whether nothing holds it back any more.
+    fn ready(&self, durable: Token) -> bool {
+        let local = self.refused.is_some() || self.token <= durable;
+        local && self.write.as_ref().is_none_or(|w| w.outcome.get() != Outcome::Pending)
+    }
+
+    /// Write it, or its refusal; `true` when the refusal closes the
+    /// connection (nothing after it may be acknowledged).
+    fn release(self) -> bool {
+        let refused = self.refused.or(match self.write.as_ref().map(|w| w.outcome.get()) {
+            Some(Outcome::Refused(reason)) => Some(reason),
+            _ => None,
+        });
+        match refused {
+            Some(reason) => refuse(&self.conn, self.packet, reason),
+            None => {
+                self.conn.send(&self.packet);
+                false
+            }
+        }
+    }
+}
+
+/// A shard's acknowledgements waiting for the store or for writes, oldest
+/// first (see the module documentation).
 #[derive(Default)]
 pub(crate) struct AckQueue {
+    /// Acknowledgements of connections without a chain, in token order:
+    /// one queue keeps each connection's in order.
     parked: RefCell<VecDeque<Parked>>,
+    /// The local store is durable up to this token.
+    durable: Cell<Token>,
+    /// Connection key → its acknowledgements in order, while one of them
+    /// waits for a write.
+    chains: RefCell<HashMap<u64, VecDeque<Parked>>>,
 }
 
 impl AckQueue {
+    /// A write that an acknowledgement of a publish from client `origin`
+    /// will wait for.
+    pub(crate) fn write(self: &Rc<Self>, origin: u64) -> Rc<Write> {
+        Rc::new(Write { origin, conn: Cell::new(None), outcome: Cell::new(Outcome::Pending), acks: Rc::downgrade(self) })
+    }
+
+    /// Whether acknowledgements of connection `conn` wait in a chain: a
+    /// new one must queue behind them.
+    pub(crate) fn is_held(&self, conn: u64) -> bool {
+        !self.chains.borrow().is_empty() && self.chains.borrow().contains_key(&conn)
+    }
+
     /// Park `packet` for `conn` until the store is durable up to `token`
-    /// (not below any token parked before).
+    /// (not below any token parked before), behind the connection's
+    /// chain if it has one.
     pub(crate) fn park(&self, token: Token, conn: &Rc<ConnShared>, packet: Packet) {
+        if self.is_held(conn.key) {
+            return self.hold(token, conn, packet, None, None);
+        }
         let mut parked = self.parked.borrow_mut();
         debug_assert!(parked.back().is_none_or(|p| p.token <= token));
-        parked.push_back(Parked { token, conn: conn.clone(), packet });
+        parked.push_back(Parked { token, write: None, refused: None, conn: conn.clone(), packet });
+    }
+
+    /// Queue `packet` in `conn`'s chain: written once the store is
+    /// durable up to `token` (or refused with `refused` when the store
+    /// already failed it) and `write` is resolved, after everything
+    /// queued for `conn` before it.
+    pub(crate) fn hold(
+        &self,
+        token: Token,
+        conn: &Rc<ConnShared>,
+        packet: Packet,
+        write: Option<Rc<Write>>,
+        refused: Option<ReasonCode>,
+    ) {
+        let parked = Parked { token, write, refused, conn: conn.clone(), packet };
+        self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
+        self.release_chain(conn.key);
     }
 
     /// Acknowledgements parked and not yet written.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.parked.borrow().len()
+        self.parked.borrow().len() + self.chains.borrow().values().map(VecDeque::len).sum::<usize>()
     }
 
     /// The store is durable up to `token`: write every acknowledgement
-    /// parked with a token at or below it, in order. A connection that
-    /// closed meanwhile gets its bytes written to a buffer nobody reads.
+    /// parked with a token at or below it that waits for nothing else, in
+    /// order. A connection that closed meanwhile gets its bytes written to
+    /// a buffer nobody reads.
     pub(crate) fn complete(&self, token: Token) {
+        self.durable.set(self.durable.get().max(token));
         while let Some(p) = self.pop_upto(token) {
             p.conn.send(&p.packet);
         }
+        self.release_chains();
     }
 
     /// The store could not make what lies up to `token` durable (disk full,
@@ -56,8 +190,15 @@ impl AckQueue {
     /// 5: DISCONNECT 0x97).
     pub(crate) fn fail(&self, token: Token) {
         while let Some(p) = self.pop_upto(token) {
-            refuse(&p.conn, p.packet);
+            let _ = refuse(&p.conn, p.packet, ReasonCode::QUOTA_EXCEEDED);
         }
+        let durable = self.durable.get();
+        for chain in self.chains.borrow_mut().values_mut() {
+            for p in chain.iter_mut().filter(|p| p.token > durable && p.token <= token) {
+                p.refused.get_or_insert(ReasonCode::QUOTA_EXCEEDED);
+            }
+        }
+        self.release_chains();
     }
 
     fn pop_upto(&self, token: Token) -> Option<Parked> {
@@ -68,26 +209,72 @@ impl AckQueue {
             None
         }
     }
-}
 
-/// Refuse `packet`, an acknowledgement the store could not cover (see
-/// [`AckQueue::fail`]).
-pub(crate) fn refuse(conn: &ConnShared, packet: Packet) {
-    let v5 = conn.protocol.is_v5();
-    match packet {
-        Packet::PubAck(mut ack) if v5 && !ack.reason.is_error() => {
-            ack.reason = ReasonCode::QUOTA_EXCEEDED;
-            conn.send(&Packet::PubAck(ack));
+    /// Write what leads every chain and waits for nothing more.
+    fn release_chains(&self) {
+        if self.chains.borrow().is_empty() {
+            return;
         }
-        Packet::PubRec(mut rec) if v5 && !rec.reason.is_error() => {
-            rec.reason = ReasonCode::QUOTA_EXCEEDED;
-            conn.send(&Packet::PubRec(rec));
+        let keys: Vec<u64> = self.chains.borrow().keys().copied().collect();
+        for key in keys {
+            self.release_chain(key);
         }
-        packet @ (Packet::PubAck(_) | Packet::PubRec(_)) if v5 => conn.send(&packet),
-        _ => conn.request_close(Some(ReasonCode::QUOTA_EXCEEDED), true),
+    }
+
+    /// Write what leads `conn`'s chain and waits for nothing more; forget
+    /// the chain once it is empty.
+    fn release_chain(&self, conn: u64) {
+        let durable = self.durable.get();
+        loop {
+            let next = {
+                let mut chains = self.chains.borrow_mut();
+                let Some(chain) = chains.get_mut(&conn) else { return };
+                match chain.front() {
+                    Some(p) if p.ready(durable) => chain.pop_front(),
+                    Some(_) => return,
+                    None => {
+                        chains.remove(&conn);
+                        return;
+                    }
+                }
+            };
+            // Written with no borrow held: a write may close the
+            // connection, which may come back here. After a refusal that
+            // closes it, nothing more is acknowledged: the client sends
+            // the rest again.
+            if next.is_some_and(Parked::release) {
+                self.chains.borrow_mut().remove(&conn);
+                return;
+            }
+        }
     }
 }
 
+/// Refuse `packet`, an acknowledgement the store could not cover, with
+/// `reason` (see [`AckQueue::fail`]; 0x80 Unspecified error when the
+/// cluster did not take a retained value in time, 0x97 Quota exceeded when
+/// it is too large or the local store is full). Returns `true` when it
+/// closes the connection instead (MQTT 3.1.1, and packets other than
+/// PUBACK and PUBREC).
+pub(crate) fn refuse(conn: &ConnShared, packet: Packet, reason: ReasonCode) -> bool {
+    let v5 = conn.protocol.is_v5();
+    match packet {
+        Packet::PubAck(mut ack) if v5 && !ack.reason.is_error() => {
+            ack.reason = reason;
+            conn.send(&Packet::PubAck(ack));
+        }
+        Packet::PubRec(mut rec) if v5 && !rec.reason.is_error() => {
+            rec.reason = reason;
+            conn.send(&Packet::PubRec(rec));
+        }
+        packet @ (Packet::PubAck(_) | Packet::PubRec(_)) if v5 => conn.send(&packet),
+        _ => {
+            conn.request_close(Some(reason), true);
+            return true;
+        }
+    }
+    false
+}
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
@@ -158,5 +345,96 @@ mod tests {
         q.fail(2);
         assert_eq!(written(&c), vec![puback(1)]);
         assert!(c.is_closing());
+    }
+
+    fn conn_keyed(key: u64, protocol: ProtocolVersion) -> Rc<ConnShared> {
+        Rc::new(ConnShared::new(key, protocol, 0, None, Instant::now()))
+    }
+
+    /// Queue `packet` for `conn` behind a new pending write, which is
+    /// returned.
+    fn held(q: &Rc<AckQueue>, conn: &Rc<ConnShared>, token: Token, packet: Packet) -> Rc<Write> {
+        let write = q.write(10);
+        write.attach(conn.key);
+        q.hold(token, conn, packet, Some(write.clone()), None);
+        write
+    }
+
+    fn refused(id: u16, reason: ReasonCode) -> Packet {
+        let mut ack = PubResponse::success(std::num::NonZeroU16::new(id).unwrap());
+        ack.reason = reason;
+        Packet::PubAck(ack)
+    }
+
+    #[test]
+    fn a_pending_write_holds_back_only_its_own_connection_and_keeps_its_order() {
+        // [MQTT-4.6.0-2]: PUBACKs in the order the PUBLISHes came.
+        let q = Rc::new(AckQueue::default());
+        let (a, b) = (conn_keyed(1, ProtocolVersion::V5), conn_keyed(2, ProtocolVersion::V5));
+        let write = held(&q, &a, 0, puback(1));
+        q.park(0, &a, puback(2));
+        q.park(0, &b, puback(7));
+        q.complete(0);
+        assert!(written(&a).is_empty(), "behind the pending write");
+        assert_eq!(written(&b), vec![puback(7)], "another connection does not wait");
+        write.resolve(Outcome::Done);
+        assert_eq!(written(&a), vec![puback(1), puback(2)]);
+        assert_eq!(q.len(), 0);
+        assert!(!q.is_held(a.key), "the chain is gone once empty");
+    }
+
+    #[test]
+    fn a_refused_write_answers_0x80_on_mqtt5_and_what_follows_still_goes_in_order() {
+        let q = Rc::new(AckQueue::default());
+        let a = conn_keyed(1, ProtocolVersion::V5);
+        let write = held(&q, &a, 0, puback(1));
+        q.park(0, &a, puback(2));
+        write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
+        assert_eq!(written(&a), vec![refused(1, ReasonCode::UNSPECIFIED_ERROR), puback(2)]);
+        assert!(!a.is_closing());
+    }
+
+    #[test]
+    fn a_refused_write_closes_a_3_1_1_connection_and_acknowledges_nothing_after_it() {
+        let q = Rc::new(AckQueue::default());
+        let a = conn_keyed(1, ProtocolVersion::V3_1_1);
+        q.park(5, &a, puback(1));
+        let write = held(&q, &a, 5, puback(2));
+        q.park(5, &a, puback(3));
+        q.complete(5);
+        assert_eq!(written(&a), vec![puback(1)], "what came before is acknowledged");
+        write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
+        assert!(written(&a).is_empty(), "nothing after the refused one");
+        assert!(a.is_closing());
+        assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn an_acknowledgement_waits_for_both_the_local_store_and_its_write() {
+        let q = Rc::new(AckQueue::default());
+        let a = conn_keyed(1, ProtocolVersion::V5);
+        let write = held(&q, &a, 3, puback(1));
+        write.resolve(Outcome::Done);
+        assert!(written(&a).is_empty(), "the local store is not durable yet");
+        q.complete(3);
+        assert_eq!(written(&a), vec![puback(1)]);
+
+        // The other way round: durable first, then the write.
+        let write = held(&q, &a, 4, puback(2));
+        q.complete(4);
+        assert!(written(&a).is_empty(), "the write is pending");
+        write.resolve(Outcome::Done);
+        assert_eq!(written(&a), vec![puback(2)]);
+    }
+
+    #[test]
+    fn a_local_store_failure_refuses_a_held_acknowledgement_in_its_turn() {
+        let q = Rc::new(AckQueue::default());
+        let a = conn_keyed(1, ProtocolVersion::V5);
+        let write = held(&q, &a, 3, puback(1));
+        q.fail(3);
+        assert!(written(&a).is_empty(), "still waits for its write");
+        write.resolve(Outcome::Done);
+        assert_eq!(written(&a), vec![refused(1, ReasonCode::QUOTA_EXCEEDED)]);
     }
 }

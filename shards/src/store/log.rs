@@ -58,7 +58,7 @@ pub(crate) struct ShardLog {
     durable: Cell<Token>,
     /// When the oldest pending append was made.
     first_pending: Cell<Option<Instant>>,
-    pub(crate) acks: AckQueue,
+    acks: Rc<AckQueue>,
     wake: crate::signal::Signal,
     stopping: Cell<bool>,
 }
@@ -71,6 +71,7 @@ impl ShardLog {
         store: &fleetmq_core::settings::Store,
         lsn: Arc<AtomicU64>,
         health: Arc<Health>,
+        acks: Rc<AckQueue>,
     ) -> ShardLog {
         ShardLog {
             shard,
@@ -83,7 +84,7 @@ impl ShardLog {
             appended: Cell::new(0),
             durable: Cell::new(0),
             first_pending: Cell::new(None),
-            acks: AckQueue::default(),
+            acks,
             wake: crate::signal::Signal::default(),
             stopping: Cell::new(false),
         }

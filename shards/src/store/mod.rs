@@ -21,17 +21,19 @@ pub(crate) mod health;
 mod log;
 mod open;
 
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytestring::ByteString;
-use fleetmq_core::packet::{Packet, QoS};
+use fleetmq_core::packet::{Packet, QoS, ReasonCode};
 use fleetmq_core::session::{Message, SessionChange, Subscription};
 use fleetmq_core::store::{Record, StoredMessage};
 
 use crate::shard::ConnShared;
+pub(crate) use acks::{Outcome, Write};
 pub(crate) use log::ShardLog;
 pub(crate) use open::{open, unix_ms, Opened};
 
@@ -76,80 +78,120 @@ impl LocalStart {
     }
 }
 
-/// A shard's store.
-pub(crate) enum ShardStore {
-    /// `store.kind = "none"`: acknowledged on receipt.
-    None,
-    /// `store.kind = "local"`: this shard's log.
-    Local(Rc<ShardLog>),
+/// A shard's store: its log (`store.kind = "local"`), and the
+/// acknowledgements that wait for it or for writes to the cluster.
+pub(crate) struct ShardStore {
+    /// This shard's log; `None` for `store.kind = "none"` (acknowledged
+    /// on receipt).
+    log: Option<Rc<ShardLog>>,
+    acks: Rc<acks::AckQueue>,
+    /// Cluster mode: a retained value is acknowledged once
+    /// `mqtt-retained` has it ([`ShardStore::expect_write`]).
+    clustered: bool,
+    /// The write the next acknowledgement of a connection (by key) waits
+    /// for: set while the packet that caused it is handled, taken by
+    /// [`ShardStore::acknowledge`].
+    next_write: RefCell<Option<Rc<Write>>>,
 }
 
 impl ShardStore {
-    /// Shard `shard`'s store: its log of the local store `local`, or none.
-    pub(crate) fn new(shard: usize, local: Option<&LocalStart>) -> ShardStore {
-        match local {
-            None => ShardStore::None,
-            Some(l) => {
-                let dir = l.opened.dir.clone();
-                ShardStore::Local(Rc::new(ShardLog::new(shard, dir, &l.settings, l.lsn.clone(), l.health.clone())))
-            }
-        }
+    /// Shard `shard`'s store: its log of the local store `local`, or none;
+    /// `clustered` in cluster mode.
+    pub(crate) fn new(shard: usize, local: Option<&LocalStart>, clustered: bool) -> ShardStore {
+        let acks = Rc::new(acks::AckQueue::default());
+        let log = local.map(|l| {
+            let dir = l.opened.dir.clone();
+            Rc::new(ShardLog::new(shard, dir, &l.settings, l.lsn.clone(), l.health.clone(), acks.clone()))
+        });
+        ShardStore { log, acks, clustered, next_write: RefCell::new(None) }
     }
 
     /// Start the log's committer task on the current executor.
     pub(crate) fn start(&self) -> Option<glommio::task::JoinHandle<()>> {
-        match self {
-            ShardStore::None => None,
-            ShardStore::Local(log) => Some(glommio::spawn_local(log.clone().run()).detach()),
-        }
+        self.log.as_ref().map(|log| glommio::spawn_local(log.clone().run()).detach())
     }
 
-    /// True when acknowledgements wait for a store; false for `none`,
-    /// whose acknowledgements the caller writes at once.
+    /// True when acknowledgements wait for a local store; false for
+    /// `none`.
     pub(crate) fn is_durable(&self) -> bool {
-        matches!(self, ShardStore::Local(_))
+        self.log.is_some()
+    }
+
+    /// True when acknowledgements may have to wait (a local store, or
+    /// cluster mode); false when the caller writes them at once.
+    pub(crate) fn defers(&self) -> bool {
+        self.log.is_some() || self.clustered
     }
 
     /// The token of the newest append (0 without a log): taken before a
     /// packet is handled, it tells [`ShardStore::acknowledge`] whether the
     /// packet appended anything.
     pub(crate) fn appended(&self) -> Token {
-        match self {
-            ShardStore::None => 0,
-            ShardStore::Local(log) => log.appended(),
-        }
+        self.log.as_ref().map_or(0, |log| log.appended())
+    }
+
+    /// Start handling a packet: a write left by anything else (a will) is
+    /// forgotten. Returns [`ShardStore::appended`], for
+    /// [`ShardStore::acknowledge`].
+    pub(crate) fn begin_packet(&self) -> Token {
+        self.next_write.borrow_mut().take();
+        self.appended()
+    }
+
+    /// A write that the acknowledgement of the packet being handled waits
+    /// for, a publish from the client whose key is `origin`
+    /// ([`fleetmq_core::session::Message::origin`]); the caller resolves
+    /// it ([`Write::resolve`]) when the other store answers.
+    pub(crate) fn expect_write(&self, origin: u64) -> Rc<Write> {
+        let write = self.acks.write(origin);
+        *self.next_write.borrow_mut() = Some(write.clone());
+        write
     }
 
     /// Write `packets`, the acknowledgements of one packet from `conn`,
-    /// once everything appended so far is durable, in order with the
-    /// connection's earlier acknowledgements. While the store refuses,
-    /// PUBACK and PUBREC are refused at once (see `AckQueue::fail`); the
-    /// others are written at once if the packet appended nothing since
-    /// `since` ([`ShardStore::appended`]), else refused too.
-    pub(crate) fn acknowledge(&self, conn: &Rc<ConnShared>, packets: &mut Vec<Packet>, since: Token) {
-        let ShardStore::Local(log) = self else {
+    /// once everything appended so far is durable and the write the
+    /// packet caused (if any: [`ShardStore::expect_write`] for `origin`,
+    /// the client's key) is done, in order with the connection's earlier
+    /// acknowledgements. While the store refuses, PUBACK and PUBREC are
+    /// refused (see `AckQueue::fail`); the others are written if the
+    /// packet appended nothing since `since` ([`ShardStore::begin_packet`]),
+    /// else refused too.
+    pub(crate) fn acknowledge(&self, conn: &Rc<ConnShared>, packets: &mut Vec<Packet>, since: Token, origin: Option<u64>) {
+        let write = match origin {
+            Some(origin) => self.next_write.borrow_mut().take_if(|w| w.origin() == origin),
+            None => None,
+        };
+        if let Some(write) = &write {
+            write.attach(conn.key);
+        }
+        let held = write.is_some() || self.acks.is_held(conn.key);
+        let Some(log) = &self.log else {
             for packet in packets.drain(..) {
-                conn.send(&packet);
+                if held {
+                    self.acks.hold(0, conn, packet, write.clone(), None);
+                } else {
+                    conn.send(&packet);
+                }
             }
             return;
         };
-        if log.refusing() {
-            let appended = log.appended() != since;
-            for packet in packets.drain(..) {
-                match packet {
-                    Packet::PubAck(_) | Packet::PubRec(_) => acks::refuse(conn, packet),
-                    packet if appended => acks::refuse(conn, packet),
-                    packet => conn.send(&packet),
-                }
-            }
-        } else if log.all_durable() {
-            for packet in packets.drain(..) {
+        let refusing = log.refusing();
+        let appended = log.appended();
+        for packet in packets.drain(..) {
+            let is_pub = matches!(packet, Packet::PubAck(_) | Packet::PubRec(_));
+            let refused = refusing && (is_pub || appended != since);
+            // While the store refuses, a packet that appended nothing
+            // waits for nothing of it.
+            let token = if refusing && !refused { 0 } else { appended };
+            if held {
+                let refused = refused.then_some(ReasonCode::QUOTA_EXCEEDED);
+                self.acks.hold(token, conn, packet, write.clone(), refused);
+            } else if refused {
+                acks::refuse(conn, packet, ReasonCode::QUOTA_EXCEEDED);
+            } else if refusing || log.all_durable() {
                 conn.send(&packet);
-            }
-        } else {
-            let token = log.appended();
-            for packet in packets.drain(..) {
-                log.acks.park(token, conn, packet);
+            } else {
+                self.acks.park(token, conn, packet);
             }
         }
     }
@@ -157,7 +199,7 @@ impl ShardStore {
     /// Log a value a client (or a will) published, once, before it is
     /// routed: QoS 1/2 and retained ones. Sets its [`Message::stored`].
     pub(crate) fn log_value(&self, message: &mut Message, now: Instant) {
-        let ShardStore::Local(log) = self else { return };
+        let Some(log) = &self.log else { return };
         if (message.qos == QoS::AtMostOnce && !message.retain) || log.refusing() {
             return;
         }
@@ -176,7 +218,7 @@ impl ShardStore {
 
     /// Log a record about a persistent session.
     pub(crate) fn log(&self, record: Record) {
-        if let ShardStore::Local(log) = self {
+        if let Some(log) = &self.log {
             log.append(&record);
         }
     }
@@ -205,7 +247,7 @@ impl ShardStore {
 
     /// Ask the log's committer to write what is pending and end.
     pub(crate) fn stop(&self) {
-        if let ShardStore::Local(log) = self {
+        if let Some(log) = &self.log {
             log.stop();
         }
     }

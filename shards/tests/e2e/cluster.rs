@@ -16,14 +16,14 @@ use crate::raw::{wire as build, Incoming, RawClient};
 
 /// A replica `id` of the cluster whose NATS URLs are `urls`, with
 /// `extra` settings (`--set` arguments).
-fn replica(id: &str, urls: &[String], extra: &[&str]) -> Broker {
+pub(super) fn replica(id: &str, urls: &[String], extra: &[&str]) -> Broker {
     let mut args = cluster_args(id, urls);
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Broker::start(&args)
 }
 
-fn cluster_args(id: &str, urls: &[String]) -> Vec<String> {
+pub(super) fn cluster_args(id: &str, urls: &[String]) -> Vec<String> {
     let urls = urls.iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(",");
     vec![
         "--set".into(),

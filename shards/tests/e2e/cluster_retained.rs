@@ -1,0 +1,326 @@
+//! Retained messages in cluster mode against real NATS (DESIGN.md §7): a
+//! QoS 1/2 retained value is acknowledged only once `mqtt-retained` has
+//! it; when JetStream cannot take it within
+//! `cluster.session_log_append_wait` it is refused (MQTT 5: 0x80; 3.1.1:
+//! the connection closes after what came before) and retained nowhere
+//! afterwards; acknowledgements stay in order per connection; values are
+//! carried byte-exact up to NATS `max_payload`, and refused beyond (0x97).
+//!
+//! One NATS server with the fault proxy in front of it: replica A talks to
+//! NATS through the proxy (held: what NATS sends waits, so A's writes land
+//! but their acknowledgements do not come back), replica B talks to NATS
+//! directly.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::cluster::replica;
+use crate::harness::Broker;
+use crate::nats::{NatsCluster, NatsProxy};
+use crate::raw::{wire as build, Incoming, RawClient};
+
+/// One NATS server, the proxy, replica A behind the proxy (with `a_extra`
+/// settings) and replica B straight to NATS.
+struct Setup {
+    proxy: NatsProxy,
+    a: Broker,
+    b: Broker,
+    _nats: NatsCluster,
+}
+
+fn setup(a_extra: &[&str]) -> Setup {
+    let nats = NatsCluster::start(1);
+    let proxy = NatsProxy::start(nats.client_addr(0));
+    let one = ["--set", "cluster.nats_replicas=1"];
+    let a_args: Vec<&str> = one.iter().chain(a_extra).copied().collect();
+    let a = replica("ra", &[proxy.url()], &a_args);
+    let b = replica("rb", &nats.urls(), &one);
+    Setup {
+        proxy,
+        a,
+        b,
+        _nats: nats,
+    }
+}
+
+/// The wait of the tests that run past it (the setting's default is 10 s).
+const WAIT_5S: [&str; 2] = ["--set", "cluster.session_log_append_wait=5s"];
+
+/// A PUBLISH at `qos` (1 or 2) with packet identifier `pid`.
+fn publish(topic: &str, payload: &[u8], qos: u8, retain: bool, pid: u16, v5: bool) -> Vec<u8> {
+    let mut body = build::string(topic.as_bytes());
+    body.extend(pid.to_be_bytes());
+    if v5 {
+        body.push(0);
+    }
+    body.extend_from_slice(payload);
+    build::packet(0x30 | (qos << 1) | u8::from(retain), &body)
+}
+
+/// A connected client (MQTT 5 when `v5`).
+fn client(broker: &Broker, id: &str, v5: bool) -> RawClient {
+    let mut c = RawClient::connect(broker.mqtt);
+    let connect = if v5 {
+        build::Connect::v5(id)
+    } else {
+        build::Connect::v311(id)
+    };
+    assert_eq!(c.handshake(&connect.encode()).1, 0, "CONNACK");
+    c
+}
+
+/// The next packet: an acknowledgement (PUBACK 0x40, PUBREC 0x50) as
+/// (packet type, packet identifier, reason code).
+fn next_ack(c: &mut RawClient, within: Duration) -> (u8, u16, u8) {
+    match c.read(within) {
+        Incoming::Packet { header, body } if matches!(header, 0x40 | 0x50) && body.len() >= 2 => (
+            header,
+            u16::from_be_bytes([body[0], body[1]]),
+            body.get(2).copied().unwrap_or(0),
+        ),
+        other => panic!("expected PUBACK or PUBREC, got {:02x?}", short(&other)),
+    }
+}
+
+/// `incoming` with a long body cut, for messages.
+fn short(incoming: &Incoming) -> String {
+    match incoming {
+        Incoming::Packet { header, body } => format!(
+            "packet {header:02x} of {} bytes {:02x?}",
+            body.len(),
+            &body[..body.len().min(16)]
+        ),
+        other => format!("{other:?}"),
+    }
+}
+
+/// The retained messages a new MQTT 3.1.1 subscription to `filter` gets
+/// from `broker`: (topic, payload).
+fn retained_on(broker: &Broker, filter: &str) -> Vec<(String, Vec<u8>)> {
+    let mut c = client(broker, "", false);
+    c.send(&build::subscribe(1, filter, 0, false));
+    let mut seen = Vec::new();
+    while let Incoming::Packet { header, body } = c.read(Duration::from_millis(700)) {
+        if header & 0xf0 == 0x30 {
+            assert_eq!(
+                header & 0x01,
+                1,
+                "[MQTT-3.3.1-9]: RETAIN set for a new subscription"
+            );
+            let len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+            let topic = String::from_utf8_lossy(&body[2..2 + len]).into_owned();
+            seen.push((topic, body[2 + len..].to_vec()));
+        }
+    }
+    seen
+}
+
+/// Waits (at most `within`) until `broker` retains exactly `payload` on
+/// `topic` (nothing when `None`).
+fn wait_retained(broker: &Broker, topic: &str, payload: Option<&[u8]>, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let seen = retained_on(broker, topic);
+        let now: Option<&[u8]> = seen.first().map(|(_, p)| p.as_slice());
+        if seen.len() <= 1 && now == payload {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic}: retained {:?}, expected {:?}",
+            now.map(String::from_utf8_lossy),
+            payload.map(String::from_utf8_lossy)
+        );
+    }
+}
+
+/// Waits (at most `within`) until the sum of metric `name` on `broker`
+/// reaches `at_least`.
+fn wait_metric(broker: &Broker, name: &str, at_least: f64, within: Duration) {
+    let deadline = Instant::now() + within;
+    while broker.metric_sum(name) < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "{name} = {} after {within:?}",
+            broker.metric_sum(name)
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_retained_publish_is_acknowledged_only_once_nats_has_it_and_live_delivery_does_not_wait() {
+    let s = setup(&[]);
+    let mut watcher = client(&s.a, "watcher", true);
+    watcher.send(&build::subscribe(1, "plant/#", 0, true));
+    assert!(matches!(
+        watcher.read(Duration::from_secs(2)),
+        Incoming::Packet { header: 0x90, .. }
+    ));
+    let mut publisher = client(&s.a, "publisher", true);
+
+    s.proxy.set_hold(true);
+    publisher.send(&publish("plant/boiler", b"82C", 1, true, 1, true));
+    // Subscribers here get the value live, whatever NATS does.
+    match watcher.read(Duration::from_secs(1)) {
+        Incoming::Packet { header, body } if header & 0xf0 == 0x30 => {
+            assert!(body.ends_with(b"82C"))
+        }
+        other => panic!("no live delivery while NATS is held: {}", short(&other)),
+    }
+    // DESIGN.md §7: no PUBACK before mqtt-retained has the value.
+    let early = publisher.read(Duration::from_secs(2));
+    assert_eq!(
+        early,
+        Incoming::TimedOut,
+        "acknowledged while NATS held its answer: {}",
+        short(&early)
+    );
+    s.proxy.set_hold(false);
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(5)),
+        (0x40, 1, 0)
+    );
+    // The value is in the bucket: another replica has it.
+    wait_retained(&s.b, "plant/boiler", Some(b"82C"), Duration::from_secs(5));
+    wait_retained(&s.a, "plant/boiler", Some(b"82C"), Duration::from_secs(5));
+}
+
+/// Sets `topic` to `payload` from `publisher` on A (packet identifier 1)
+/// and waits until B has it.
+fn set_retained(s: &Setup, publisher: &mut RawClient, topic: &str, payload: &[u8]) {
+    publisher.send(&publish(topic, payload, 1, true, 1, true));
+    assert_eq!(next_ack(publisher, Duration::from_secs(5)), (0x40, 1, 0));
+    wait_retained(&s.b, topic, Some(payload), Duration::from_secs(5));
+}
+
+/// Holds NATS' answers while `publisher` sends `payload` for `topic`
+/// (packet identifier `pid`): refused with 0x80 once the wait (5 s) is
+/// over. Then releases them and waits until A undid the write, which
+/// landed (only NATS' answer was held).
+fn refused_while_held(s: &Setup, publisher: &mut RawClient, topic: &str, payload: &[u8], pid: u16) {
+    let undone = s.a.metric_sum("fleetmq_cluster_retained_undone_total");
+    s.proxy.set_hold(true);
+    let sent = Instant::now();
+    publisher.send(&publish(topic, payload, 1, true, pid, true));
+    assert_eq!(
+        next_ack(publisher, Duration::from_secs(8)),
+        (0x40, pid, 0x80)
+    );
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(4500),
+        "refused after {took:?}"
+    );
+    thread::sleep(Duration::from_secs(1));
+    s.proxy.set_hold(false);
+    wait_metric(
+        &s.a,
+        "fleetmq_cluster_retained_undone_total",
+        undone + 1.0,
+        Duration::from_secs(15),
+    );
+    assert!(s.a.metric_sum("fleetmq_cluster_retained_refused_total") >= 1.0);
+}
+
+#[test]
+fn a_retained_publish_nats_does_not_take_in_time_is_refused_with_0x80_and_retained_nowhere() {
+    let s = setup(&WAIT_5S);
+    let mut publisher = client(&s.a, "publisher", true);
+    set_retained(&s, &mut publisher, "plant/valve", b"open");
+    refused_while_held(&s, &mut publisher, "plant/valve", b"shut", 2);
+    // No replica keeps the refused value.
+    for broker in [&s.a, &s.b] {
+        wait_retained(broker, "plant/valve", Some(b"open"), Duration::from_secs(5));
+    }
+    thread::sleep(Duration::from_secs(1));
+    for broker in [&s.a, &s.b] {
+        wait_retained(broker, "plant/valve", Some(b"open"), Duration::ZERO);
+    }
+    // The client may send again: accepted once NATS answers.
+    publisher.send(&publish("plant/valve", b"shut", 1, true, 3, true));
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(5)),
+        (0x40, 3, 0)
+    );
+    wait_retained(&s.b, "plant/valve", Some(b"shut"), Duration::from_secs(5));
+}
+
+#[test]
+fn a_3_1_1_client_whose_retained_publish_is_refused_is_closed_after_what_came_before() {
+    let s = setup(&WAIT_5S);
+    let mut device = client(&s.a, "old-device", false);
+    s.proxy.set_hold(true);
+    let sent = Instant::now();
+    device.send(&publish("line/count", b"1", 1, false, 1, false));
+    device.send(&publish("line/state", b"on", 1, true, 2, false));
+    device.send(&publish("line/count", b"2", 1, false, 3, false));
+    // 3.1.1 has no reason code: the connection is closed after the PUBACK
+    // of what came before, and nothing after is acknowledged (the device
+    // sends 2 and 3 again).
+    let seen = device.packets_until_closed(Duration::from_secs(10));
+    let took = sent.elapsed();
+    s.proxy.set_hold(false);
+    assert_eq!(seen, vec![(0x40, vec![0, 1])], "packets before the close");
+    assert!(took >= Duration::from_millis(4500), "closed after {took:?}");
+}
+
+#[test]
+fn acknowledgements_stay_in_order_when_retained_and_other_publishes_mix() {
+    let s = setup(&[]);
+    let mut publisher = client(&s.a, "mixer", true);
+    let mut other = client(&s.a, "bystander", true);
+    s.proxy.set_hold(true);
+    publisher.send(&publish("order/r1", b"a", 1, true, 1, true));
+    publisher.send(&publish("order/n", b"b", 1, false, 2, true));
+    publisher.send(&publish("order/r2", b"c", 2, true, 3, true));
+    publisher.send(&publish("order/n", b"d", 1, false, 4, true));
+    // The non-retained ones wait behind the retained ones before them.
+    let early = publisher.read(Duration::from_millis(1500));
+    assert_eq!(early, Incoming::TimedOut, "{}", short(&early));
+    // Another connection is not held up by them.
+    other.send(&publish("order/n", b"e", 1, false, 9, true));
+    assert_eq!(next_ack(&mut other, Duration::from_secs(2)), (0x40, 9, 0));
+    s.proxy.set_hold(false);
+    // [MQTT-4.6.0-2] PUBACKs and [MQTT-4.6.0-3] PUBRECs in the order of
+    // the PUBLISHes.
+    let acks: Vec<_> = (0..4)
+        .map(|_| next_ack(&mut publisher, Duration::from_secs(5)))
+        .collect();
+    assert_eq!(
+        acks,
+        vec![(0x40, 1, 0), (0x40, 2, 0), (0x50, 3, 0), (0x40, 4, 0)]
+    );
+}
+
+#[test]
+fn a_retained_deletion_is_acknowledged_once_durable_and_a_refused_one_leaves_the_value() {
+    let s = setup(&WAIT_5S);
+    let mut publisher = client(&s.a, "publisher", true);
+    set_retained(&s, &mut publisher, "plant/door", b"closed");
+    // [MQTT-3.3.1-6] an empty retained payload clears the topic; refused,
+    // it clears nothing anywhere.
+    refused_while_held(&s, &mut publisher, "plant/door", b"", 2);
+    for broker in [&s.a, &s.b] {
+        wait_retained(
+            broker,
+            "plant/door",
+            Some(b"closed"),
+            Duration::from_secs(5),
+        );
+    }
+
+    // Acknowledged only once NATS has the deletion, then cleared everywhere.
+    s.proxy.set_hold(true);
+    publisher.send(&publish("plant/door", b"", 1, true, 3, true));
+    let early = publisher.read(Duration::from_millis(1500));
+    assert_eq!(early, Incoming::TimedOut, "{}", short(&early));
+    s.proxy.set_hold(false);
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(5)),
+        (0x40, 3, 0)
+    );
+    for broker in [&s.a, &s.b] {
+        wait_retained(broker, "plant/door", None, Duration::from_secs(5));
+    }
+}
