@@ -204,6 +204,8 @@ pub struct ClusterStatus {
     members: Mutex<Vec<String>>,
     /// Retained messages of the initial load, once it is complete.
     retained_loaded: std::sync::atomic::AtomicU64,
+    /// The cluster's format floor, read at start.
+    floor: std::sync::atomic::AtomicU16,
     /// What the bridge counts.
     pub stats: BridgeStats,
 }
@@ -217,6 +219,7 @@ impl ClusterStatus {
             reason: Mutex::new(Some(FenceReason::Starting.as_str().to_owned())),
             members: Mutex::new(Vec::new()),
             retained_loaded: std::sync::atomic::AtomicU64::new(u64::MAX),
+            floor: std::sync::atomic::AtomicU16::new(*fleetmq_core::cluster::records::FORMATS_READ.start()),
             stats: BridgeStats::default(),
         }
     }
@@ -232,6 +235,12 @@ impl ClusterStatus {
     pub fn not_ready(&self) -> Option<String> {
         let reason = self.reason.lock().ok().and_then(|r| r.clone());
         reason.or_else(|| (!self.retained_loaded()).then(|| "loading retained messages".to_owned()))
+    }
+
+    /// The record format to write: the cluster's format floor, which every
+    /// member reads ([`fleetmq_core::cluster::records::write_format`]).
+    pub fn write_format(&self) -> u16 {
+        fleetmq_core::cluster::records::write_format(self.floor.load(Ordering::Acquire))
     }
 
     /// Whether the initial load of `mqtt-retained` is complete.
@@ -553,6 +562,7 @@ async fn start(
         }
     };
     info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
+    status.floor.store(floor, Ordering::Release);
     let sessions = state
         .get_key_value(fleetmq_core::cluster::records::bucket::SESSIONS)
         .await

@@ -15,7 +15,7 @@ use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use fleetmq_core::cluster::membership::{Change, FenceReason, Membership, PROBE_INTERVAL};
-use fleetmq_core::cluster::records::{bucket, MemberRecord, Record, FORMAT, FORMATS_READ};
+use fleetmq_core::cluster::records::{bucket, MemberRecord, Record, FORMATS_READ};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
@@ -45,7 +45,7 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
     let me = config.replica_id.clone();
     let mut machine = Membership::new(me.clone(), ttl, Instant::now());
     let record = MemberRecord {
-        format: FORMAT,
+        format: shared.status.write_format(),
         replica: me.clone(),
         instance: config.instance.clone(),
         started_at_ms: config.started_at_ms,

@@ -10,7 +10,7 @@ use std::time::Instant;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::message::PublishMessage;
-use fleetmq_core::cluster::records::{bucket, client_id_of_key, client_key, OwnerRecord, Record, FORMAT};
+use fleetmq_core::cluster::records::{bucket, client_id_of_key, client_key, OwnerRecord, Record};
 use tracing::debug;
 
 use crate::bridge::{ClaimError, Claimed, Event, Shared};
@@ -42,7 +42,7 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64) -> Result
     let started = Instant::now();
     let key = client_key(client_id);
     let record = OwnerRecord {
-        format: FORMAT,
+        format: shared.status.write_format(),
         client_id: client_id.to_owned(),
         replica: shared.config.replica_id.clone(),
         instance: shared.config.instance.clone(),

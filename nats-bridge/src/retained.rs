@@ -17,7 +17,7 @@ use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::DirectGetErrorKind;
 use bytes::Bytes;
-use fleetmq_core::cluster::records::{bucket, Record};
+use fleetmq_core::cluster::records::bucket;
 use fleetmq_core::cluster::retained::{retained_key, topic_of_retained_key, RetainedRecord};
 use fleetmq_core::packet::QoS;
 use fleetmq_core::session::Message;
@@ -190,7 +190,8 @@ async fn undo(shared: Arc<Shared>, topic: String, id: String, previous: Option<A
             let publish = match &previous {
                 Some(message) => {
                     let received_ms = unix_ms().saturating_sub(message.received_at.elapsed().as_millis() as u64);
-                    PublishMessage::build().payload(RetainedRecord::of(message, received_ms).encode().into())
+                    let record = RetainedRecord::of(message, received_ms).with_format(shared.status.write_format());
+                    PublishMessage::build().payload(record.to_value().into())
                 }
                 None => PublishMessage::build().header("KV-Operation", "DEL"),
             }
@@ -259,7 +260,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
         };
         let now = std::time::Instant::now();
         let message = match entry.operation {
-            Operation::Put => RetainedRecord::decode(&entry.value).ok().and_then(|r| r.message(now, unix_ms())),
+            Operation::Put => RetainedRecord::from_value(&entry.value).ok().and_then(|r| r.message(now, unix_ms())),
             Operation::Delete | Operation::Purge => None,
         };
         // A clear (or an expired or unreadable record) is an empty

@@ -15,11 +15,21 @@ use std::ops::RangeInclusive;
 use base64::Engine as _;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-/// The record format this build writes.
-pub const FORMAT: u16 = 1;
+/// The newest record format this build writes. Format 2 changed only the
+/// retained record's layout (its payload carried raw, see
+/// [`crate::cluster::retained`]); the JSON records have the same fields in
+/// 1 and 2.
+pub const FORMAT: u16 = 2;
 
 /// The record formats this build reads.
-pub const FORMATS_READ: RangeInclusive<u16> = 1..=1;
+pub const FORMATS_READ: RangeInclusive<u16> = 1..=2;
+
+/// The format to write in a cluster whose format floor is `floor`: the
+/// floor itself (every member reads it, DESIGN.md §6 "rolling upgrade"),
+/// at most [`FORMAT`].
+pub fn write_format(floor: u16) -> u16 {
+    floor.clamp(*FORMATS_READ.start(), FORMAT)
+}
 
 /// The key of the format floor in `mqtt-cluster-floor`.
 pub const FLOOR_KEY: &str = "floor";
@@ -254,7 +264,9 @@ mod tests {
     #[test]
     fn the_floor_is_readable_only_within_the_formats_read() {
         assert!(floor_readable(1));
-        assert!(!floor_readable(2));
+        assert!(floor_readable(2));
+        assert!(!floor_readable(3));
+        assert_eq!((write_format(1), write_format(2), write_format(9)), (1, 2, 2));
         let f = FloorRecord { format: 7, floor: 2 };
         assert_eq!(FloorRecord::decode(&f.encode()).unwrap().floor, 2);
     }

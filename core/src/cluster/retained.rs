@@ -2,6 +2,16 @@
 //! record per topic, the message with its MQTT 5 properties and its expiry
 //! in wall-clock time, so that a replica that loads it later counts the
 //! Message Expiry Interval from the original publish (MQTT 5 §3.3.2.3.3).
+//!
+//! The value in the bucket ([`RetainedRecord::to_value`]) has two layouts:
+//! - format 1: the record as JSON, its payload in base64 (a third larger:
+//!   a payload above ~780 kB did not fit NATS' 1 MiB `max_payload`);
+//! - format 2: `format` (u16, big-endian), the length of the header (u32,
+//!   big-endian), the header (the record as JSON with an empty payload),
+//!   then the payload's bytes as they are.
+//!
+//! Both are read; a replica writes the one its cluster's format floor
+//! allows ([`crate::cluster::records::write_format`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,7 +20,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::records::{Record, FORMAT};
+use crate::cluster::records::{Record, RecordError, FORMAT, FORMATS_READ};
 use crate::packet::{Properties, QoS};
 use crate::session::Message;
 
@@ -23,8 +33,9 @@ pub struct RetainedRecord {
     pub format: u16,
     /// The topic, with its workspace prefix.
     pub topic: String,
-    /// The payload, base64.
-    pub payload: String,
+    /// The payload (base64 in JSON).
+    #[serde(with = "base64_bytes")]
+    pub payload: Bytes,
     /// The QoS it was published with.
     pub qos: u8,
     /// When it expires, Unix milliseconds (from its Message Expiry
@@ -61,7 +72,7 @@ impl RetainedRecord {
         RetainedRecord {
             format: FORMAT,
             topic: message.topic.to_string(),
-            payload: B64.encode(&message.payload),
+            payload: message.payload.clone(),
             qos: message.qos as u8,
             expires_at_ms: p.message_expiry_interval.map(|s| now_ms + u64::from(s) * 1000),
             payload_format_indicator: p.payload_format_indicator,
@@ -76,7 +87,7 @@ impl RetainedRecord {
     /// wall clock) with what is left of its expiry; `None` when it has
     /// expired or its bytes are not valid.
     pub fn message(&self, now: Instant, now_ms: u64) -> Option<Arc<Message>> {
-        let payload = Bytes::from(B64.decode(&self.payload).ok()?);
+        let payload = self.payload.clone();
         let mut properties = Properties {
             payload_format_indicator: self.payload_format_indicator,
             content_type: self.content_type.as_deref().map(Into::into),
@@ -101,6 +112,82 @@ impl RetainedRecord {
             origin: u64::MAX,
             stored: 0,
         }))
+    }
+}
+
+/// Bytes before the header in format 2: the format and the header length.
+const PREFIX: usize = 6;
+
+impl RetainedRecord {
+    /// The value to store in `mqtt-retained`: the layout of
+    /// [`RetainedRecord::format`] (1: JSON, 2 and later: binary, see the
+    /// module documentation).
+    pub fn to_value(&self) -> Vec<u8> {
+        if self.format < 2 {
+            return self.encode();
+        }
+        let header = RetainedRecord { payload: Bytes::new(), ..self.clone() }.encode();
+        let mut value = Vec::with_capacity(PREFIX + header.len() + self.payload.len());
+        value.extend_from_slice(&self.format.to_be_bytes());
+        value.extend_from_slice(&(header.len() as u32).to_be_bytes());
+        value.extend_from_slice(&header);
+        value.extend_from_slice(&self.payload);
+        value
+    }
+
+    /// A value read back from `mqtt-retained`, of any format this build
+    /// reads.
+    ///
+    /// # Errors
+    /// [`RecordError::UnknownFormat`] for a format outside
+    /// [`FORMATS_READ`]; [`RecordError::Malformed`] for bytes that are not
+    /// a retained record (a header length past the end, a header that is
+    /// not JSON or disagrees with the prefix).
+    pub fn from_value(value: &[u8]) -> Result<RetainedRecord, RecordError> {
+        if value.first() == Some(&b'{') {
+            return RetainedRecord::decode(value);
+        }
+        let malformed = |why: &str| RecordError::Malformed(format!("retained record: {why}"));
+        if value.len() < PREFIX {
+            return Err(malformed("shorter than its prefix"));
+        }
+        let format = u16::from_be_bytes([value[0], value[1]]);
+        if !FORMATS_READ.contains(&format) {
+            return Err(RecordError::UnknownFormat(format));
+        }
+        if format < 2 {
+            return Err(malformed("format 1 is JSON"));
+        }
+        let len = u32::from_be_bytes([value[2], value[3], value[4], value[5]]) as usize;
+        let header = value.get(PREFIX..PREFIX.saturating_add(len)).ok_or_else(|| malformed("header past the end"))?;
+        let mut record = RetainedRecord::decode(header)?;
+        if record.format != format || !record.payload.is_empty() {
+            return Err(malformed("header disagrees with its prefix"));
+        }
+        record.payload = Bytes::copy_from_slice(&value[PREFIX + len..]);
+        Ok(record)
+    }
+
+    /// This record in format `format` (see [`RetainedRecord::to_value`]).
+    pub fn with_format(mut self, format: u16) -> RetainedRecord {
+        self.format = format;
+        self
+    }
+}
+
+/// Serde for a payload as base64 text.
+mod base64_bytes {
+    use base64::Engine as _;
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::B64.encode(bytes))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        super::B64.decode(text.as_bytes()).map(Bytes::from).map_err(serde::de::Error::custom)
     }
 }
 
@@ -163,5 +250,73 @@ mod tests {
         let key = retained_key("$share/a b/#");
         assert!(key.starts_with("t.") && key[2..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
         assert_eq!(topic_of_retained_key(&key).as_deref(), Some("$share/a b/#"));
+    }
+
+    #[test]
+    fn format_2_carries_the_payload_as_it_is() {
+        let mut m = message(Some(60));
+        m.payload = Bytes::from((0..900_000u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>());
+        let record = RetainedRecord::of(&m, 1_000);
+        assert_eq!(record.format, 2);
+        let value = record.to_value();
+        assert!(value.len() < 900_000 + 400, "{} bytes", value.len());
+        assert_eq!(&value[..2], &[0, 2]);
+        let back = RetainedRecord::from_value(&value).unwrap();
+        assert_eq!(back, record);
+        assert_eq!(back.message(Instant::now(), 5_000).unwrap().payload, m.payload);
+    }
+
+    #[test]
+    fn a_format_1_value_is_still_read() {
+        let record = RetainedRecord::of(&message(None), 1_000).with_format(1);
+        let value = record.to_value();
+        assert_eq!(value[0], b'{');
+        assert!(String::from_utf8_lossy(&value).contains("\"payload\":\"/wBwYXlsb2Fk\""), "base64 in JSON");
+        assert_eq!(RetainedRecord::from_value(&value).unwrap(), record);
+        // As written before format 2 existed.
+        let old = br#"{"format":1,"topic":"a/b","payload":"aGk=","qos":1}"#;
+        let back = RetainedRecord::from_value(old).unwrap().message(Instant::now(), 0).unwrap();
+        assert_eq!((&*back.topic, &back.payload[..]), ("a/b", &b"hi"[..]));
+    }
+
+    #[test]
+    fn a_value_of_an_unknown_format_or_cut_short_is_refused() {
+        let value = RetainedRecord::of(&message(None), 1_000).to_value();
+        let mut future = value.clone();
+        future[1] = 9;
+        assert_eq!(RetainedRecord::from_value(&future), Err(RecordError::UnknownFormat(9)));
+        for cut in [0, 1, 5, 6, 20] {
+            assert!(matches!(RetainedRecord::from_value(&value[..cut]), Err(RecordError::Malformed(_))), "cut at {cut}");
+        }
+        let mut wrong = value.clone();
+        wrong[2..6].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(RetainedRecord::from_value(&wrong), Err(RecordError::Malformed(_))));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn reading_any_value_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            let _ = RetainedRecord::from_value(&bytes);
+            let mut prefixed = vec![0, 2];
+            prefixed.extend_from_slice(&bytes);
+            let _ = RetainedRecord::from_value(&prefixed);
+        }
+
+        #[test]
+        fn any_retained_message_reads_back_byte_exact_in_either_format(
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000),
+            topic in "[a-z/]{1,40}",
+            format in 1u16..=2,
+            expiry in proptest::option::of(1u32..100_000),
+        ) {
+            let mut m = message(expiry);
+            m.topic = topic.as_str().into();
+            m.payload = Bytes::from(payload);
+            let record = RetainedRecord::of(&m, 1_000).with_format(format);
+            let back = RetainedRecord::from_value(&record.to_value()).unwrap();
+            proptest::prop_assert_eq!(&back, &record);
+            let now = Instant::now();
+            proptest::prop_assert_eq!(back.message(now, 1_000).unwrap().payload.clone(), m.payload.clone());
+        }
     }
 }

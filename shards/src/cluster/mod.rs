@@ -225,6 +225,7 @@ impl Claim {
             &status.instance,
             now_ms,
         );
+        let record = WillRecord { format: status.write_format(), ..record };
         let (reply, outcome) = tokio::sync::oneshot::channel();
         let request = Request::WillPut { client_id: self.client_id.clone(), record: record.encode().into(), reply };
         if self.node.bridge.send(request).is_err() {
@@ -373,7 +374,7 @@ pub(crate) fn publish_retained(
     }
     let record = (!message.payload.is_empty()).then(|| {
         let now_ms = crate::store::unix_ms();
-        RetainedRecord::of(message, now_ms).encode().into()
+        RetainedRecord::of(message, now_ms).with_format(node.status().write_format()).to_value().into()
     });
     let waits = message.qos != fleetmq_core::packet::QoS::AtMostOnce;
     let (reply, outcome) = match waits {

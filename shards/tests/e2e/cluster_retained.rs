@@ -324,3 +324,139 @@ fn a_retained_deletion_is_acknowledged_once_durable_and_a_refused_one_leaves_the
         wait_retained(broker, "plant/door", None, Duration::from_secs(5));
     }
 }
+
+/// `len` bytes that differ from one position to the next.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 + i / 251) as u8).collect()
+}
+
+#[test]
+fn a_900_kb_retained_value_crosses_replicas_byte_exact_and_one_past_max_payload_is_refused() {
+    let nats = NatsCluster::start(3);
+    // Room for MQTT packets larger than NATS' max_payload (1 MiB).
+    let big = ["--set", "limits.max_packet_size=4MiB"];
+    let a = replica("ra", &nats.urls(), &big);
+    let b = replica("rb", &nats.urls(), &big);
+    let value = pattern(900_000);
+    let mut publisher = client(&a, "camera", true);
+    publisher.send(&publish("site/snapshot", &value, 1, true, 1, true));
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(10)),
+        (0x40, 1, 0)
+    );
+    // Byte-exact on the other replica, and on this one from the bucket.
+    for broker in [&b, &a] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = retained_on(broker, "site/snapshot");
+            if seen.len() == 1 && seen[0].1.len() == value.len() {
+                assert!(seen[0].1 == value, "the 900 kB value changed on its way");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not retained: {} values",
+                seen.len()
+            );
+        }
+    }
+
+    // Larger than NATS max_payload: refused with 0x97 Quota exceeded,
+    // logged with its size and the limit; the value before stays.
+    let huge = pattern(1_100_000);
+    publisher.send(&publish("site/snapshot", &huge, 1, true, 2, true));
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(10)),
+        (0x40, 2, 0x97)
+    );
+    let logged = Instant::now() + Duration::from_secs(5);
+    while !a.stderr().contains("a record of 1100") {
+        assert!(
+            Instant::now() < logged,
+            "no log line naming the size: {}",
+            a.stderr()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        a.stderr().contains("does not fit the NATS max_payload of"),
+        "{}",
+        a.stderr()
+    );
+    assert!(a.metric_sum("fleetmq_cluster_retained_refused_total") >= 1.0);
+    // MQTT 3.1.1: closed after what came before.
+    let mut device = client(&a, "old-camera", false);
+    device.send(&publish("site/other", b"small", 1, true, 1, false));
+    device.send(&publish("site/other", &huge, 1, true, 2, false));
+    let seen = device.packets_until_closed(Duration::from_secs(10));
+    assert_eq!(seen, vec![(0x40, vec![0, 1])], "packets before the close");
+    let seen = retained_on(&b, "site/snapshot");
+    assert!(
+        seen.len() == 1 && seen[0].1 == value,
+        "the value before the refused one stays"
+    );
+}
+
+#[test]
+fn records_of_format_1_are_read_and_a_cluster_at_floor_1_gets_format_1_written() {
+    let nats = NatsCluster::start(1);
+    let one = ["--set", "cluster.nats_replicas=1"];
+    let a = replica("ra", &nats.urls(), &one);
+    // As an older build wrote it: JSON, the payload in base64 ("hello").
+    let kv = |bucket: &'static str| {
+        let url = nats.url(0);
+        async move {
+            let client = async_nats::connect(url).await.unwrap();
+            async_nats::jetstream::new(client)
+                .get_key_value(bucket)
+                .await
+                .unwrap()
+        }
+    };
+    let key = fleetmq_core::cluster::retained::retained_key("legacy/old");
+    crate::nats::block_on(async {
+        let old = r#"{"format":1,"topic":"legacy/old","payload":"aGVsbG8=","qos":1}"#;
+        kv("mqtt-retained")
+            .await
+            .put(&key, old.into())
+            .await
+            .unwrap();
+        // A cluster that still has a member reading only format 1.
+        kv("mqtt-cluster-floor")
+            .await
+            .put("floor", r#"{"format":1,"floor":1}"#.into())
+            .await
+            .unwrap();
+    });
+    wait_retained(&a, "legacy/old", Some(b"hello"), Duration::from_secs(5));
+    // A replica joining at floor 1 writes what every member reads.
+    let b = replica("rb", &nats.urls(), &one);
+    let mut publisher = client(&b, "writer", true);
+    publisher.send(&publish("legacy/new", b"\x00\xffraw", 1, true, 1, true));
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(5)),
+        (0x40, 1, 0)
+    );
+    let written = crate::nats::block_on(async {
+        let key = fleetmq_core::cluster::retained::retained_key("legacy/new");
+        kv("mqtt-retained")
+            .await
+            .get(&key)
+            .await
+            .unwrap()
+            .expect("stored")
+    });
+    assert_eq!(written.first(), Some(&b'{'), "format 1 is JSON");
+    wait_retained(
+        &a,
+        "legacy/new",
+        Some(b"\x00\xffraw"),
+        Duration::from_secs(5),
+    );
+    // Format 1 cannot carry 900 kB within max_payload: refused, 0x97.
+    publisher.send(&publish("legacy/big", &pattern(900_000), 1, true, 2, true));
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(10)),
+        (0x40, 2, 0x97)
+    );
+}
