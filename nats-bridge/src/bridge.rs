@@ -1,7 +1,6 @@
 //! The bridge thread: start-up, the request loop, events to the shards,
 //! and the stop.
 
-use std::future::IntoFuture as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -96,6 +95,21 @@ pub enum Request {
         /// The record.
         record: bytes::Bytes,
         /// The revision written, or why not.
+        reply: oneshot::Sender<Result<u64, String>>,
+    },
+    /// The connection that declared `client_id`'s will (stored at
+    /// `revision`) ended with the will's delay still running: record when
+    /// this replica sends it (`due_at_ms`, Unix milliseconds), so that the
+    /// sweeper sends it then if this replica is gone by then.
+    WillDelayed {
+        /// The client identifier.
+        client_id: String,
+        /// The revision of the connection's will.
+        revision: u64,
+        /// When the will is due, Unix milliseconds.
+        due_at_ms: u64,
+        /// The revision rewritten, or why not (the will was replaced, or
+        /// the store did not answer).
         reply: oneshot::Sender<Result<u64, String>>,
     },
     /// Delete `client_id`'s will if `revision` is still its latest.
@@ -206,6 +220,10 @@ pub struct ClusterStatus {
     retained_loaded: std::sync::atomic::AtomicU64,
     /// The cluster's format floor, read at start.
     floor: std::sync::atomic::AtomicU16,
+    /// How many times this process came back from a fence.
+    epoch: std::sync::atomic::AtomicU64,
+    /// Another process runs this replica ID.
+    duplicate: AtomicBool,
     /// What the bridge counts.
     pub stats: BridgeStats,
 }
@@ -220,6 +238,8 @@ impl ClusterStatus {
             members: Mutex::new(Vec::new()),
             retained_loaded: std::sync::atomic::AtomicU64::new(u64::MAX),
             floor: std::sync::atomic::AtomicU16::new(*fleetmq_core::cluster::records::FORMATS_READ.start()),
+            epoch: std::sync::atomic::AtomicU64::new(0),
+            duplicate: AtomicBool::new(false),
             stats: BridgeStats::default(),
         }
     }
@@ -241,6 +261,27 @@ impl ClusterStatus {
     /// member reads ([`fleetmq_core::cluster::records::write_format`]).
     pub fn write_format(&self) -> u16 {
         fleetmq_core::cluster::records::write_format(self.floor.load(Ordering::Acquire))
+    }
+
+    /// This process's epoch: how many times it came back from a fence.
+    /// Wills and claims are written with it; those of an older epoch were
+    /// handed over to the cluster at a fence (`MemberRecord::epoch`).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether another process runs this replica ID: this one stays not
+    /// ready (DESIGN.md §12) until that one is gone.
+    pub fn is_duplicate(&self) -> bool {
+        self.duplicate.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_duplicate(&self, duplicate: bool) {
+        self.duplicate.store(duplicate, Ordering::Release);
+    }
+
+    pub(crate) fn next_epoch(&self) -> u64 {
+        self.epoch.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     /// Whether the initial load of `mqtt-retained` is complete.
@@ -282,9 +323,22 @@ pub(crate) struct Shared {
     pub(crate) state_client: async_nats::Client,
     /// `mqtt-sessions`, opened once (opening it is a round trip).
     pub(crate) sessions: async_nats::jetstream::kv::Store,
+    /// `mqtt-session-will`, opened once.
+    pub(crate) wills: async_nats::jetstream::kv::Store,
+    /// Counts changes of membership that may hand entries over (a peer
+    /// gone, stopped or replaced, an epoch moved on): the ownership sweep
+    /// runs again when it moved.
+    pub(crate) handovers: std::sync::atomic::AtomicU64,
     pub(crate) mailboxes: Vec<Arc<Mailbox<Event>>>,
-    /// Live peers (not taken for gone): replica → process instance.
-    pub(crate) live: Mutex<std::collections::HashMap<String, String>>,
+    /// Live peers (not taken for gone): replica → (process instance,
+    /// epoch).
+    pub(crate) live: Mutex<std::collections::HashMap<String, (String, u64)>>,
+    /// Process instances taken for gone or stopped (or replaced by a newer
+    /// process of their replica ID), and since when on this clock.
+    pub(crate) gone: Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Until when this replica decides for others (DESIGN.md §5: its own
+    /// last landed membership write was sent less than T before).
+    pub(crate) decides_until: Mutex<Option<std::time::Instant>>,
     /// Events a full mailbox handed back, per shard.
     held: Mutex<Vec<Vec<Event>>>,
     pub(crate) stop: Notify,
@@ -301,9 +355,24 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The process instances of the live peers.
-    pub(crate) fn live_instances(&self) -> std::collections::HashSet<String> {
-        self.live.lock().map(|l| l.values().cloned().collect()).unwrap_or_default()
+    /// The process instances of the live replicas with their epochs, this
+    /// one's included.
+    pub(crate) fn live_instances(&self) -> std::collections::HashMap<String, u64> {
+        let mut live: std::collections::HashMap<String, u64> =
+            self.live.lock().map(|l| l.values().cloned().collect()).unwrap_or_default();
+        live.insert(self.config.instance.clone(), self.status.epoch());
+        live
+    }
+
+    /// When `instance` was taken for gone or stopped, if it was.
+    pub(crate) fn gone_at(&self, instance: &str) -> Option<std::time::Instant> {
+        self.gone.lock().ok().and_then(|g| g.get(instance).copied())
+    }
+
+    /// Whether this replica may decide for others now (DESIGN.md §5).
+    pub(crate) fn decides_for_others(&self) -> bool {
+        let until = self.decides_until.lock().ok().and_then(|u| *u);
+        until.is_some_and(|until| std::time::Instant::now() < until)
     }
 
     /// Offer `event` to `shard`'s mailbox, holding it when full.
@@ -508,17 +577,10 @@ async fn run(
                     break;
                 }
             }
-            // Leave: the peers see this replica's entry gone now rather
-            // than member_ttl later, and the wills it handed over start
+            // Leave: the peers see this replica stopped now rather than
+            // gone member_ttl later, and the wills it handed over start
             // their grace.
-            let subject = format!("$KV.{}.{}", fleetmq_core::cluster::records::bucket::MEMBERS, shared.config.replica_id);
-            let leave = async_nats::jetstream::message::PublishMessage::build().header("KV-Operation", "DEL");
-            // A duplicate leaves nothing: the entry is the other process's.
-            if !shared.duplicate.load(Ordering::Acquire) {
-                if let Ok(ack) = shared.lease.send_publish(subject, leave).await {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), ack.into_future()).await;
-                }
-            }
+            membership::leave(&shared).await;
             let drain_by = tokio::time::Instant::now() + STOP_DRAIN;
             while shared.status.stats.in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < drain_by {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -567,6 +629,10 @@ async fn start(
         .get_key_value(fleetmq_core::cluster::records::bucket::SESSIONS)
         .await
         .map_err(|e| StartError::Connect(format!("bucket mqtt-sessions: {e}")))?;
+    let wills = state
+        .get_key_value(fleetmq_core::cluster::records::bucket::WILLS)
+        .await
+        .map_err(|e| StartError::Connect(format!("bucket mqtt-session-will: {e}")))?;
     let shards = mailboxes.len();
     Ok(Arc::new(Shared {
         config,
@@ -575,8 +641,12 @@ async fn start(
         lease,
         state_client,
         sessions,
+        wills,
+        handovers: std::sync::atomic::AtomicU64::new(0),
         mailboxes,
         live: Mutex::new(std::collections::HashMap::new()),
+        gone: Mutex::new(std::collections::HashMap::new()),
+        decides_until: Mutex::new(None),
         held: Mutex::new(vec![Vec::new(); shards]),
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
@@ -594,11 +664,22 @@ async fn handle(shared: Arc<Shared>, request: Request) {
             } else {
                 ownership::claim(&shared, &client_id, conn).await
             };
-            let _ = reply.send(outcome);
+            // Nobody waits any more (the CONNECT was refused past its
+            // budget): the claim that landed is given up again.
+            if let Err(Ok(claimed)) = reply.send(outcome) {
+                ownership::release(&shared, &client_id, claimed.revision).await;
+            }
         }
         Request::Release { client_id, revision } => ownership::release(&shared, &client_id, revision).await,
         Request::WillPut { client_id, record, reply } => {
-            let _ = reply.send(sweeper::put_will(&shared, &client_id, record).await);
+            // A will whose CONNECT was refused meanwhile is deleted again:
+            // no will for a refused device (DESIGN.md §6).
+            if let Err(Ok(revision)) = reply.send(sweeper::put_will(&shared, &client_id, record).await) {
+                let _ = sweeper::delete_will(&shared, &client_id, revision).await;
+            }
+        }
+        Request::WillDelayed { client_id, revision, due_at_ms, reply } => {
+            let _ = reply.send(sweeper::will_delayed(&shared, &client_id, revision, due_at_ms).await);
         }
         Request::WillDelete { client_id, revision } => {
             if let Err(e) = sweeper::delete_will(&shared, &client_id, revision).await {

@@ -37,19 +37,16 @@ pub(crate) fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Run membership until the bridge stops. `first_write` fires when the
-/// replica first serves.
-pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
+/// This replica's entry in `mqtt-members` (`leaving`: the last one, written
+/// at a clean stop before the entry is deleted).
+fn member_record(shared: &Shared, leaving: bool) -> MemberRecord {
     let config = &shared.config;
-    let ttl = config.cluster.member_ttl;
-    let me = config.replica_id.clone();
-    let mut machine = Membership::new(me.clone(), ttl, Instant::now());
-    let record = MemberRecord {
+    MemberRecord {
         format: shared.status.write_format(),
-        replica: me.clone(),
+        replica: config.replica_id.clone(),
         instance: config.instance.clone(),
         started_at_ms: config.started_at_ms,
-        member_ttl_ms: ttl.as_millis() as u64,
+        member_ttl_ms: config.cluster.member_ttl.as_millis() as u64,
         mesh: if config.cluster.mesh_advertise.is_empty() {
             config.cluster.mesh_listen.clone()
         } else {
@@ -57,33 +54,108 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
         },
         mesh_versions: vec![1],
         reads: [*FORMATS_READ.start(), *FORMATS_READ.end()],
-    };
-    let payload = Bytes::from(record.encode());
-    let subject = format!("$KV.{}.{me}", bucket::MEMBERS);
+        epoch: shared.status.epoch(),
+        leaving,
+    }
+}
+
+fn member_subject(shared: &Shared) -> String {
+    format!("$KV.{}.{}", bucket::MEMBERS, shared.config.replica_id)
+}
+
+/// Another process that runs this replica ID now, read before this one
+/// writes anything (a write first would hide it: the `mqtt-members` watch
+/// shows the last value of each key). A leaving entry is a process that
+/// stops, not a duplicate; an entry that cannot be read is taken for none.
+async fn running_elsewhere(shared: &Shared) -> Option<MemberRecord> {
+    let kv = shared.state.get_key_value(bucket::MEMBERS).await.ok()?;
+    let entry = kv.entry(&shared.config.replica_id).await.ok()??;
+    if entry.operation != Operation::Put {
+        return None;
+    }
+    let record = MemberRecord::decode(&entry.value).ok()?;
+    (record.instance != shared.config.instance && !record.leaving).then_some(record)
+}
+
+/// Leave at a clean stop: a last entry that says so, on the lease
+/// connection, expiring a second later, so that the peers log this
+/// replica as stopped at once rather than gone after `member_ttl` and T/2.
+/// (Not deleted: a delete right after it could replace it in the bucket
+/// before a watcher read it.) A duplicate leaves nothing: the entry is the
+/// other process's.
+pub(crate) async fn leave(shared: &Shared) {
+    if shared.duplicate.load(std::sync::atomic::Ordering::Acquire) {
+        return;
+    }
+    // The shortest TTL JetStream takes.
+    let leaving =
+        PublishMessage::build().payload(member_record(shared, true).encode().into()).ttl(Duration::from_secs(1));
+    let sent = async { shared.lease.send_publish(member_subject(shared), leaving).await?.await };
+    match tokio::time::timeout(Duration::from_secs(1), sent).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => warn!(target: "cluster", error = %e, "cluster: leaving not written: the others take this replica for gone"),
+        Err(_) => warn!(target: "cluster", "cluster: leaving not acknowledged within 1 s"),
+    }
+}
+
+/// Run membership until the bridge stops. `first_write` fires when the
+/// replica first serves, or when it finds another process running its
+/// replica ID (it then stays not ready).
+pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
+    let config = &shared.config;
+    let ttl = config.cluster.member_ttl;
+    let me = config.replica_id.clone();
+    let mut machine = Membership::new(me.clone(), ttl, Instant::now());
+    let subject = member_subject(&shared);
     let (report, mut reports) = mpsc::unbounded_channel();
-    tokio::task::spawn_local(watch_members(shared.clone(), report.clone()));
     let mut first_write = Some(first_write);
-    let mut last_probe: Option<Instant> = None;
     // Set while another process holds this replica ID (DESIGN.md §12).
     let mut duplicate: Option<String> = None;
+    if let Some(other) = running_elsewhere(&shared).await {
+        warn!(target: "cluster", replica = %me, other = %other.instance,
+            "cluster: duplicate replica id: another process (instance {}) runs replica {me}; this one stays not ready until it is gone", other.instance);
+        duplicate = Some(other.instance);
+        publish_status(&shared, &machine, Some(FenceReason::Starting), duplicate.as_deref());
+        shared.duplicate.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(first) = first_write.take() {
+            let _ = first.send(());
+        }
+    }
+    tokio::task::spawn_local(watch_members(shared.clone(), report.clone()));
+    let mut last_probe: Option<Instant> = None;
+    // Whether this process served before (an Unfenced after that is a
+    // return from a fence).
+    let mut served = false;
     let mut fenced_reason: Option<FenceReason> = Some(FenceReason::Starting);
     while !shared.stopping.load(std::sync::atomic::Ordering::Acquire) {
         let now = Instant::now();
         if duplicate.is_none() && machine.heartbeat_due(now) {
             let id = machine.sent(now);
-            tokio::task::spawn_local(heartbeat(shared.clone(), subject.clone(), payload.clone(), ttl, id, report.clone()));
+            let payload = Bytes::from(member_record(&shared, false).encode());
+            tokio::task::spawn_local(heartbeat(shared.clone(), subject.clone(), payload, ttl, id, report.clone()));
         }
         if last_probe.is_none_or(|at| now.duration_since(at) >= PROBE_INTERVAL) {
             last_probe = Some(now);
             tokio::task::spawn_local(probe(shared.clone(), report.clone()));
         }
         for change in machine.tick(now) {
-            apply(&shared, &change, &mut fenced_reason);
             if change == Change::Unfenced {
                 if let Some(first) = first_write.take() {
                     let _ = first.send(());
                 }
+                if served {
+                    // Back from a fence: what was handed over then is the
+                    // cluster's (wills and claims of older epochs).
+                    let epoch = shared.status.next_epoch();
+                    shared.handovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    info!(target: "cluster", epoch, "cluster: back from a fence, new epoch");
+                }
+                served = true;
             }
+            apply(&shared, &change, &mut fenced_reason);
+        }
+        if let Ok(mut until) = shared.decides_until.lock() {
+            *until = machine.decides_until();
         }
         publish_status(&shared, &machine, fenced_reason, duplicate.as_deref());
         shared.duplicate.store(duplicate.is_some(), std::sync::atomic::Ordering::Release);
@@ -91,10 +163,10 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
         let deadline = machine.next_deadline(now).min(next_probe).max(now + Duration::from_millis(5));
         tokio::select! {
             Some(r) = reports.recv() => {
-                handle(&mut machine, &mut duplicate, &shared, r);
+                handle(&mut machine, &mut duplicate, &shared, r, &mut fenced_reason);
                 // Take what else arrived before the next tick.
                 while let Ok(r) = reports.try_recv() {
-                    handle(&mut machine, &mut duplicate, &shared, r);
+                    handle(&mut machine, &mut duplicate, &shared, r, &mut fenced_reason);
                 }
             }
             () = tokio::time::sleep_until(deadline.into()) => {}
@@ -103,7 +175,15 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
     }
 }
 
-fn handle(machine: &mut Membership, duplicate: &mut Option<String>, shared: &Shared, report: Report) {
+/// Feed `report` to the machine; a change it causes at once (a peer left)
+/// is applied at once, in the order of the reports.
+fn handle(
+    machine: &mut Membership,
+    duplicate: &mut Option<String>,
+    shared: &Shared,
+    report: Report,
+    fenced_reason: &mut Option<FenceReason>,
+) {
     let now = Instant::now();
     let me = &shared.config.replica_id;
     match report {
@@ -117,6 +197,11 @@ fn handle(machine: &mut Membership, duplicate: &mut Option<String>, shared: &Sha
             let other_instance = record.as_ref().filter(|r| r.instance != shared.config.instance);
             if &replica == me {
                 if let Some(other) = other_instance {
+                    if other.leaving {
+                        // The other process stops: this one takes over.
+                        *duplicate = None;
+                        return;
+                    }
                     // Two processes with one replica ID: the one started
                     // later steps back (ties broken by instance).
                     let mine = (shared.config.started_at_ms, shared.config.instance.as_str());
@@ -130,17 +215,37 @@ fn handle(machine: &mut Membership, duplicate: &mut Option<String>, shared: &Sha
                     return;
                 }
             }
+            let leaving = record.as_ref().is_some_and(|r| r.leaving);
             if let Some(r) = &record {
-                if let Ok(mut live) = shared.live.lock() {
-                    live.insert(replica.clone(), r.instance.clone());
+                let replaced = shared
+                    .live
+                    .lock()
+                    .ok()
+                    .and_then(|mut live| live.insert(replica.clone(), (r.instance.clone(), r.epoch)));
+                if replaced.as_ref().is_some_and(|(old, epoch)| *old == r.instance && *epoch < r.epoch) {
+                    // Back from a fence: its older claims are handed over.
+                    shared.handovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                let replaced = replaced.filter(|(old, _)| *old != r.instance);
+                if let Some((old, _)) = replaced {
+                    // A new process of that replica ID: the old one is gone.
+                    info!(target: "cluster", peer = %replica, old = %old, "cluster: replica restarted");
+                    mark_gone(shared, &old, now);
                 }
                 if r.member_ttl_ms != shared.config.cluster.member_ttl.as_millis() as u64 {
                     warn!(target: "cluster", peer = %replica, their_ttl_ms = r.member_ttl_ms,
                         "cluster: a member runs with another member_ttl");
                 }
             }
-            if let Some(change) = machine.entry_present(&replica, revision, now) {
-                info!(target: "cluster", ?change, "cluster: member joined");
+            let change = if leaving {
+                machine.entry_leaving(&replica, revision, now)
+            } else {
+                machine.entry_present(&replica, revision, now)
+            };
+            match change {
+                Some(left @ Change::PeerLeft(_)) => apply(shared, &left, fenced_reason),
+                Some(change) => info!(target: "cluster", ?change, "cluster: member joined"),
+                None => {}
             }
         }
         Report::Missing { replica, revision } => {
@@ -174,13 +279,40 @@ fn apply(shared: &Shared, change: &Change, fenced_reason: &mut Option<FenceReaso
         }
         Change::PeerGone(peer) => {
             warn!(target: "cluster", %peer, "cluster: replica gone");
-            if let Ok(mut live) = shared.live.lock() {
-                live.remove(peer);
-            }
+            peer_out(shared, peer);
+        }
+        Change::PeerLeft(peer) => {
+            info!(target: "cluster", %peer, "cluster: replica stopped");
+            peer_out(shared, peer);
         }
         Change::PeerJoined(peer) => info!(target: "cluster", %peer, "cluster: replica joined"),
         _ => {}
     }
+}
+
+/// `peer` is gone or stopped: its process's wills and claims are the
+/// sweeper's from now on.
+fn peer_out(shared: &Shared, peer: &str) {
+    let instance = shared.live.lock().ok().and_then(|mut live| live.remove(peer));
+    if let Some((instance, _)) = instance {
+        mark_gone(shared, &instance, Instant::now());
+    }
+}
+
+/// Instances remembered as gone at most; the oldest are forgotten first
+/// (an unknown instance's entries are still swept once old enough).
+const GONE_MAX: usize = 4096;
+
+fn mark_gone(shared: &Shared, instance: &str, now: Instant) {
+    if let Ok(mut gone) = shared.gone.lock() {
+        if gone.len() >= GONE_MAX {
+            if let Some(oldest) = gone.iter().min_by_key(|(_, at)| **at).map(|(i, _)| i.clone()) {
+                gone.remove(&oldest);
+            }
+        }
+        gone.entry(instance.to_owned()).or_insert(now);
+    }
+    shared.handovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 fn publish_status(shared: &Shared, machine: &Membership, fenced: Option<FenceReason>, duplicate: Option<&str>) {
@@ -198,6 +330,7 @@ fn publish_status(shared: &Shared, machine: &Membership, fenced: Option<FenceRea
         members.sort();
     }
     shared.status.set_members(members);
+    shared.status.set_duplicate(duplicate.is_some());
     shared.status.set_fenced(fenced.is_some() || duplicate.is_some(), reason);
 }
 

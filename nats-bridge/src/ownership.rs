@@ -4,14 +4,17 @@
 //! replica reaches the shard that serves that client identifier as
 //! [`Event::TakenOver`].
 
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::message::PublishMessage;
 use fleetmq_core::cluster::records::{bucket, client_id_of_key, client_key, OwnerRecord, Record};
-use tracing::debug;
+use futures_util::StreamExt as _;
+use tracing::{debug, info};
 
 use crate::bridge::{ClaimError, Claimed, Event, Shared};
 use crate::membership::unix_ms;
@@ -48,6 +51,7 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64) -> Result
         instance: shared.config.instance.clone(),
         conn,
         claimed_at_ms: unix_ms(),
+        epoch: shared.status.epoch(),
     };
     let payload: bytes::Bytes = record.encode().into();
     let kv = &shared.sessions;
@@ -116,4 +120,111 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
         shared.send_event(shard, Event::TakenOver { client_id, revision: entry.revision, replica: record.replica });
     })
     .await;
+}
+
+/// The ownership sweep runs again at least this often, as well as when a
+/// peer is gone, stopped, replaced or back from a fence.
+const SCAN_EVERY: Duration = Duration::from_secs(60);
+
+/// How long the scan waits for the next entry before it takes the bucket
+/// as read.
+const SCAN_QUIET: Duration = Duration::from_secs(5);
+
+/// What the ownership sweep remembers between runs (reset when the leader
+/// lock is lost).
+#[derive(Debug, Default)]
+pub(crate) struct OwnerSweep {
+    /// When it last scanned.
+    last: Option<Instant>,
+    /// [`Shared::handovers`] at that scan.
+    handovers: u64,
+}
+
+/// Whether `owner`'s claim is handed over: its process is gone (or
+/// stopped, or replaced), or it fenced since the claim (its epoch moved
+/// on: every connection was closed then). A process this replica never
+/// saw counts as gone once this replica has watched the members for T
+/// (every live one writes each T/10) and the claim is older than 2T.
+fn handed_over(owner: &OwnerRecord, live: &HashMap<String, u64>, shared: &Shared, now_ms: u64) -> bool {
+    if let Some(epoch) = live.get(&owner.instance) {
+        return owner.epoch < *epoch;
+    }
+    if shared.gone_at(&owner.instance).is_some() {
+        return true;
+    }
+    let ttl_ms = shared.config.cluster.member_ttl.as_millis() as u64;
+    now_ms.saturating_sub(shared.config.started_at_ms) > ttl_ms
+        && owner.claimed_at_ms.saturating_add(2 * ttl_ms) < now_ms
+}
+
+/// The leader's sweep of `mqtt-sessions` (DESIGN.md §4): when membership
+/// handed something over since the last run (or [`SCAN_EVERY`] passed),
+/// read every entry and delete those whose owner is gone, each with a
+/// compare-and-set on the revision read, so that an entry claimed again
+/// meanwhile (by a live replica) stays. A CONNECT does not wait for this:
+/// a claim takes any entry over.
+pub(crate) async fn sweep(shared: &Shared, state: &mut OwnerSweep) {
+    let handovers = shared.handovers.load(Ordering::Relaxed);
+    let due = state.last.is_none_or(|at| at.elapsed() >= SCAN_EVERY) || handovers != state.handovers;
+    if !due {
+        return;
+    }
+    state.last = Some(Instant::now());
+    state.handovers = handovers;
+    let stale = match scan(shared).await {
+        Ok(stale) => stale,
+        Err(e) => {
+            debug!(target: "cluster", error = %e, "cluster: ownership sweep could not read mqtt-sessions");
+            state.last = None;
+            return;
+        }
+    };
+    let mut swept = 0;
+    for (key, revision) in stale {
+        // Each delete is a decision for others.
+        if !shared.decides_for_others() {
+            break;
+        }
+        let publish = PublishMessage::build().header("KV-Operation", "DEL").expected_last_subject_sequence(revision);
+        let outcome = match shared.state.send_publish(subject(&key), publish).await {
+            Ok(ack) => ack.await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if outcome.is_ok() {
+            swept += 1;
+        }
+    }
+    if swept > 0 {
+        info!(target: "cluster", swept, "cluster: swept the client identifier ownership of gone replicas");
+    }
+}
+
+/// Every entry of `mqtt-sessions` whose owner is handed over: (key,
+/// revision).
+async fn scan(shared: &Shared) -> Result<Vec<(String, u64)>, String> {
+    let mut stream = shared.state.get_stream(format!("KV_{}", bucket::SESSIONS)).await.map_err(|e| e.to_string())?;
+    let info = stream.info().await.map_err(|e| e.to_string())?;
+    if info.state.messages == 0 {
+        return Ok(Vec::new());
+    }
+    let last = info.state.last_sequence;
+    let live = shared.live_instances();
+    let now_ms = unix_ms();
+    let mut watch = shared.sessions.watch_with_history(">").await.map_err(|e| e.to_string())?;
+    let mut stale = Vec::new();
+    while let Ok(Some(Ok(entry))) = tokio::time::timeout(SCAN_QUIET, watch.next()).await {
+        if entry.operation == Operation::Put {
+            if let Ok(owner) = OwnerRecord::decode(&entry.value) {
+                // This process's own current claims are live (`live` holds
+                // its instance at its epoch).
+                if handed_over(&owner, &live, shared, now_ms) {
+                    stale.push((entry.key.clone(), entry.revision));
+                }
+            }
+        }
+        if entry.delta == 0 || entry.revision >= last {
+            break;
+        }
+    }
+    Ok(stale)
 }

@@ -1,8 +1,17 @@
 //! The leader lock and the sweeper (DESIGN.md §4, §5): one replica at a
-//! time holds the lease key `sweeper` in `mqtt-leader` and sends the wills
-//! of connections whose replica is stopped, fenced or gone, once
-//! `will_stop_grace` (plus the will's own delay) has passed and unless the
-//! client reconnected anywhere meanwhile.
+//! time holds the lease key `sweeper` in `mqtt-leader` and, while it
+//! decides for others (its own last landed membership write was sent less
+//! than T ago), sends the wills of connections whose replica is stopped,
+//! fenced or gone, once `will_stop_grace` or what is left of the will's
+//! own wait (Will Delay, or a shorter Session Expiry), whichever is
+//! longer, has passed and unless the client reconnected anywhere
+//! meanwhile; and sweeps those replicas' entries in `mqtt-sessions`
+//! ([`crate::ownership::sweep`]).
+//!
+//! A will is handed over when its process is no live member (gone,
+//! stopped, or replaced by a new process of its replica ID) or when it was
+//! declared at an older epoch than its process's current one (the process
+//! fenced since, which closed its connections and handed their wills over).
 //!
 //! The lease is built from raw publishes with an expected last subject
 //! sequence and a per-message TTL (not async-nats `create_with_ttl`,
@@ -12,7 +21,7 @@
 //! send it.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,6 +35,8 @@ use fleetmq_core::cluster::wills::WillRecord;
 use tracing::{debug, info, warn};
 
 use crate::bridge::{Event, Shared};
+use crate::membership::unix_ms;
+use crate::ownership::OwnerSweep;
 use crate::watch::{follow, Seen, Start};
 
 /// The lease key in `mqtt-leader`.
@@ -47,6 +58,27 @@ pub(crate) async fn put_will(shared: &Shared, client_id: &str, record: Bytes) ->
     ack.await.map(|a| a.sequence).map_err(|e| e.to_string())
 }
 
+/// `client_id`'s will, stored at `revision`, is held by this replica for
+/// its delay after its connection ended: record `due_at_ms` in it (a
+/// compare-and-set on `revision`), so that the sweeper sends it then if
+/// this replica is gone. The new revision.
+///
+/// # Errors
+/// The will was replaced or deleted meanwhile, or JetStream did not answer.
+pub(crate) async fn will_delayed(shared: &Shared, client_id: &str, revision: u64, due_at_ms: u64) -> Result<u64, String> {
+    let key = client_key(client_id);
+    let entry = shared.wills.entry(&key).await.map_err(|e| e.to_string())?;
+    let Some(entry) = entry.filter(|e| e.revision == revision && e.operation == Operation::Put) else {
+        return Err("the will was replaced".into());
+    };
+    let mut record = WillRecord::decode(&entry.value).map_err(|e| e.to_string())?;
+    record.due_at_ms = Some(due_at_ms);
+    let subject = format!("$KV.{}.{key}", bucket::WILLS);
+    let publish = PublishMessage::build().payload(record.encode().into()).expected_last_subject_sequence(revision);
+    let ack = shared.state.send_publish(subject, publish).await.map_err(|e| e.to_string())?;
+    ack.await.map(|a| a.sequence).map_err(|e| e.to_string())
+}
+
 /// Delete `client_id`'s will if `revision` is still its latest.
 pub(crate) async fn delete_will(shared: &Shared, client_id: &str, revision: u64) -> Result<(), String> {
     let subject = format!("$KV.{}.{}", bucket::WILLS, client_key(client_id));
@@ -62,8 +94,10 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let ttl = shared.config.cluster.member_ttl;
     let grace = shared.config.cluster.will_stop_grace;
     let mut lease = Lease::default();
-    let mut orphaned: HashMap<String, Instant> = HashMap::new();
+    let mut orphaned: HashMap<String, Orphaned> = HashMap::new();
+    let mut owners = OwnerSweep::default();
     let mut was_fenced = true;
+    let mut serving_since = Instant::now();
     let mut last_sweep = Instant::now();
     while !shared.stopping.load(Ordering::Acquire) {
         let fenced = shared.status.is_fenced();
@@ -76,17 +110,30 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         // whole-NATS outage it saw nothing meanwhile).
         if was_fenced && !fenced {
             orphaned.clear();
+            serving_since = Instant::now();
         }
         was_fenced = fenced;
-        if !fenced && lease.valid(ttl) && last_sweep.elapsed() >= SWEEP_EVERY {
+        if !lease.valid(ttl) {
+            owners = OwnerSweep::default();
+        }
+        if !fenced && lease.valid(ttl) && shared.decides_for_others() && last_sweep.elapsed() >= SWEEP_EVERY {
             last_sweep = Instant::now();
-            sweep(&shared, &wills, &mut orphaned, grace).await;
+            sweep(&shared, &wills, &mut orphaned, grace, serving_since).await;
+            crate::ownership::sweep(&shared, &mut owners).await;
         }
         tokio::select! {
             () = tokio::time::sleep(ttl / 6) => {}
             () = shared.stop.notified() => {}
         }
     }
+}
+
+/// When a will was first seen handed over, on this clock and in Unix
+/// milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct Orphaned {
+    since: Instant,
+    since_ms: u64,
 }
 
 /// This replica's hold on the lease.
@@ -152,28 +199,46 @@ impl Lease {
     }
 }
 
-/// Send or withhold every will whose process is no live member and whose
-/// grace (plus its delay) is over.
-async fn sweep(shared: &Shared, wills: &Wills, orphaned: &mut HashMap<String, Instant>, grace: Duration) {
-    let live: HashSet<String> = shared.live_instances();
-    let now = Instant::now();
+/// Send or withhold every handed-over will whose wait is over (see the
+/// module's doc).
+async fn sweep(
+    shared: &Shared,
+    wills: &Wills,
+    orphaned: &mut HashMap<String, Orphaned>,
+    grace: Duration,
+    serving_since: Instant,
+) {
+    let live = shared.live_instances();
+    let (now, now_ms) = (Instant::now(), unix_ms());
     let due: Vec<(String, u64, WillRecord)> = {
         let wills = wills.borrow();
         orphaned.retain(|key, _| wills.contains_key(key));
         wills
             .iter()
             .filter_map(|(key, (revision, record))| {
-                if record.instance == shared.config.instance || live.contains(&record.instance) {
+                if live.get(&record.instance).is_some_and(|epoch| record.epoch >= *epoch) {
                     orphaned.remove(key);
                     return None;
                 }
-                let since = *orphaned.entry(key.clone()).or_insert(now);
-                let wait = grace + Duration::from_secs(u64::from(record.delay_s));
-                (now.duration_since(since) >= wait).then(|| (key.clone(), *revision, record.clone()))
+                let orphan = *orphaned.entry(key.clone()).or_insert_with(|| {
+                    // Since its process was taken for gone (or stopped),
+                    // when this replica knows it; and never before this
+                    // replica serves.
+                    let since = shared.gone_at(&record.instance).unwrap_or(now).max(serving_since);
+                    let ago = now.saturating_duration_since(since).as_millis() as u64;
+                    Orphaned { since, since_ms: now_ms.saturating_sub(ago) }
+                });
+                let wait = record.sweep_wait(orphan.since_ms, grace);
+                (now.saturating_duration_since(orphan.since) >= wait).then(|| (key.clone(), *revision, record.clone()))
             })
             .collect()
     };
     for (key, revision, record) in due {
+        // Each send is a decision for others: only while this replica's
+        // own lease is current.
+        if !shared.decides_for_others() {
+            return;
+        }
         orphaned.remove(&key);
         let back = client_back(shared, &record).await;
         let Ok(back) = back else { continue };
@@ -188,20 +253,21 @@ async fn sweep(shared: &Shared, wills: &Wills, orphaned: &mut HashMap<String, In
         }
         let Some(will) = record.will() else { continue };
         shared.status.stats.wills_sent.fetch_add(1, Ordering::Relaxed);
-        info!(target: "cluster", client_id = %record.client_id, replica = %record.replica, "cluster: sending the will of a connection of a gone replica");
+        info!(target: "cluster", client_id = %record.client_id, replica = %record.replica, "cluster: sending the will of a connection handed over by its replica");
         let shard = (shared.config.owner_of)(&record.client_id, shared.mailboxes.len());
         shared.send_event(shard, Event::PublishWill { will });
     }
 }
 
 /// Whether the will's client connected again since (anywhere): its client
-/// identifier is claimed by another process or connection.
+/// identifier is claimed by another process, or by its own after it came
+/// back from a fence.
 async fn client_back(shared: &Shared, record: &WillRecord) -> Result<bool, String> {
     let entry = shared.sessions.entry(client_key(&record.client_id)).await.map_err(|e| e.to_string())?;
     Ok(match entry {
-        Some(e) if e.operation == Operation::Put => {
-            OwnerRecord::decode(&e.value).map(|owner| owner.instance != record.instance).unwrap_or(false)
-        }
+        Some(e) if e.operation == Operation::Put => OwnerRecord::decode(&e.value)
+            .map(|owner| owner.instance != record.instance || owner.epoch > record.epoch)
+            .unwrap_or(false),
         _ => false,
     })
 }

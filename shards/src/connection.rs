@@ -363,7 +363,7 @@ pub(crate) async fn accepted(
         }
     };
     let claim = match &settings.cluster {
-        Some(node) => match Box::pin(node.admit(&negotiated.client_id, connect_at, &connect, &identity)).await {
+        Some(node) => match Box::pin(node.admit(&negotiated.client_id, connect_at, &connect, negotiated.session_expiry, &identity)).await {
             Ok(claim) => Some(Box::new(claim)),
             Err((reason, why)) => {
                 debug!(target: "cluster", client_id = %negotiated.client_id, why, "cluster: CONNECT refused");

@@ -75,6 +75,11 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     };
     let handles = start_shards(plan, listeners.per_shard)?;
     announce_ready(&listeners.bound, admin.as_ref(), shards, &ready);
+    if let Some(node) = &cluster {
+        crate::cluster::announce_when_ready(node);
+    } else {
+        announce(format_args!("fleetmq: ready"));
+    }
 
     let mut failed = false;
     for handle in handles {
@@ -353,7 +358,8 @@ fn start_shards(
     Ok(handles)
 }
 
-/// Print the start-up lines and turn readiness on.
+/// Print the listening lines and turn readiness on (the caller prints
+/// `fleetmq: ready`).
 fn announce_ready(
     bound: &[(ListenerKind, SocketAddr)],
     admin: Option<&crate::admin::AdminHandle>,
@@ -371,16 +377,16 @@ fn announce_ready(
         ));
     }
     // Ready for the admin endpoint first: whoever saw the line may ask
-    // `/health/ready` at once (found as a 503 in an e2e test).
+    // `/health/ready` at once (found as a 503 in an e2e test). In cluster
+    // mode it answers the cluster's reason while there is one.
     ready.store(true, Ordering::Release);
-    announce(format_args!("fleetmq: ready"));
 }
 
 /// Writes one start-up line (`fleetmq: listening …`, `fleetmq: ready`) to
 /// stdout and flushes it. A closed stdout (`fleetmq serve | head -1`) is
 /// not the broker's failure: the line is dropped (`println!` would panic
 /// the main thread and stop the broker).
-fn announce(line: std::fmt::Arguments<'_>) {
+pub(crate) fn announce(line: std::fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }

@@ -130,3 +130,8 @@ mod cluster;
 /// NATS max_payload.
 #[path = "e2e/cluster_retained.rs"]
 mod cluster_retained;
+
+/// Cluster hand-over: delayed wills of a killed or fenced replica, gone
+/// replicas' client identifier ownership, a clean stop, NATS slow.
+#[path = "e2e/cluster_handover.rs"]
+mod cluster_handover;

@@ -70,6 +70,10 @@ pub enum Change {
     PeerGone(String),
     /// A peer appeared (or came back).
     PeerJoined(String),
+    /// A peer stopped cleanly: its last entry says it leaves. Its wills
+    /// and ownership entries are the sweeper's to handle, as for a gone
+    /// one, from now on.
+    PeerLeft(String),
 }
 
 /// A peer as this replica's watch sees it.
@@ -78,7 +82,7 @@ struct Peer {
     /// When the entry was found missing, on this replica's clock; `None`
     /// while it is present.
     missing_since: Option<Instant>,
-    /// Taken for gone (reported once).
+    /// Taken for gone or left (reported once).
     gone: bool,
 }
 
@@ -206,6 +210,22 @@ impl Membership {
         None
     }
 
+    /// The watch shows the last entry of `replica`, at `revision`: its
+    /// process stops (a clean stop writes it, with a short TTL, after it
+    /// closed its connections). Reported as [`Change::PeerLeft`] at once,
+    /// rather than [`Change::PeerGone`] after the entry expired and T/2.
+    /// (The entry is not deleted: in a bucket that keeps one value per key
+    /// a delete right after it could replace it before a watcher read it.)
+    pub fn entry_leaving(&mut self, replica: &str, revision: u64, now: Instant) -> Option<Change> {
+        if replica == self.me {
+            return None;
+        }
+        let _ = (revision, now);
+        let peer = self.peers.entry(replica.to_owned()).or_insert(Peer { missing_since: None, gone: true });
+        peer.missing_since = None;
+        (!std::mem::replace(&mut peer.gone, true)).then(|| Change::PeerLeft(replica.to_owned()))
+    }
+
     /// The watch shows the entry of `replica` gone (deleted, purged or
     /// expired) at `revision`.
     pub fn entry_missing(&mut self, replica: &str, revision: u64, now: Instant) {
@@ -222,14 +242,24 @@ impl Membership {
         }
     }
 
-    /// Whether this replica may decide for others (sweep wills, take over
-    /// gone replicas' entries): its own last landed write was sent less
-    /// than T ago and it is not fenced.
+    /// Whether this replica may decide for others (declare peers gone,
+    /// send their wills, sweep their ownership entries): only while its
+    /// own last landed write was sent less than T ago (DESIGN.md §5), and
+    /// its own entry was not found missing since. A replica whose own
+    /// entry may have expired cannot tell that the others still see it.
     pub fn decides_for_others(&self, now: Instant) -> bool {
-        self.fenced.is_none()
-            && self
-                .last_landed_sent
-                .is_some_and(|at| now.saturating_duration_since(at) < self.ttl)
+        self.decides_until().is_some_and(|until| now < until)
+    }
+
+    /// Until when (exclusive) [`Membership::decides_for_others`] holds if
+    /// no other write lands: the send time of the last landed write plus
+    /// T; `None` when it does not hold at all (nothing landed, or the own
+    /// entry found missing).
+    pub fn decides_until(&self) -> Option<Instant> {
+        if self.own_missing {
+            return None;
+        }
+        self.last_landed_sent.map(|at| at + self.ttl)
     }
 
     /// Why the replica is fenced, `None` when it serves.
@@ -258,6 +288,11 @@ impl Membership {
                 at = at.min(since + self.ttl / 2);
             }
         }
+        if let Some(until) = self.decides_until() {
+            // Peers whose T/2 ran out while this replica could not decide
+            // are declared when it can again; and it stops deciding then.
+            at = at.min(until);
+        }
         at.max(now)
     }
 
@@ -273,17 +308,22 @@ impl Membership {
             });
         }
         let half = self.ttl / 2;
-        let mut gone: Vec<String> = Vec::new();
+        let decides = self.decides_for_others(now);
+        let mut gone: Vec<Change> = Vec::new();
         for (id, peer) in self.peers.iter_mut() {
-            if let Some(since) = peer.missing_since {
-                if !peer.gone && now.saturating_duration_since(since) >= half {
-                    peer.gone = true;
-                    gone.push(id.clone());
-                }
+            let Some(since) = peer.missing_since else { continue };
+            if peer.gone {
+                continue;
+            }
+            if decides && now.saturating_duration_since(since) >= half {
+                // Only a replica whose own lease is current may take a
+                // peer for gone: one cut off sees everyone's entry vanish.
+                peer.gone = true;
+                gone.push(Change::PeerGone(id.clone()));
             }
         }
-        gone.sort();
-        changes.extend(gone.into_iter().map(Change::PeerGone));
+        gone.sort_by(|a, b| peer_of(a).cmp(peer_of(b)));
+        changes.extend(gone);
         changes
     }
 
@@ -301,6 +341,14 @@ impl Membership {
             return Some(FenceReason::LeaseLapsed);
         }
         None
+    }
+}
+
+/// The peer a [`Change::PeerGone`] or [`Change::PeerLeft`] names.
+fn peer_of(change: &Change) -> &str {
+    match change {
+        Change::PeerGone(id) | Change::PeerLeft(id) | Change::PeerJoined(id) => id,
+        Change::Fenced(_) | Change::Unfenced => "",
     }
 }
 

@@ -134,6 +134,15 @@ pub struct MemberRecord {
     pub mesh_versions: Vec<u16>,
     /// The oldest and newest record formats this replica reads.
     pub reads: [u16; 2],
+    /// How many times this process has come back from a fence: the wills
+    /// and ownership entries it wrote at an older epoch were handed over
+    /// to the cluster at that fence (DESIGN.md §5).
+    #[serde(default)]
+    pub epoch: u64,
+    /// The process stops (a clean stop): written just before the entry is
+    /// deleted, so that the others log it as stopped rather than gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
 }
 
 impl Record for MemberRecord {
@@ -158,6 +167,9 @@ pub struct OwnerRecord {
     pub conn: u64,
     /// When the claim was made, Unix milliseconds.
     pub claimed_at_ms: u64,
+    /// The owning process's [`MemberRecord::epoch`] when it claimed.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl Record for OwnerRecord {
@@ -237,6 +249,8 @@ mod tests {
             mesh: "10.0.0.1:7884".into(),
             mesh_versions: vec![1],
             reads: [1, 1],
+            epoch: 0,
+            leaving: false,
         }
     }
 

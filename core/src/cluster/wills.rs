@@ -3,7 +3,7 @@
 //! that serves it, so that the elected sweeper can send the wills of a
 //! stopped, fenced or gone replica's connections once their grace is over.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +39,24 @@ pub struct WillRecord {
     pub expiry_s: Option<u32>,
     /// Topic (with its workspace prefix), payload, QoS and properties.
     pub message: RetainedRecord,
+    /// The connection's Session Expiry Interval in force, seconds (0: the
+    /// session ends with the connection; `u32::MAX`: never). A session
+    /// that ends before the Will Delay Interval has passed sends the will
+    /// then `[MQTT-3.1.3-9]`.
+    #[serde(default)]
+    pub session_expiry_s: u32,
+    /// When the serving replica sends the will, Unix milliseconds: set
+    /// once the connection ended with the will's delay still running
+    /// (`None` while the connection is open).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at_ms: Option<u64>,
+    /// The serving process's epoch ([`MemberRecord::epoch`]) when the will
+    /// was declared: a will of an older epoch than its process's current
+    /// one was handed over to the cluster at a fence.
+    ///
+    /// [`MemberRecord::epoch`]: crate::cluster::records::MemberRecord::epoch
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl Record for WillRecord {
@@ -49,17 +67,19 @@ impl Record for WillRecord {
 
 impl WillRecord {
     /// The record of `will` (its topic already with the workspace
-    /// prefix), declared at `now_ms` (Unix milliseconds).
-    #[allow(clippy::too_many_arguments)]
+    /// prefix), declared at `now_ms` (Unix milliseconds) by a connection
+    /// whose Session Expiry Interval is `session_expiry_s`, served by
+    /// `server` (replica, instance, epoch).
     pub fn of(
         will: &Will,
         client_id: &str,
         username: Option<&str>,
         workspace: &str,
-        replica: &str,
-        instance: &str,
+        server: (&str, &str, u64),
+        session_expiry_s: u32,
         now_ms: u64,
     ) -> WillRecord {
+        let (replica, instance, epoch) = server;
         let message = Message {
             topic: will.topic.clone(),
             payload: will.payload.clone(),
@@ -85,7 +105,27 @@ impl WillRecord {
             retain: will.retain,
             expiry_s: will.properties.message_expiry_interval,
             message,
+            session_expiry_s,
+            due_at_ms: None,
+            epoch,
         }
+    }
+
+    /// How long after `orphaned_at_ms` (Unix milliseconds: when its
+    /// replica was declared gone or stopped, or fenced and back at a newer
+    /// epoch) the sweeper sends this will, unless its client came back
+    /// (DESIGN.md §5): the later of `grace` and what is left of its wait.
+    ///
+    /// The wait is the Will Delay Interval or, when shorter, the Session
+    /// Expiry Interval `[MQTT-3.1.3-9]`: counted from the end of the
+    /// connection when the serving replica recorded it ([`Self::due_at_ms`]),
+    /// from `orphaned_at_ms` otherwise (the connection was open then).
+    pub fn sweep_wait(&self, orphaned_at_ms: u64, grace: Duration) -> Duration {
+        let left = match self.due_at_ms {
+            Some(due) => Duration::from_millis(due.saturating_sub(orphaned_at_ms)),
+            None => Duration::from_secs(u64::from(self.delay_s.min(self.session_expiry_s))),
+        };
+        left.max(grace)
     }
 
     /// The will to publish now; `None` when its bytes are not valid.
@@ -120,11 +160,64 @@ mod tests {
             retain: true,
             properties: properties.into(),
         };
-        let record = WillRecord::of(&will, "7", Some("dev"), "ws", "r1", "abc", 1_000);
+        let record = WillRecord::of(&will, "7", Some("dev"), "ws", ("r1", "abc", 0), 60, 1_000);
         let back = WillRecord::decode(&record.encode()).unwrap();
         assert_eq!(back.delay_s, 5);
         let again = back.will().unwrap();
         assert_eq!((again.topic.as_ref(), &again.payload[..], again.qos, again.retain), ("ws/devices/7/status", &b"offline"[..], QoS::AtLeastOnce, true));
         assert_eq!(again.properties.content_type.as_deref(), Some("t"));
+    }
+
+    fn delayed(delay_s: u32, session_expiry_s: u32) -> WillRecord {
+        let properties = Properties { will_delay_interval: Some(delay_s), ..Properties::default() };
+        let will = Will {
+            topic: "w".into(),
+            payload: Bytes::from_static(b"x"),
+            qos: QoS::AtMostOnce,
+            retain: false,
+            properties: properties.into(),
+        };
+        WillRecord::of(&will, "7", None, "", ("r1", "abc", 0), session_expiry_s, 0)
+    }
+
+    #[test]
+    fn a_will_of_an_open_connection_waits_the_longer_of_the_grace_and_its_delay() {
+        let grace = Duration::from_secs(30);
+        assert_eq!(delayed(0, 3600).sweep_wait(1_000, grace), grace);
+        assert_eq!(delayed(10, 3600).sweep_wait(1_000, grace), grace);
+        assert_eq!(delayed(45, 3600).sweep_wait(1_000, grace), Duration::from_secs(45));
+    }
+
+    #[test]
+    fn a_session_that_ends_before_the_will_delay_sends_the_will_at_its_end() {
+        // [MQTT-3.1.3-9]: the will goes when the delay passes or the
+        // session ends, whichever comes first.
+        let grace = Duration::from_secs(2);
+        assert_eq!(delayed(60, 12).sweep_wait(1_000, grace), Duration::from_secs(12));
+        assert_eq!(delayed(60, 0).sweep_wait(1_000, grace), grace);
+    }
+
+    #[test]
+    fn a_will_whose_delay_was_running_waits_only_what_is_left_of_it() {
+        let grace = Duration::from_secs(2);
+        let mut record = delayed(20, 3600);
+        // The connection ended at 10 s; the will is due at 30 s; the
+        // replica was declared gone at 18.5 s.
+        record.due_at_ms = Some(30_000);
+        assert_eq!(record.sweep_wait(18_500, grace), Duration::from_millis(11_500));
+        // Declared gone after it was due: the grace alone.
+        assert_eq!(record.sweep_wait(40_000, grace), grace);
+        let back = WillRecord::decode(&record.encode()).unwrap();
+        assert_eq!(back.due_at_ms, Some(30_000));
+    }
+
+    #[test]
+    fn a_record_without_the_newer_fields_reads_with_their_defaults() {
+        let mut json: serde_json::Value = serde_json::from_slice(&delayed(5, 60).encode()).unwrap();
+        let map = json.as_object_mut().unwrap();
+        map.remove("session_expiry_s");
+        map.remove("epoch");
+        let back = WillRecord::decode(&serde_json::to_vec(&json).unwrap()).unwrap();
+        assert_eq!((back.session_expiry_s, back.epoch, back.due_at_ms), (0, 0, None));
     }
 }

@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use fleetmq_core::cluster::records::Record as _;
 use fleetmq_core::cluster::retained::RetainedRecord;
-use fleetmq_core::cluster::wills::WillRecord;
 use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::settings::Settings;
 use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event, Request, RetainedError};
@@ -30,6 +28,7 @@ use crate::shard::Shard;
 use crate::store::Outcome;
 
 mod report;
+mod wills;
 
 /// How long a client identifier lost to another replica is remembered, to
 /// refuse a late attach of the losing connection and to slow down a client
@@ -39,6 +38,10 @@ const LOST_MEMORY: Duration = Duration::from_secs(10);
 /// A client identifier taken over less than this long ago waits this long
 /// before its next claim here (a flapping jail, as nats-server's MQTT has).
 const FLAP_DELAY: Duration = Duration::from_secs(1);
+
+/// How often a shard looks after its delayed wills in `mqtt-session-will`
+/// when no event wakes it.
+const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 
 /// Lost client identifiers remembered per shard at most.
 const LOST_MAX: usize = 100_000;
@@ -112,22 +115,63 @@ impl Node {
         if self.bridge.send(request).is_err() {
             return Err(unavailable("cluster bridge queue full"));
         }
-        match within(budget, outcome).await {
+        let mut outcome = outcome;
+        let claim = |claimed: fleetmq_nats_bridge::Claimed| Claim {
+            node: self.clone(),
+            client_id: client_id.to_owned(),
+            revision: claimed.revision,
+            will: None,
+        };
+        match within(budget, &mut outcome).await {
             Some(Ok(Ok(claimed))) => {
                 if let Some(previous) = &claimed.previous {
                     debug!(target: "cluster", client_id, %previous, "cluster: client identifier taken over from another replica");
                 }
-                Ok(Claim { node: self.clone(), client_id: client_id.to_owned(), revision: claimed.revision, will: None })
+                Ok(claim(claimed))
             }
             Some(Ok(Err(ClaimError::Fenced))) => Err(FENCED),
             Some(Ok(Err(_))) | Some(Err(_)) => Err(unavailable("cluster store unavailable")),
-            None => Err(unavailable("connect budget exceeded")),
+            None => {
+                // Refused: a claim that lands from now on is given up by
+                // the bridge; one that landed just now is given up here.
+                outcome.close();
+                if let Ok(Ok(claimed)) = outcome.try_recv() {
+                    drop(claim(claimed));
+                }
+                Err(unavailable("connect budget exceeded"))
+            }
         }
     }
 
     /// Stop the bridge (drains, then joins); later calls do nothing.
     pub(crate) fn stop(&self) {
         self.bridge.stop();
+    }
+}
+
+/// Print `fleetmq: ready` once the replica is not a duplicate: a process
+/// started with a replica ID that another live process runs says so
+/// instead (`fleetmq: not ready: duplicate replica id ...`, and in the log
+/// and on `/health/ready`), and prints `fleetmq: ready` only once that
+/// process is gone (DESIGN.md §12).
+pub(crate) fn announce_when_ready(node: &Arc<Node>) {
+    let status = node.status().clone();
+    if !status.is_duplicate() {
+        crate::server::announce(format_args!("fleetmq: ready"));
+        return;
+    }
+    let why = status.not_ready().unwrap_or_else(|| "duplicate replica id".to_owned());
+    tracing::warn!(target: "cluster", "cluster: not ready: {why}");
+    crate::server::announce(format_args!("fleetmq: not ready: {why}"));
+    let spawned = std::thread::Builder::new().name("fleetmq-ready".into()).spawn(move || {
+        while status.is_duplicate() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        info!(target: "cluster", "cluster: the other process of this replica ID is gone: ready");
+        crate::server::announce(format_args!("fleetmq: ready"));
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(target: "cluster", error = %e, "cluster: cannot watch the duplicate replica id");
     }
 }
 
@@ -156,6 +200,7 @@ impl Node {
         client_id: &str,
         connect_at: Instant,
         connect: &fleetmq_core::packet::Connect,
+        session_expiry: u32,
         identity: &crate::auth::Identity,
     ) -> Result<Claim, Refused> {
         if self.status().is_fenced() {
@@ -174,7 +219,7 @@ impl Node {
             if !namespace.is_empty() {
                 will.topic = format!("{namespace}{}", will.topic).into();
             }
-            claim.store_will(&will, identity, budget(Instant::now())).await?;
+            claim.store_will(&will, identity, session_expiry, budget(Instant::now())).await?;
         }
         Ok(claim)
     }
@@ -202,46 +247,6 @@ pub(crate) struct Claim {
     will: Option<u64>,
 }
 
-impl Claim {
-    /// Store the connection's `will` (its topic with the workspace prefix)
-    /// in `mqtt-session-will`, within `budget`, before the CONNACK.
-    ///
-    /// # Errors
-    /// Why the will was not stored: the CONNECT is refused (0x88).
-    async fn store_will(
-        &mut self,
-        will: &fleetmq_core::packet::Will,
-        identity: &crate::auth::Identity,
-        budget: Duration,
-    ) -> Result<(), Refused> {
-        let status = self.node.status();
-        let now_ms = crate::store::unix_ms();
-        let record = WillRecord::of(
-            will,
-            &self.client_id,
-            identity.username.as_deref(),
-            &identity.workspace,
-            &status.replica_id,
-            &status.instance,
-            now_ms,
-        );
-        let record = WillRecord { format: status.write_format(), ..record };
-        let (reply, outcome) = tokio::sync::oneshot::channel();
-        let request = Request::WillPut { client_id: self.client_id.clone(), record: record.encode().into(), reply };
-        if self.node.bridge.send(request).is_err() {
-            return Err(unavailable("cluster bridge queue full"));
-        }
-        match within(budget, outcome).await {
-            Some(Ok(Ok(revision))) => {
-                self.will = Some(revision);
-                Ok(())
-            }
-            Some(_) => Err(unavailable("cluster store unavailable")),
-            None => Err(unavailable("connect budget exceeded")),
-        }
-    }
-}
-
 impl Drop for Claim {
     fn drop(&mut self) {
         // This shard's table forgets the claim, unless a newer one of the
@@ -254,8 +259,7 @@ impl Drop for Claim {
         });
         if let Some(revision) = self.will {
             if !SHARD.try_with(|sc| sc.handing_over.get()).unwrap_or(false) {
-                let request = Request::WillDelete { client_id: self.client_id.clone(), revision };
-                let _ = self.node.bridge.send(request);
+                wills::connection_ended(&self.node, &self.client_id, revision);
             }
         }
         let request = Request::Release { client_id: std::mem::take(&mut self.client_id), revision: self.revision };
@@ -291,6 +295,11 @@ pub(crate) struct ShardCluster {
     claims: RefCell<HashMap<String, u64>>,
     /// Client identifier → (revision of another replica's claim, when).
     lost: RefCell<HashMap<String, (u64, Instant)>>,
+    /// The shard on this thread, set when its event task starts.
+    shard: RefCell<Option<std::rc::Weak<Shard>>>,
+    /// The delayed wills of this shard's ended connections in
+    /// `mqtt-session-will` (see `wills`).
+    delayed: wills::Delayed,
 }
 
 impl ShardCluster {
@@ -322,8 +331,10 @@ impl ShardCluster {
     fn lost_to(&self, client_id: &str, revision: u64, now: Instant) -> bool {
         let mut lost = self.lost.borrow_mut();
         if lost.len() >= LOST_MAX {
+            // Bounded: the oldest are forgotten.
             lost.retain(|_, (_, at)| now.saturating_duration_since(*at) < LOST_MEMORY);
             if lost.len() >= LOST_MAX {
+            // Bounded: the oldest are forgotten.
                 lost.clear();
             }
         }
@@ -418,16 +429,29 @@ pub(crate) fn publish_retained(
 /// by another replica closes its connection here (0x8E).
 pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
     let mailbox = node.bridge.mailbox(shard.id);
-    shard_state(|sc| *sc.node.borrow_mut() = Some(node.clone()));
+    shard_state(|sc| {
+        *sc.node.borrow_mut() = Some(node.clone());
+        *sc.shard.borrow_mut() = Some(Rc::downgrade(&shard));
+    });
     glommio::spawn_local(async move {
         let mut events = Vec::new();
         loop {
-            let ready = or(async { mailbox.ready().await; true }, async {
+            let woken = or(async { mailbox.ready().await; Some(true) }, async {
                 shard.stop_signal.wait().await;
-                false
+                Some(false)
             });
-            if !ready.await {
-                break;
+            // Delayed wills are looked after once a second as well.
+            let woken = or(woken, async {
+                sleep(RECONCILE_EVERY).await;
+                None
+            });
+            match woken.await {
+                Some(false) => break,
+                Some(true) => {}
+                None => {
+                    wills::reconcile(&node, &shard);
+                    continue;
+                }
             }
             mailbox.drain(&mut events);
             let now = Instant::now();
@@ -436,6 +460,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                     Event::Fenced(_) => {
                         shard_state(|sc| sc.handing_over.set(true));
                         shard.close_connections(ReasonCode::SERVER_SHUTTING_DOWN);
+                        wills::hand_over(&shard);
                     }
                     Event::Unfenced => shard_state(|sc| sc.handing_over.set(false)),
                     Event::PublishWill { will } => shard.publish_cluster_will(will, now),
@@ -449,6 +474,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                     _ => {}
                 }
             }
+            wills::reconcile(&node, &shard);
             shard.try_flush();
         }
     })

@@ -73,3 +73,35 @@ impl Shard {
         }
     }
 }
+
+/// Delayed wills, as the cluster hands them over (DESIGN.md §5): a will
+/// waiting for its delay is in `mqtt-session-will` too, with when it is
+/// due, so that the sweeper sends it if this replica goes away first.
+impl Shard {
+    /// When the will of `client_id`'s ended connection is due here, if one
+    /// waits for its delay (None too while the state is borrowed).
+    pub(crate) fn pending_will_due(&self, client_id: &str) -> Option<Instant> {
+        let st = self.state.try_borrow().ok()?;
+        let slot = st.by_id.get(&st.clients, client_id)?;
+        st.clients[slot as usize].pending_will.as_ref().map(|p| p.0)
+    }
+
+    /// Forget `client_id`'s delayed will: its client came back on another
+    /// replica.
+    pub(crate) fn cancel_pending_will(&self, client_id: &str) {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        if let Some(slot) = st.by_id.get(&st.clients, client_id) {
+            st.clients[slot as usize].pending_will = None;
+        }
+    }
+
+    /// Forget every delayed will: the replica fenced, and they are the
+    /// cluster's now (the sweeper sends them when they are due).
+    pub(crate) fn hand_over_pending_wills(&self) {
+        let mut st = self.state.borrow_mut();
+        for (_, client) in st.clients.iter_mut() {
+            client.pending_will = None;
+        }
+    }
+}

@@ -16,14 +16,14 @@ use crate::raw::{wire as build, Incoming, RawClient};
 
 /// A replica `id` of the cluster whose NATS URLs are `urls`, with
 /// `extra` settings (`--set` arguments).
-pub(super) fn replica(id: &str, urls: &[String], extra: &[&str]) -> Broker {
+pub(crate) fn replica(id: &str, urls: &[String], extra: &[&str]) -> Broker {
     let mut args = cluster_args(id, urls);
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Broker::start(&args)
 }
 
-pub(super) fn cluster_args(id: &str, urls: &[String]) -> Vec<String> {
+pub(crate) fn cluster_args(id: &str, urls: &[String]) -> Vec<String> {
     let urls = urls.iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(",");
     vec![
         "--set".into(),
@@ -48,7 +48,7 @@ fn refused_start(id: &str, urls: &[String], extra: &[&str]) -> (bool, String) {
 
 /// An MQTT 5 CONNECT with `client_id`: the CONNACK's reason code, and the
 /// client (still open when the code is 0).
-fn connect_v5(broker: &Broker, client_id: &str) -> (u8, RawClient) {
+pub(crate) fn connect_v5(broker: &Broker, client_id: &str) -> (u8, RawClient) {
     let mut client = RawClient::connect(broker.mqtt);
     let (_, code) = client.handshake(&build::Connect::v5(client_id).encode());
     (code, client)
@@ -56,7 +56,7 @@ fn connect_v5(broker: &Broker, client_id: &str) -> (u8, RawClient) {
 
 /// Waits until `/health/ready` answers `status`, at most `timeout`;
 /// returns the body and how long it took.
-fn wait_ready(broker: &Broker, status: u16, timeout: Duration) -> (String, Duration) {
+pub(crate) fn wait_ready(broker: &Broker, status: u16, timeout: Duration) -> (String, Duration) {
     let started = Instant::now();
     loop {
         let (now, body) = broker.admin_get("/health/ready");
@@ -69,7 +69,7 @@ fn wait_ready(broker: &Broker, status: u16, timeout: Duration) -> (String, Durat
 }
 
 /// The next packet is a DISCONNECT with `reason`, then the close.
-fn expect_disconnect(client: &mut RawClient, reason: u8, within: Duration) {
+pub(crate) fn expect_disconnect(client: &mut RawClient, reason: u8, within: Duration) {
     match client.read(within) {
         Incoming::Packet { header: 0xe0, body } => assert_eq!(body.first(), Some(&reason), "DISCONNECT {body:02x?}"),
         other => panic!("expected DISCONNECT 0x{reason:02x}, got {other:02x?}"),
@@ -266,20 +266,31 @@ fn a_format_floor_this_build_cannot_read_refuses_the_start_naming_the_format() {
 }
 
 #[test]
-fn a_second_process_with_the_same_replica_id_is_not_ready() {
+fn a_second_process_with_the_same_replica_id_says_so_before_ready_and_serves_once_the_first_stopped() {
     let nats = NatsCluster::start(3);
-    let first = replica("twin", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
-    thread::sleep(Duration::from_millis(200));
+    let mut first = replica("twin", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    let watcher = replica("rb", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
     let second = {
         let mut args = cluster_args("twin", &nats.urls());
         args.extend(["--set".to_string(), "cluster.member_ttl=5s".to_string()]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Broker::start(&args)
+        // It finds the first during its start: it never says ready.
+        Broker::start_until(&args, &[], "fleetmq: not ready")
     };
-    let (reason, _) = wait_ready(&second, 503, Duration::from_secs(10));
+    assert!(second.stderr().contains("duplicate replica id"), "{}", second.stderr());
+    let (reason, _) = wait_ready(&second, 503, Duration::from_secs(2));
     assert!(reason.contains("duplicate replica id"), "{reason}");
+    assert_eq!(second.next_stdout_line(Duration::from_secs(3)), None, "the second said something while the first runs");
     // The first keeps serving.
     assert_eq!(first.admin_get("/health/ready").0, 200);
+    // A clean stop: the others log it as stopped, not gone, at once; the
+    // second process takes the replica ID over.
+    first.stop_with_sigterm();
+    assert_eq!(second.next_stdout_line(Duration::from_secs(10)).as_deref(), Some("fleetmq: ready"));
+    wait_ready(&second, 200, Duration::from_secs(5));
+    let log = watcher.stderr();
+    assert!(log.contains("replica stopped") && log.contains("twin"), "{log}\n--- the first ---\n{}", first.stderr());
+    assert!(!log.contains("replica gone"), "{log}");
 }
 
 #[test]

@@ -23,6 +23,9 @@ pub(crate) struct Broker {
     /// `("mqtt-tls", 127.0.0.1:40123)`.
     pub(crate) listeners: Vec<(String, SocketAddr)>,
     stderr: Arc<Mutex<String>>,
+    /// The stdout lines after the one `start` waited for (in a mutex:
+    /// tests share a `&Broker` between threads).
+    stdout: Mutex<Receiver<String>>,
 }
 
 impl Broker {
@@ -40,6 +43,13 @@ impl Broker {
     /// [`Broker::start`] with `env` (name, value) pairs added to the
     /// broker's environment.
     pub(crate) fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Broker {
+        Broker::start_until(args, env, "fleetmq: ready")
+    }
+
+    /// [`Broker::start_with_env`], returning once the broker printed a
+    /// line that starts with `until` (e.g. `fleetmq: not ready`) after its
+    /// MQTT and admin addresses.
+    pub(crate) fn start_until(args: &[&str], env: &[(&str, &str)], until: &str) -> Broker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_fleetmq"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(args)
@@ -96,12 +106,12 @@ impl Broker {
                         mqtt.get_or_insert(addr.trim().parse().expect("an MQTT address"));
                     } else if let Some(addr) = line.strip_prefix("fleetmq: listening admin ") {
                         admin = Some(addr.trim().parse().expect("an admin address"));
-                    } else if line.trim() == "fleetmq: ready" {
+                    } else if line.trim().starts_with(until) {
                         break;
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    broker_failed("not ready within 20 s", &mut child)
+                    broker_failed(&format!("no {until:?} within 20 s"), &mut child)
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     broker_failed("exited before ready", &mut child)
@@ -117,7 +127,14 @@ impl Broker {
             admin,
             listeners,
             stderr,
+            stdout: Mutex::new(lines),
         }
+    }
+
+    /// The next line the broker prints on stdout, waiting at most
+    /// `timeout`.
+    pub(crate) fn next_stdout_line(&self, timeout: Duration) -> Option<String> {
+        self.stdout.lock().unwrap().recv_timeout(timeout).ok()
     }
 
     /// `start` with `--shards 2` before `args`: every test that needs the

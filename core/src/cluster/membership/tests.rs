@@ -228,3 +228,69 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn deciding_for_others_follows_the_send_time_of_the_last_landed_write_not_the_fence() {
+    for ttl in [10.0, 20.0] {
+        let t0 = Instant::now();
+        let mut m = serving(secs(ttl), t0);
+        // A write sent at T/2 lands late, at T: it extends the decision
+        // from its own send time.
+        let late = m.sent(t0 + secs(ttl / 2.0));
+        m.landed(late, 2);
+        assert!(m.decides_for_others(t0 + secs(ttl * 1.5 - 0.01)), "T = {ttl}");
+        assert!(!m.decides_for_others(t0 + secs(ttl * 1.5)), "T = {ttl}");
+        // Still serving then (the fence is at 7T/6 after T/2), yet not
+        // deciding: the others may no longer see its entry.
+        m.probe_answered(t0 + secs(ttl * 1.5));
+        assert!(m.tick(t0 + secs(ttl * 1.5)).is_empty());
+        assert_eq!(m.fenced(), None);
+        assert_eq!(m.decides_until(), Some(t0 + secs(ttl * 1.5)));
+    }
+}
+
+#[test]
+fn a_replica_whose_own_entry_went_missing_does_not_decide_for_others() {
+    let t0 = Instant::now();
+    let mut m = serving(secs(10.0), t0);
+    m.entry_missing("r1", 2, t0 + secs(1.0));
+    assert!(!m.decides_for_others(t0 + secs(1.0)));
+    assert_eq!(m.decides_until(), None);
+    let id = m.sent(t0 + secs(2.0));
+    m.landed(id, 3);
+    assert!(m.decides_for_others(t0 + secs(2.0)));
+}
+
+#[test]
+fn a_replica_that_cannot_decide_declares_no_peer_gone_until_it_can() {
+    let t0 = Instant::now();
+    let mut m = serving(secs(10.0), t0);
+    m.entry_present("r2", 5, t0);
+    m.entry_missing("r2", 6, t0 + secs(1.0));
+    m.probe_answered(t0 + secs(10.0));
+    // Its own writes stopped landing at 0 s: at 10 s it no longer decides,
+    // and r2 (missing for 9 s > T/2) is not declared gone by it.
+    assert!(m.tick(t0 + secs(10.0)).is_empty());
+    assert_eq!(m.live_peers(), vec!["r2".to_owned()]);
+    // A write lands again: it decides, and declares r2 gone.
+    let id = m.sent(t0 + secs(10.5));
+    m.landed(id, 7);
+    assert_eq!(m.tick(t0 + secs(10.5)), vec![Change::PeerGone("r2".into())]);
+}
+
+#[test]
+fn a_peer_that_said_it_leaves_is_reported_left_at_once_and_its_expiry_later_is_nothing() {
+    let t0 = Instant::now();
+    let mut m = serving(secs(10.0), t0);
+    m.entry_present("r2", 5, t0);
+    assert_eq!(m.entry_leaving("r2", 6, t0 + secs(0.5)), Some(Change::PeerLeft("r2".into())));
+    assert!(m.live_peers().is_empty());
+    assert_eq!(m.entry_leaving("r2", 6, t0 + secs(0.5)), None, "reported once");
+    m.entry_missing("r2", 7, t0 + secs(1.5));
+    let id = m.sent(t0 + secs(9.0));
+    m.landed(id, 9);
+    m.probe_answered(t0 + secs(9.0));
+    assert!(m.tick(t0 + secs(9.0)).is_empty(), "not gone after having left");
+    // Started again: it joins.
+    assert_eq!(m.entry_present("r2", 8, t0 + secs(9.5)), Some(Change::PeerJoined("r2".into())));
+}
