@@ -73,7 +73,7 @@ start() {
         [[ "$1" == *=* ]] && bin=${1#*=}
         [ -f "$OUT/fleetmq.pw" ] || echo right | "$bin" passwd "$OUT/fleetmq.pw" dev --password-stdin 2>/dev/null
         RUST_LOG=warn taskset -c "$BROKER_CPU" "$bin" serve --listen "127.0.0.1:$PORT" --admin "" \
-            --shards 1 --set "auth.password_file=\"$OUT/fleetmq.pw\"" --set auth.allow_anonymous=false \
+            --shards 1 --set store.kind=none --set "auth.password_file=\"$OUT/fleetmq.pw\"" --set auth.allow_anonymous=false \
             >"$OUT/broker.out" 2>"$OUT/broker.err" &
         ;;
     esac

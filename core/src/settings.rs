@@ -609,8 +609,8 @@ impl Settings {
     ///
     /// The first problem found, naming the key in dotted form and, for a
     /// range, the range: e.g. `limits.max_packet_size = 10B is out of range
-    /// 64B..=256MiB`. Also refused: a `[cluster]` section, `store.kind` other
-    /// than `"none"`, a listener that is not a socket address, no listener at
+    /// 64B..=256MiB`. Also refused: an invalid `[cluster]` section,
+    /// `store.kind = "jetstream"` (not in this build), a listener that is not a socket address, no listener at
     /// all, and a non-loopback listener while anonymous clients are not
     /// allowed and no password file, JWT key or required client certificate
     /// is set.
@@ -1055,7 +1055,7 @@ mod tests {
         s.validate().unwrap();
         assert!(s.anonymous_allowed());
         assert_eq!(s.limits.max_packet_size, 1024 * 1024);
-        assert_eq!(s.store.kind, StoreKind::None);
+        assert_eq!(s.store.kind, StoreKind::Local);
     }
 
     #[test]

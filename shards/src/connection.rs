@@ -944,17 +944,20 @@ impl Io {
             if conn.is_closing() {
                 return Poll::Ready(Event::Close);
             }
+            let drained = self.writing.is_empty() && !self.unflushed && conn.out.borrow().is_empty();
+            // Acknowledgements waiting for the store go out on this shard,
+            // before the connection moves or parks.
+            let settled = drained && !shard.store.acks_waiting(conn);
             if let Some(to) = self.move_to {
-                if self.writing.is_empty() && !self.unflushed && conn.out.borrow().is_empty() {
+                if settled {
                     return Poll::Ready(Event::Move(to));
                 }
             }
-            let drained = self.writing.is_empty() && !self.unflushed && conn.out.borrow().is_empty();
             if drained && conn.feeding.get() == Feeding::Ready {
                 return Poll::Ready(Event::Feed);
             }
             if conn.park_requested.get() {
-                if drained && buf.is_empty() {
+                if settled && buf.is_empty() {
                     return Poll::Ready(Event::Park);
                 }
                 conn.park_requested.set(false);
@@ -1022,7 +1025,9 @@ impl Io {
             if self.poll_write(cx, shard, conn, transport).is_err() {
                 return Poll::Ready(());
             }
-            if self.writing.is_empty() && !self.unflushed && conn.out.borrow().is_empty() {
+            // Acknowledgements still waiting for the store come first.
+            let idle = self.writing.is_empty() && !self.unflushed && conn.out.borrow().is_empty();
+            if idle && !shard.store.acks_waiting(conn) {
                 return Poll::Ready(());
             }
             Poll::Pending

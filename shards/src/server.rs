@@ -59,6 +59,10 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     let reloader = spawn_reloader(auth.clone(), shutdown.clone())?;
     let metrics = Metrics::with_sign_in(shards, auth.sign_in_metrics());
     let store = opened.map(|o| crate::store::LocalStart::new(o, &settings.store, &metrics, shards));
+    let compactor = match &store {
+        Some(local) => Some(local.start_compactor(shutdown.clone()).context("cannot start the store's compactor")?),
+        None => None,
+    };
     let ready = Arc::new(AtomicBool::new(false));
     let cluster = start_cluster(&settings, shards, &metrics)?;
     let admin = start_admin(&settings, &metrics, &ready)?;
@@ -88,6 +92,9 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         }
     }
     ready.store(false, Ordering::Release);
+    if let Some(compactor) = compactor {
+        compactor.stop();
+    }
     // What the last burst of refusals counted is in the log too.
     conn_settings.gate.log_pending_refusals(true);
     let _ = reloader.join();

@@ -114,6 +114,12 @@ mod nats;
 #[path = "e2e/store.rs"]
 mod store;
 
+/// The local store compacted while serving: the log stays near what is
+/// live, `store.max_bytes` refuses publishes and recovers by itself, and
+/// SIGKILL in a loop during compactions loses nothing acknowledged.
+#[path = "e2e/compaction.rs"]
+mod compaction;
+
 /// Retained messages for a SUBSCRIBE paced, not dropped: 80,000 to one
 /// subscriber at each QoS, a slow reader, a thousand subscribers at once.
 #[path = "e2e/retained_paced.rs"]

@@ -178,27 +178,27 @@ impl Recovered {
 }
 
 impl Recovered {
-    /// The records of a snapshot of this state, numbered from `first_lsn`:
-    /// every value still wanted (retained or pending) once, then each
-    /// session with its subscriptions, offline time, inbound QoS 2
-    /// identifiers and [`Record::Queued`] values. Replayed (with
-    /// [`Recovered::reading_snapshot`] on), they give this state back.
-    pub fn snapshot(&self, first_lsn: u64) -> Vec<(u64, Record)> {
+    /// The records of a snapshot of this state, all at or below `cut`:
+    /// every value still wanted (retained or pending) once, with its own
+    /// log sequence number (which the sessions' later [`Record::Done`]
+    /// records name), then each session with its subscriptions, offline
+    /// time, inbound QoS 2 identifiers and [`Record::Queued`] values,
+    /// numbered `cut`. Replayed (with [`Recovered::reading_snapshot`] on),
+    /// they give this state back.
+    ///
+    /// # Panics
+    /// Debug builds, when a value's number is above `cut` (the state was
+    /// built from records beyond the cut).
+    pub fn snapshot(&self, cut: u64) -> Vec<(u64, Record)> {
         let mut out = Vec::new();
-        let mut lsn = first_lsn;
-        let mut push = |out: &mut Vec<(u64, Record)>, record| {
-            out.push((lsn, record));
-            lsn += 1;
-            lsn - 1
-        };
-        let mut renumbered: HashMap<u64, u64> = HashMap::new();
-        let retained = self.retained.values().map(|(old, m)| (*old, m));
+        let push = |out: &mut Vec<(u64, Record)>, record| out.push((cut, record));
+        let retained = self.retained.values().map(|(lsn, m)| (*lsn, m));
         let mut values: Vec<(u64, &Arc<StoredMessage>)> = self.values.iter().map(|(l, m)| (*l, m)).chain(retained).collect();
-        values.sort_by_key(|(old, _)| *old);
-        values.dedup_by_key(|(old, _)| *old);
-        for (old, m) in values {
-            let new = push(&mut out, Record::Value((**m).clone()));
-            renumbered.insert(old, new);
+        values.sort_by_key(|(lsn, _)| *lsn);
+        values.dedup_by_key(|(lsn, _)| *lsn);
+        for (lsn, m) in values {
+            debug_assert!(lsn <= cut, "value {lsn} beyond the cut {cut}");
+            out.push((lsn, Record::Value((**m).clone())));
         }
         let mut ids: Vec<&ByteString> = self.sessions.keys().collect();
         ids.sort();
@@ -222,10 +222,8 @@ impl Recovered {
             for &packet_id in &s.inbound_qos2 {
                 push(&mut out, Record::InboundQos2 { client_id: client_id.clone(), packet_id, open: true });
             }
-            for (old, qos) in &s.pending {
-                if let Some(&value) = renumbered.get(old) {
-                    push(&mut out, Record::Queued { client_id: client_id.clone(), value, qos: *qos });
-                }
+            for (&value, qos) in &s.pending {
+                push(&mut out, Record::Queued { client_id: client_id.clone(), value, qos: *qos });
             }
         }
         out

@@ -12,10 +12,11 @@ use crate::settings::{check, duration, format_duration, format_size, size, Setti
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     /// Acknowledged on receipt, nothing kept across a restart.
-    #[default]
     None,
     /// An append-only log per shard in [`Store::dir`], with group commit;
     /// sessions and retained messages are recovered from it at restart.
+    /// The default of a single node.
+    #[default]
     Local,
     /// NATS JetStream (not in this build yet).
     Jetstream,
@@ -41,7 +42,9 @@ pub enum Fsync {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Store {
-    /// The store. Default `"none"`.
+    /// The store. Default `"local"` for a single node; with a
+    /// `[cluster]` section and no `store.kind` given, `"none"` (the
+    /// cluster's own store, JetStream, is not in this build yet).
     pub kind: StoreKind,
     /// Data directory for the `local` store, held by one process at a time
     /// (lock file `LOCK`). Default `"./data"`.
@@ -52,8 +55,10 @@ pub struct Store {
     /// start. Default 2 ms, 100µs..=100ms.
     #[serde(with = "duration")]
     pub fsync_window: Duration,
-    /// Log bytes at which publishes are refused (0x97) until a restart
-    /// compacts the log. Default 1 GiB, 1MiB..=1024GiB.
+    /// Bound on the log (snapshot and segments): compaction keeps it near
+    /// what is live; while it is over this, publishes are refused (0x97)
+    /// until compaction brings it back under. Default 1 GiB,
+    /// 1MiB..=1024GiB.
     #[serde(with = "size")]
     pub max_bytes: usize,
     /// Start even when a log is damaged in the middle, dropping the
@@ -66,7 +71,7 @@ pub struct Store {
 impl Default for Store {
     fn default() -> Self {
         Store {
-            kind: StoreKind::None,
+            kind: StoreKind::Local,
             dir: PathBuf::from("./data"),
             fsync: Fsync::Batch,
             fsync_window: Duration::from_millis(2),

@@ -842,8 +842,8 @@ impl Shard {
                 }
                 Output::Publish(mut message) => {
                     message.origin = st.clients[slot as usize].key;
-                    self.store.log_value(&mut message, now);
-                    reach |= self.route(st, Arc::new(message), now);
+                    let logged = self.store.log_value(&mut message, now);
+                    reach |= if logged { self.route(st, Arc::new(message), now) } else { 0 };
                 }
                 Output::Subscribed {
                     filter,
@@ -880,7 +880,7 @@ impl Shard {
                     reason,
                     publish_will,
                 } => {
-                    conn.request_close(reason, publish_will);
+                    self.store.close(conn, st.clients[slot as usize].conn.as_ref(), reason, publish_will);
                     break;
                 }
                 // An acknowledgement freed room for queued messages.

@@ -151,6 +151,11 @@ impl Shard {
                 && c.session.inflight() == 0
                 && c.pending_will.is_none()
         });
+        // Acknowledgements waiting for the store are written to this
+        // shard's connection: move once they are out (not now, not never).
+        if self.store.acks_waiting(conn) {
+            return Err((fd, admission));
+        }
         // `unmovable`: a message since the decision went elsewhere.
         if !movable
             || self.stopping.get()

@@ -120,6 +120,8 @@ pub(crate) struct AckQueue {
     /// Connection key → its acknowledgements in order, while one of them
     /// waits for a write.
     chains: RefCell<HashMap<u64, VecDeque<Parked>>>,
+    /// Connection key → how many of its acknowledgements are in `parked`.
+    per_conn: RefCell<HashMap<u64, u32>>,
 }
 
 impl AckQueue {
@@ -145,6 +147,13 @@ impl AckQueue {
         let mut parked = self.parked.borrow_mut();
         debug_assert!(parked.back().is_none_or(|p| p.token <= token));
         parked.push_back(Parked { token, write: None, refused: None, conn: conn.clone(), packet });
+        *self.per_conn.borrow_mut().entry(conn.key).or_default() += 1;
+    }
+
+    /// Whether acknowledgements of connection `conn` wait at all: it
+    /// drains them before it closes, and does not move or park meanwhile.
+    pub(crate) fn waiting_for(&self, conn: u64) -> bool {
+        self.per_conn.borrow().contains_key(&conn) || self.is_held(conn)
     }
 
     /// Queue `packet` in `conn`'s chain: written once the store is
@@ -203,11 +212,18 @@ impl AckQueue {
 
     fn pop_upto(&self, token: Token) -> Option<Parked> {
         let mut parked = self.parked.borrow_mut();
-        if parked.front().is_some_and(|p| p.token <= token) {
-            parked.pop_front()
-        } else {
-            None
+        if parked.front().is_none_or(|p| p.token > token) {
+            return None;
         }
+        let p = parked.pop_front()?;
+        let mut per_conn = self.per_conn.borrow_mut();
+        if let Some(n) = per_conn.get_mut(&p.conn.key) {
+            *n -= 1;
+            if *n == 0 {
+                per_conn.remove(&p.conn.key);
+            }
+        }
+        Some(p)
     }
 
     /// Write what leads every chain and waits for nothing more.
@@ -257,23 +273,36 @@ impl AckQueue {
 /// closes the connection instead (MQTT 3.1.1, and packets other than
 /// PUBACK and PUBREC).
 pub(crate) fn refuse(conn: &ConnShared, packet: Packet, reason: ReasonCode) -> bool {
+    match refusal(conn, packet, reason) {
+        Ok(packet) => {
+            conn.send(&packet);
+            false
+        }
+        Err(_) => {
+            conn.request_close(Some(reason), true);
+            true
+        }
+    }
+}
+
+/// The MQTT 5 packet that refuses `packet` with `reason`: a PUBACK or
+/// PUBREC carrying it (one that carries an error already, and a
+/// DISCONNECT, as they are); `Err(packet)` when refusing it closes the
+/// connection instead (MQTT 3.1.1, other packets).
+pub(crate) fn refusal(conn: &ConnShared, packet: Packet, reason: ReasonCode) -> Result<Packet, Packet> {
     let v5 = conn.protocol.is_v5();
     match packet {
         Packet::PubAck(mut ack) if v5 && !ack.reason.is_error() => {
             ack.reason = reason;
-            conn.send(&Packet::PubAck(ack));
+            Ok(Packet::PubAck(ack))
         }
         Packet::PubRec(mut rec) if v5 && !rec.reason.is_error() => {
             rec.reason = reason;
-            conn.send(&Packet::PubRec(rec));
+            Ok(Packet::PubRec(rec))
         }
-        packet @ (Packet::PubAck(_) | Packet::PubRec(_)) if v5 => conn.send(&packet),
-        _ => {
-            conn.request_close(Some(reason), true);
-            return true;
-        }
+        packet @ (Packet::PubAck(_) | Packet::PubRec(_) | Packet::Disconnect(_)) if v5 => Ok(packet),
+        packet => Err(packet),
     }
-    false
 }
 #[cfg(test)]
 mod tests {

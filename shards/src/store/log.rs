@@ -3,6 +3,10 @@
 //! io_uring write (glommio DMA file, `O_DIRECT`) and one `fdatasync`, then
 //! writes the acknowledgements that waited for it (group commit).
 //!
+//! When the compactor asks ([`super::compact::Roll`]), the committer rolls
+//! the log at the compactor's cut: records up to the cut go to the
+//! current segment, the rest to a new one.
+//!
 //! A direct write must start and end on the device's alignment: the
 //! committer rewrites the last, partly filled block of the file together
 //! with the new bytes, padded with zeros (which the reader takes as the
@@ -17,12 +21,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use fleetmq_core::store::frame::FRAME_HEADER;
 use fleetmq_core::store::{put_frame, Record, FORMAT_VERSION};
 use fleetmq_core::settings::Fsync;
 use glommio::io::{BufferedFile, DmaFile, OpenOptions};
 use tracing::{info, warn};
 
 use super::acks::AckQueue;
+use super::compact::Roll;
 use super::health::Health;
 use super::Token;
 
@@ -34,6 +40,9 @@ const BATCH_BYTES: usize = 256 << 10;
 
 /// While the store fails, try again this often.
 const RETRY_EVERY: Duration = Duration::from_millis(500);
+
+/// An idle committer looks for a roll request this often.
+const ROLL_POLL: Duration = Duration::from_millis(20);
 
 /// The segment file, direct or buffered.
 enum SegmentFile {
@@ -61,6 +70,10 @@ pub(crate) struct ShardLog {
     acks: Rc<AckQueue>,
     wake: crate::signal::Signal,
     stopping: Cell<bool>,
+    /// The compactor's roll requests.
+    roll: Arc<Roll>,
+    /// The newest roll request this log rolled for.
+    rolled: Cell<u64>,
 }
 
 impl ShardLog {
@@ -72,6 +85,7 @@ impl ShardLog {
         lsn: Arc<AtomicU64>,
         health: Arc<Health>,
         acks: Rc<AckQueue>,
+        roll: Arc<Roll>,
     ) -> ShardLog {
         ShardLog {
             shard,
@@ -87,12 +101,15 @@ impl ShardLog {
             acks,
             wake: crate::signal::Signal::default(),
             stopping: Cell::new(false),
+            roll,
+            rolled: Cell::new(0),
         }
     }
 
     /// Append `record`; returns its log sequence number.
     pub(crate) fn append(&self, record: &Record) -> u64 {
-        let lsn = self.lsn.fetch_add(1, Ordering::Relaxed);
+        // SeqCst: ordered with the compactor's cut (see `compact`).
+        let lsn = self.lsn.fetch_add(1, Ordering::SeqCst);
         let mut body = BytesMut::new();
         record.encode(lsn, &mut body);
         let mut pending = self.pending.borrow_mut();
@@ -116,9 +133,15 @@ impl ShardLog {
         self.appended.get() == self.durable.get()
     }
 
-    /// True while the store refuses (a failed write, or `store.max_bytes`).
+    /// True while the store refuses publishes (a failed write, or
+    /// `store.max_bytes`).
     pub(crate) fn refusing(&self) -> bool {
         self.health.refusing()
+    }
+
+    /// True while a shard's writes fail.
+    pub(crate) fn failing(&self) -> bool {
+        self.health.failing()
     }
 
     /// Ask the committer to write what is pending and end.
@@ -137,42 +160,104 @@ impl ShardLog {
             }
         };
         loop {
-            if self.pending.borrow().is_empty() {
-                if self.stopping.get() {
-                    break;
-                }
-                self.wake.wait().await;
-                continue;
-            }
-            self.gather().await;
-            let token = self.appended.get();
-            let chunk = std::mem::take(&mut *self.pending.borrow_mut());
-            self.first_pending.set(None);
-            match writer.commit(&self, &chunk).await {
-                Ok(()) => {
-                    self.durable.set(token);
-                    self.health.recovered(self.shard);
-                    self.acks.complete(token);
-                }
-                Err(e) => {
-                    self.health.fail(self.shard, format!("writing {}: {e}", self.dir.display()));
-                    self.acks.fail(token);
-                    // Keep the records, in order, for the next try: they
-                    // are facts the shard already acted on.
-                    {
-                        let mut pending = self.pending.borrow_mut();
-                        let newer = std::mem::replace(&mut *pending, chunk);
-                        pending.extend_from_slice(&newer);
-                    }
-                    self.first_pending.set(Some(Instant::now()));
+            if let Some(request) = self.roll.asked(self.rolled.get()) {
+                if !self.roll_at_cut(&mut writer, request).await {
                     if self.stopping.get() {
                         break;
                     }
                     glommio::timer::sleep(RETRY_EVERY).await;
                 }
+                continue;
             }
+            if self.pending.borrow().is_empty() {
+                if self.stopping.get() {
+                    break;
+                }
+                futures_lite::future::or(self.wake.wait(), glommio::timer::sleep(ROLL_POLL)).await;
+                continue;
+            }
+            self.gather().await;
+            // Looked at right before the records are taken (see `compact`).
+            if self.roll.asked(self.rolled.get()).is_some() {
+                continue;
+            }
+            let (token, chunk) = self.take();
+            if let Err(e) = writer.commit(&self, &chunk).await {
+                self.failed(token, chunk, e);
+                if self.stopping.get() {
+                    break;
+                }
+                glommio::timer::sleep(RETRY_EVERY).await;
+                continue;
+            }
+            self.committed(token);
         }
         info!(target: "store", shard = self.shard, "log closed");
+    }
+
+    /// The pending records and the token that covers them.
+    fn take(&self) -> (Token, BytesMut) {
+        self.first_pending.set(None);
+        (self.appended.get(), std::mem::take(&mut *self.pending.borrow_mut()))
+    }
+
+    /// Durable up to `token`: its acknowledgements go out.
+    fn committed(&self, token: Token) {
+        self.durable.set(token);
+        self.health.recovered(self.shard);
+        self.acks.complete(token);
+    }
+
+    /// Writing `chunk` (records up to `token`) failed: refuse what waits
+    /// for it and keep the records, in order, for the next try: they are
+    /// facts the shard already acted on.
+    fn failed(&self, token: Token, chunk: BytesMut, e: std::io::Error) {
+        self.health.fail(self.shard, format!("writing {}: {e}", self.dir.display()));
+        self.acks.fail(token);
+        let mut pending = self.pending.borrow_mut();
+        let newer = std::mem::replace(&mut *pending, chunk);
+        pending.extend_from_slice(&newer);
+        drop(pending);
+        self.first_pending.set(Some(Instant::now()));
+    }
+
+    /// Roll the log for the compactor's `request`: once its cut is
+    /// published, write the records up to it to the current segment,
+    /// start a new segment and write the rest there. False when a write
+    /// failed (the records are kept; the roll is tried again if it was not
+    /// made).
+    async fn roll_at_cut(&self, writer: &mut Writer, request: u64) -> bool {
+        let cut = loop {
+            if let Some(cut) = self.roll.cut() {
+                break cut;
+            }
+            glommio::timer::sleep(Duration::from_micros(50)).await;
+        };
+        let start = self.durable.get();
+        let (token, mut chunk) = self.take();
+        let split = split_at(&chunk, cut);
+        if split > 0 {
+            if let Err(e) = writer.commit(self, &chunk[..split]).await {
+                self.failed(token, chunk, e);
+                return false;
+            }
+            self.committed(start + split as u64);
+        }
+        let rest = chunk.split_off(split);
+        if let Err(e) = writer.next_segment(self).await {
+            self.failed(token, rest, e);
+            return false;
+        }
+        self.rolled.set(request);
+        self.roll.rolled(self.shard, request, writer.segment);
+        if !rest.is_empty() {
+            if let Err(e) = writer.commit(self, &rest).await {
+                self.failed(token, rest, e);
+                return false;
+            }
+        }
+        self.committed(token);
+        true
     }
 
     /// `batch`: wait until the window since the first pending append ends
@@ -204,11 +289,28 @@ struct Writer {
 }
 
 impl Writer {
+    /// A new segment after those the directory holds.
     async fn open(log: &ShardLog) -> std::io::Result<Writer> {
         std::fs::create_dir_all(&log.dir)?;
-        let mut writer = Writer { file: create(&log.dir, 0).await?, segment: 0, len: 0, tail: Vec::new() };
+        let mut next = 0;
+        for entry in std::fs::read_dir(&log.dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|x| x == "log") {
+                next = next.max(super::open::number(&path).map_or(0, |n| n + 1));
+            }
+        }
+        let mut writer = Writer { file: create(&log.dir, next).await?, segment: next, len: 0, tail: Vec::new() };
         writer.start_segment(log).await?;
         Ok(writer)
+    }
+
+    /// Close the segment and start the next one.
+    async fn next_segment(&mut self, log: &ShardLog) -> std::io::Result<()> {
+        let file = create(&log.dir, self.segment + 1).await?;
+        self.segment += 1;
+        (self.file, self.len) = (file, 0);
+        self.tail.clear();
+        self.start_segment(log).await
     }
 
     /// Write the header of a new segment (with the data that follows).
@@ -219,6 +321,7 @@ impl Writer {
         let mut frame = BytesMut::new();
         put_frame(&mut frame, &body);
         self.write(&frame).await?;
+        log.health.grew(log.shard, frame.len() as u64);
         Ok(())
     }
 
@@ -234,11 +337,7 @@ impl Writer {
         }
         log.health.synced(log.shard, chunk.len() as u64, started.elapsed());
         if self.len >= SEGMENT_BYTES {
-            self.segment += 1;
-            let file = create(&log.dir, self.segment).await?;
-            (self.file, self.len) = (file, 0);
-            self.tail.clear();
-            self.start_segment(log).await?;
+            self.next_segment(log).await?;
         }
         Ok(())
     }
@@ -274,6 +373,23 @@ impl Writer {
     }
 }
 
+/// Where `chunk` (frames of records numbered in increasing order) splits
+/// at `cut`: the offset of the first record numbered above it.
+fn split_at(chunk: &[u8], cut: u64) -> usize {
+    let mut at = 0;
+    while at + FRAME_HEADER + 9 <= chunk.len() {
+        let len = u32::from_le_bytes(chunk[at..at + 4].try_into().expect("4 bytes")) as usize;
+        // The body: kind (1 byte), then the sequence number.
+        let body = at + FRAME_HEADER;
+        let lsn = u64::from_le_bytes(chunk[body + 1..body + 9].try_into().expect("8 bytes"));
+        if lsn > cut {
+            return at;
+        }
+        at = body + len;
+    }
+    chunk.len()
+}
+
 /// Create segment `n` in `dir`: direct I/O, or buffered where the file
 /// system refuses `O_DIRECT`.
 async fn create(dir: &std::path::Path, n: u64) -> std::io::Result<SegmentFile> {
@@ -295,5 +411,32 @@ fn raw_os_error(e: &glommio::GlommioError<()>) -> Option<i32> {
         glommio::GlommioError::IoError(io) => io.raw_os_error(),
         glommio::GlommioError::EnhancedIoError { source, .. } => source.raw_os_error(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frames of one record (all of one size) per number in `lsns`.
+    fn records(lsns: &[u64]) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        for &lsn in lsns {
+            let mut body = BytesMut::new();
+            Record::Done { client_id: "c".into(), value: lsn }.encode(lsn, &mut body);
+            put_frame(&mut out, &body);
+        }
+        out.to_vec()
+    }
+
+    #[test]
+    fn pending_records_split_before_the_first_one_above_the_cut() {
+        let chunk = records(&[3, 5, 8, 9]);
+        let one = chunk.len() / 4;
+        assert_eq!(split_at(&chunk, 2), 0);
+        assert_eq!(split_at(&chunk, 3), one);
+        assert_eq!(split_at(&chunk, 7), 2 * one);
+        assert_eq!(split_at(&chunk, 9), chunk.len());
+        assert_eq!(split_at(&[], 9), 0);
     }
 }

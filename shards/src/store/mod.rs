@@ -17,6 +17,7 @@
 //! T" (`AckQueue::fail`); the local store ([`log`]) is the first.
 
 mod acks;
+mod compact;
 pub(crate) mod health;
 mod log;
 mod open;
@@ -28,12 +29,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytestring::ByteString;
-use fleetmq_core::packet::{Packet, QoS, ReasonCode};
+use fleetmq_core::packet::{Disconnect, Packet, Props, QoS, ReasonCode};
 use fleetmq_core::session::{Message, SessionChange, Subscription};
 use fleetmq_core::store::{Record, StoredMessage};
 
 use crate::shard::ConnShared;
 pub(crate) use acks::{Outcome, Write};
+pub(crate) use compact::Compactor;
 pub(crate) use log::ShardLog;
 pub(crate) use open::{open, unix_ms, Opened};
 
@@ -48,6 +50,8 @@ pub(crate) struct LocalStart {
     pub(crate) lsn: Arc<AtomicU64>,
     pub(crate) health: Arc<health::Health>,
     pub(crate) settings: fleetmq_core::settings::Store,
+    /// The compactor's roll requests to the shards' logs.
+    pub(crate) roll: Arc<compact::Roll>,
 }
 
 /// Open and recover the local store when `store.kind = "local"`.
@@ -71,10 +75,32 @@ impl LocalStart {
         metrics: &crate::metrics::Metrics,
         shards: usize,
     ) -> Arc<LocalStart> {
-        let health = health::Health::new(metrics.store.clone(), shards, settings.max_bytes as u64, opened.snapshot_bytes);
+        let max = settings.max_bytes as u64;
+        let health = health::Health::new(metrics.store.clone(), shards, max, opened.snapshot_bytes, &opened.segment_bytes);
         let health = Arc::new(health);
         metrics.set_store_health(health.clone());
-        Arc::new(LocalStart { lsn: Arc::new(AtomicU64::new(opened.next_lsn)), health, settings: settings.clone(), opened })
+        Arc::new(LocalStart {
+            lsn: Arc::new(AtomicU64::new(opened.next_lsn)),
+            health,
+            settings: settings.clone(),
+            roll: Arc::new(compact::Roll::new(shards)),
+            opened,
+        })
+    }
+
+    /// Start compacting the log while the broker serves, until `shutdown`
+    /// (see [`compact`]).
+    ///
+    /// # Errors
+    /// The compactor thread cannot be made.
+    pub(crate) fn start_compactor(&self, shutdown: crate::shutdown::Shutdown) -> std::io::Result<Compactor> {
+        Compactor::start(compact::CompactorContext {
+            dir: self.opened.dir.clone(),
+            lsn: self.lsn.clone(),
+            roll: self.roll.clone(),
+            health: self.health.clone(),
+            shutdown,
+        })
     }
 }
 
@@ -101,7 +127,7 @@ impl ShardStore {
         let acks = Rc::new(acks::AckQueue::default());
         let log = local.map(|l| {
             let dir = l.opened.dir.clone();
-            Rc::new(ShardLog::new(shard, dir, &l.settings, l.lsn.clone(), l.health.clone(), acks.clone()))
+            Rc::new(ShardLog::new(shard, dir, &l.settings, l.lsn.clone(), l.health.clone(), acks.clone(), l.roll.clone()))
         });
         ShardStore { log, acks, clustered, next_write: RefCell::new(None) }
     }
@@ -152,10 +178,13 @@ impl ShardStore {
     /// once everything appended so far is durable and the write the
     /// packet caused (if any: [`ShardStore::expect_write`] for `origin`,
     /// the client's key) is done, in order with the connection's earlier
-    /// acknowledgements. While the store refuses, PUBACK and PUBREC are
-    /// refused (see `AckQueue::fail`); the others are written if the
-    /// packet appended nothing since `since` ([`ShardStore::begin_packet`]),
-    /// else refused too.
+    /// acknowledgements. While the store refuses (failing, or full:
+    /// `store.max_bytes`), PUBACK and PUBREC are refused (see
+    /// `AckQueue::fail`), MQTT 5 in order too. While it fails, the others
+    /// are written if the packet appended nothing since `since`
+    /// ([`ShardStore::begin_packet`]), else refused too; while it is only
+    /// full they wait for their records as usual (sessions can still
+    /// resume and take their values, which frees space).
     pub(crate) fn acknowledge(&self, conn: &Rc<ConnShared>, packets: &mut Vec<Packet>, since: Token, origin: Option<u64>) {
         let write = match origin {
             Some(origin) => self.next_write.borrow_mut().take_if(|w| w.origin() == origin),
@@ -176,19 +205,25 @@ impl ShardStore {
             return;
         };
         let refusing = log.refusing();
+        let failing = refusing && log.failing();
         let appended = log.appended();
         for packet in packets.drain(..) {
             let is_pub = matches!(packet, Packet::PubAck(_) | Packet::PubRec(_));
-            let refused = refusing && (is_pub || appended != since);
-            // While the store refuses, a packet that appended nothing
-            // waits for nothing of it.
-            let token = if refusing && !refused { 0 } else { appended };
+            let refused = (refusing && is_pub) || (failing && appended != since);
+            // While the store fails, a packet that appended nothing waits
+            // for nothing of it.
+            let token = if failing && !refused { 0 } else { appended };
             if held {
                 let refused = refused.then_some(ReasonCode::QUOTA_EXCEEDED);
                 self.acks.hold(token, conn, packet, write.clone(), refused);
             } else if refused {
-                acks::refuse(conn, packet, ReasonCode::QUOTA_EXCEEDED);
-            } else if refusing || log.all_durable() {
+                // MQTT 5: the refusal leaves behind what waits before it.
+                match acks::refusal(conn, packet, ReasonCode::QUOTA_EXCEEDED) {
+                    Ok(refusal) if self.acks.waiting_for(conn.key) => self.acks.park(appended, conn, refusal),
+                    Ok(refusal) => conn.send(&refusal),
+                    Err(packet) => drop(acks::refuse(conn, packet, ReasonCode::QUOTA_EXCEEDED)),
+                }
+            } else if failing || log.all_durable() {
                 conn.send(&packet);
             } else {
                 self.acks.park(token, conn, packet);
@@ -196,12 +231,49 @@ impl ShardStore {
         }
     }
 
+    /// Close `conn` as core asked (`Output::Close`): at once, unless
+    /// acknowledgements for it wait for the store; then it stops reading
+    /// now, and its DISCONNECT (MQTT 5, with `reason`) follows them, so
+    /// the client is acknowledged what came before (DESIGN.md §7).
+    /// `attached` is the shard's handle on `conn`.
+    pub(crate) fn close(
+        &self,
+        conn: &ConnShared,
+        attached: Option<&Rc<ConnShared>>,
+        reason: Option<ReasonCode>,
+        publish_will: bool,
+    ) {
+        match (self.acks.waiting_for(conn.key), attached) {
+            (true, Some(attached)) => {
+                conn.request_close(None, publish_will);
+                if let (Some(reason), true) = (reason, conn.protocol.is_v5()) {
+                    let disconnect = Disconnect { reason, properties: Props::default() };
+                    self.acks.park(self.appended(), attached, Packet::Disconnect(disconnect));
+                }
+            }
+            _ => conn.request_close(reason, publish_will),
+        }
+    }
+
+    /// True while acknowledgements for `conn` wait for the store: a
+    /// closing connection drains them before it closes, and it does not
+    /// move to another shard meanwhile.
+    pub(crate) fn acks_waiting(&self, conn: &ConnShared) -> bool {
+        self.acks.waiting_for(conn.key)
+    }
+
     /// Log a value a client (or a will) published, once, before it is
     /// routed: QoS 1/2 and retained ones. Sets its [`Message::stored`].
-    pub(crate) fn log_value(&self, message: &mut Message, now: Instant) {
-        let Some(log) = &self.log else { return };
-        if (message.qos == QoS::AtMostOnce && !message.retain) || log.refusing() {
-            return;
+    /// False when the store refuses it: a client's publish is then not
+    /// routed either (its PUBACK/PUBREC is refused, see
+    /// [`ShardStore::acknowledge`]); a will is routed anyway.
+    pub(crate) fn log_value(&self, message: &mut Message, now: Instant) -> bool {
+        let Some(log) = &self.log else { return true };
+        if message.qos == QoS::AtMostOnce && !message.retain {
+            return true;
+        }
+        if log.refusing() {
+            return false;
         }
         let age = now.saturating_duration_since(message.received_at).as_millis() as u64;
         let stored = StoredMessage {
@@ -214,6 +286,7 @@ impl ShardStore {
             origin: message.origin,
         };
         message.stored = log.append(&Record::Value(stored));
+        true
     }
 
     /// Log a record about a persistent session.

@@ -1,15 +1,17 @@
-//! Opening the local store at start: the lock, recovery from the snapshot
-//! and every shard's log, and a new snapshot that replaces them (so each
-//! start compacts the log to what is live).
+//! Opening the local store at start: the lock and recovery from the
+//! newest snapshot and every shard's log. Compaction (writing a new
+//! snapshot and removing what it replaces) runs while the broker serves
+//! ([`super::compact`]), so a start only reads.
 //!
 //! Files in `store.dir`: `LOCK` (holds the PID of the process that owns the
 //! directory, locked with `flock` while it runs), `snapshot-{n:016x}.log`
-//! (the newest is the base), `shard-{i}/{n:016x}.log` (what each shard
-//! appended since). Everything is read with ordinary reads: this runs once,
-//! before the shards start.
+//! (the newest is the base: it holds the state up to the log sequence
+//! number in its header), `shard-{i}/{n:016x}.log` (what each shard
+//! appended; records at or below the snapshot's number are already in it).
+//! Everything is read with ordinary reads.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Seek, Write};
+use std::io::{BufWriter, Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -25,12 +27,14 @@ pub(crate) struct Opened {
     pub(crate) dir: PathBuf,
     /// Holds the `flock` on `LOCK` while it is open (see [`Opened::take_lock`]).
     lock: Option<File>,
-    /// State recovered (already written again as the new snapshot).
+    /// State recovered.
     pub(crate) recovered: Recovered,
     /// The next log sequence number to hand out.
     pub(crate) next_lsn: u64,
-    /// Bytes of the new snapshot.
+    /// Bytes of the newest snapshot.
     pub(crate) snapshot_bytes: u64,
+    /// Per shard directory index, bytes of its segments.
+    pub(crate) segment_bytes: Vec<(usize, u64)>,
 }
 
 impl Opened {
@@ -47,8 +51,8 @@ pub(crate) fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Take `dir` (creating it), recover what its logs hold, write it back as
-/// one snapshot and remove the files it replaces.
+/// Take `dir` (creating it) and recover what its snapshot and logs hold.
+/// Older snapshots (which the newest replaces) are removed.
 ///
 /// # Errors
 /// Another process holds the directory (naming its PID); a log damaged in
@@ -58,12 +62,74 @@ pub(crate) fn open(dir: &Path, truncate_corrupt: bool) -> anyhow::Result<Opened>
     let started = Instant::now();
     fs::create_dir_all(dir).with_context(|| format!("store.dir {}: cannot create it", dir.display()))?;
     let lock = lock(dir)?;
-    let (snapshots, segments) = files(dir)?;
+    let files = files(dir)?;
+    let segments: Vec<&[PathBuf]> = files.shards.iter().map(|(_, s)| &s[..]).collect();
+    let read = replay(files.snapshots.last().map(PathBuf::as_path), &segments, Repair::AtStart { truncate_corrupt })?;
+    let mut recovered = read.recovered;
+    recovered.finish(unix_ms());
+    if let Some((_, older)) = files.snapshots.split_last() {
+        for old in older {
+            fs::remove_file(old).with_context(|| format!("store: cannot remove {}", old.display()))?;
+        }
+    }
+    let next_lsn = recovered.last_lsn.max(read.covered) + 1;
+    info!(
+        target: "store",
+        dir = %dir.display(),
+        read_bytes = read.read_bytes,
+        sessions = recovered.sessions.len(),
+        retained = recovered.retained.len(),
+        values = recovered.values.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "store recovered"
+    );
+    Ok(Opened {
+        dir: dir.to_owned(),
+        lock: Some(lock),
+        recovered,
+        next_lsn,
+        snapshot_bytes: read.snapshot_bytes,
+        segment_bytes: files.shards.iter().zip(&read.segment_bytes).map(|((i, _), b)| (*i, b.iter().sum())).collect(),
+    })
+}
+
+/// How [`replay`] treats damage.
+#[derive(Clone, Copy)]
+pub(crate) enum Repair {
+    /// At start: a torn tail is truncated; damage in the middle stops the
+    /// start unless `truncate_corrupt`.
+    AtStart { truncate_corrupt: bool },
+    /// While serving (compaction): files are only read; any damage is an
+    /// error.
+    ReadOnly,
+}
+
+/// What [`replay`] read.
+pub(crate) struct Replayed {
+    /// The state (not yet [`Recovered::finish`]ed).
+    pub(crate) recovered: Recovered,
+    /// The log sequence number the snapshot covers (0 without one).
+    pub(crate) covered: u64,
+    /// Bytes read.
+    pub(crate) read_bytes: u64,
+    /// Bytes of the snapshot.
+    pub(crate) snapshot_bytes: u64,
+    /// Per segment given, its length up to its last correct frame, in the
+    /// order given.
+    pub(crate) segment_bytes: Vec<Vec<u64>>,
+}
+
+/// Replay `snapshot` and then the records above what it covers in every
+/// shard's `segments` (each shard's in order), in log sequence order.
+///
+/// # Errors
+/// See [`open`]; with [`Repair::ReadOnly`] any damage is an error.
+pub(crate) fn replay(snapshot: Option<&Path>, segments: &[&[PathBuf]], repair: Repair) -> anyhow::Result<Replayed> {
     let mut recovered = Recovered::default();
-    let mut covered = 0;
-    let mut read_bytes = 0u64;
-    if let Some(base) = snapshots.last() {
-        let (records, _) = read_file(base, truncate_corrupt, &mut read_bytes)?;
+    let (mut covered, mut read_bytes, mut snapshot_bytes) = (0, 0u64, 0);
+    if let Some(base) = snapshot {
+        let (records, _, len) = read_file(base, repair, &mut read_bytes)?;
+        snapshot_bytes = len;
         recovered.reading_snapshot(true);
         for (i, (lsn, record)) in records.into_iter().enumerate() {
             if i == 0 {
@@ -74,52 +140,33 @@ pub(crate) fn open(dir: &Path, truncate_corrupt: bool) -> anyhow::Result<Opened>
         recovered.reading_snapshot(false);
     }
     let mut records = Vec::new();
-    for shard_segments in &segments {
-        for path in shard_segments {
-            let (mut r, cut) = read_file(path, truncate_corrupt, &mut read_bytes)?;
+    let mut segment_bytes = Vec::new();
+    for shard_segments in segments {
+        let mut lens = Vec::new();
+        for (i, path) in shard_segments.iter().enumerate() {
+            let (mut r, cut, len) = read_file(path, repair, &mut read_bytes)?;
+            r.retain(|(lsn, _)| *lsn > covered);
             records.append(&mut r);
+            lens.push(len);
             if cut {
                 // Dropping what follows a damaged record means the rest of
-                // this shard's log too.
+                // this shard's log too (only at start: `read_file` cuts
+                // nothing otherwise).
+                for later in &shard_segments[i + 1..] {
+                    fs::remove_file(later).with_context(|| format!("store: cannot remove {}", later.display()))?;
+                }
                 break;
             }
         }
+        segment_bytes.push(lens);
     }
-    records.retain(|(lsn, _)| *lsn > covered);
+    // Stable: a record found twice (rewritten after a failed roll) stays
+    // next to itself, and applying it again changes nothing.
     records.sort_by_key(|(lsn, _)| *lsn);
     for (lsn, record) in records {
         recovered.apply(lsn, record);
     }
-    recovered.finish(unix_ms());
-    let base = recovered.last_lsn.max(covered);
-    let generation = snapshots.last().and_then(|p| number(p)).unwrap_or(0) + 1;
-    let (path, snapshot_bytes, records) = write_snapshot(dir, generation, &recovered, base)?;
-    // What the shards take must carry the snapshot's numbering, which the
-    // records they log from now on (done with value n) refer to.
-    let next_lsn = records.last().map_or(base + 1, |(lsn, _)| lsn + 1);
-    let mut recovered = Recovered::default();
-    recovered.reading_snapshot(true);
-    for (lsn, record) in records {
-        recovered.apply(lsn, record);
-    }
-    recovered.reading_snapshot(false);
-    recovered.finish(unix_ms());
-    for old in snapshots.iter().chain(segments.iter().flatten()) {
-        fs::remove_file(old).with_context(|| format!("store: cannot remove {}", old.display()))?;
-    }
-    info!(
-        target: "store",
-        dir = %dir.display(),
-        read_bytes,
-        sessions = recovered.sessions.len(),
-        retained = recovered.retained.len(),
-        values = recovered.values.len(),
-        snapshot = %path.display(),
-        snapshot_bytes,
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "store recovered"
-    );
-    Ok(Opened { dir: dir.to_owned(), lock: Some(lock), recovered, next_lsn, snapshot_bytes })
+    Ok(Replayed { recovered, covered, read_bytes, snapshot_bytes, segment_bytes })
 }
 
 /// Lock `dir/LOCK` for this process and write its PID there.
@@ -150,8 +197,17 @@ fn lock(dir: &Path) -> anyhow::Result<File> {
     Ok(file)
 }
 
-/// The snapshots, oldest first, and each shard's segments, in order.
-fn files(dir: &Path) -> anyhow::Result<(Vec<PathBuf>, Vec<Vec<PathBuf>>)> {
+/// The files of a store directory.
+pub(crate) struct Files {
+    /// Snapshots, oldest first.
+    pub(crate) snapshots: Vec<PathBuf>,
+    /// Each shard directory's index and segments, in order.
+    pub(crate) shards: Vec<(usize, Vec<PathBuf>)>,
+}
+
+/// The snapshots and each shard's segments, in order. A snapshot left
+/// unfinished (`.tmp`) is removed.
+pub(crate) fn files(dir: &Path) -> anyhow::Result<Files> {
     let mut snapshots = Vec::new();
     let mut shards = Vec::new();
     for entry in fs::read_dir(dir).with_context(|| format!("store.dir {}", dir.display()))? {
@@ -160,35 +216,41 @@ fn files(dir: &Path) -> anyhow::Result<(Vec<PathBuf>, Vec<Vec<PathBuf>>)> {
         if name.starts_with("snapshot-") && name.ends_with(".log") {
             snapshots.push(entry.path());
         } else if name.starts_with("snapshot-") && name.ends_with(".tmp") {
-            // A snapshot the last start did not finish.
+            // A snapshot that was not finished.
             fs::remove_file(entry.path())?;
-        } else if name.starts_with("shard-") && entry.path().is_dir() {
+        } else if let Some(index) = name.strip_prefix("shard-").and_then(|i| i.parse::<usize>().ok()) {
+            if !entry.path().is_dir() {
+                continue;
+            }
             let mut segments: Vec<PathBuf> = fs::read_dir(entry.path())?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "log"))
                 .collect();
             segments.sort();
-            shards.push(segments);
+            shards.push((index, segments));
         }
     }
     snapshots.sort();
-    Ok((snapshots, shards))
+    shards.sort();
+    Ok(Files { snapshots, shards })
 }
 
 /// The number in a `...-{n:016x}.log` or `{n:016x}.log` file name.
-fn number(path: &Path) -> Option<u64> {
+pub(crate) fn number(path: &Path) -> Option<u64> {
     let stem = path.file_stem()?.to_str()?;
     u64::from_str_radix(stem.rsplit('-').next()?, 16).ok()
 }
 
-/// The records of one file. A torn tail is cut off (and the file truncated
-/// there); damage in the middle is an error, or with `truncate_corrupt`
-/// the file is cut there too and the second value is true (what follows
-/// in this shard's log must be dropped).
-fn read_file(path: &Path, truncate_corrupt: bool, read_bytes: &mut u64) -> anyhow::Result<(Vec<(u64, Record)>, bool)> {
+/// The records of one file and its length up to the last correct frame.
+/// At start a torn tail is cut off (and the file truncated there); damage
+/// in the middle is an error, or with `truncate_corrupt` the file is cut
+/// there too and the second value is true (what follows in this shard's
+/// log must be dropped). Read-only, any damage is an error.
+fn read_file(path: &Path, repair: Repair, read_bytes: &mut u64) -> anyhow::Result<(Records, bool, u64)> {
     let data = Bytes::from(fs::read(path).with_context(|| format!("store: cannot read {}", path.display()))?);
     *read_bytes += data.len() as u64;
     let mut dropped = None;
+    let truncate_corrupt = matches!(repair, Repair::AtStart { truncate_corrupt: true });
     let scan = match scan(&data) {
         Ok(scan) => scan,
         Err(corrupt) if truncate_corrupt => {
@@ -207,6 +269,9 @@ fn read_file(path: &Path, truncate_corrupt: bool, read_bytes: &mut u64) -> anyho
     };
     if scan.torn || dropped.is_some() {
         let cut = scan.valid_len;
+        if matches!(repair, Repair::ReadOnly) {
+            bail!("store: {} has a torn or damaged record at byte offset {cut}", path.display());
+        }
         warn!(target: "store", file = %path.display(), offset = cut, "store: dropping a torn or damaged tail");
         let file = OpenOptions::new().write(true).open(path)?;
         file.set_len(cut)?;
@@ -231,38 +296,41 @@ fn read_file(path: &Path, truncate_corrupt: bool, read_bytes: &mut u64) -> anyho
             "store: a damaged record and everything after it in this shard's log were dropped (store.truncate_corrupt)"
         );
     }
-    Ok((records, dropped.is_some()))
+    Ok((records, dropped.is_some(), scan.valid_len))
 }
 
 /// Records with their log sequence numbers.
 type Records = Vec<(u64, Record)>;
 
-/// Write `recovered` as snapshot `generation`: header (lsn `base`, the last
-/// one it covers), then its records. Returns its path, size and records.
-fn write_snapshot(
-    dir: &Path,
-    generation: u64,
-    recovered: &Recovered,
-    base: u64,
-) -> anyhow::Result<(PathBuf, u64, Records)> {
+/// Write `recovered` as snapshot `generation` covering the log up to
+/// sequence `cut`: its header (numbered `cut`), then its records. Written
+/// to a `.tmp` file, synced and renamed, so a snapshot is whole or absent.
+/// Returns its path and size.
+///
+/// # Errors
+/// Any I/O error, naming the path.
+pub(crate) fn write_snapshot(dir: &Path, generation: u64, recovered: &Recovered, cut: u64) -> anyhow::Result<(PathBuf, u64)> {
     let path = dir.join(format!("snapshot-{generation:016x}.log"));
     let tmp = path.with_extension("tmp");
-    let mut out = BytesMut::new();
+    let file = File::create(&tmp).with_context(|| format!("store: cannot create {}", tmp.display()))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let mut frame = BytesMut::new();
     let mut body = BytesMut::new();
-    Record::Header { version: FORMAT_VERSION, shard: u16::MAX, segment: generation }.encode(base, &mut body);
-    put_frame(&mut out, &body);
-    let records = recovered.snapshot(base + 1);
-    for (lsn, record) in &records {
+    let mut bytes = 0u64;
+    let header = (cut, Record::Header { version: FORMAT_VERSION, shard: u16::MAX, segment: generation });
+    for (lsn, record) in std::iter::once(header).chain(recovered.snapshot(cut)) {
         body.clear();
-        record.encode(*lsn, &mut body);
-        put_frame(&mut out, &body);
+        frame.clear();
+        record.encode(lsn, &mut body);
+        put_frame(&mut frame, &body);
+        out.write_all(&frame).with_context(|| format!("store: cannot write {}", tmp.display()))?;
+        bytes += frame.len() as u64;
     }
-    let mut file = File::create(&tmp).with_context(|| format!("store: cannot create {}", tmp.display()))?;
-    file.write_all(&out).with_context(|| format!("store: cannot write {}", tmp.display()))?;
+    let file = out.into_inner().map_err(|e| e.into_error()).with_context(|| format!("store: cannot write {}", tmp.display()))?;
     file.sync_all()?;
     fs::rename(&tmp, &path)?;
     File::open(dir)?.sync_all()?;
-    Ok((path, out.len() as u64, records))
+    Ok((path, bytes))
 }
 
 #[cfg(test)]
@@ -315,7 +383,7 @@ mod tests {
             let path = dir.join("shard-0").join(format!("{:016x}.log", 0));
             fs::write(&path, &data[..cut]).unwrap();
             let mut read = 0;
-            let (records, cut_rest) = read_file(&path, false, &mut read).unwrap();
+            let (records, cut_rest, _) = read_file(&path, Repair::AtStart { truncate_corrupt: false }, &mut read).unwrap();
             assert_eq!((records.len(), cut_rest), (3, false), "cut at {cut}");
             assert_eq!(fs::metadata(&path).unwrap().len(), last as u64, "truncated at the torn record");
             let opened = open(&dir, false).unwrap();
@@ -338,10 +406,41 @@ mod tests {
         drop(first);
         let second = open(&dir, false).unwrap();
         assert_eq!(second.recovered.retained.len(), 3);
-        assert!(second.next_lsn > lsn, "sequence numbers keep growing");
-        assert!(dir.join("snapshot-0000000000000002.log").exists());
-        assert!(!dir.join("snapshot-0000000000000001.log").exists());
+        assert_eq!(second.next_lsn, lsn, "a start only reads");
         drop(second);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A snapshot covers the records at or below its number: the same
+    /// records still in a segment (a crash before the segment was
+    /// removed) are not applied twice, later ones are applied on top, and
+    /// older snapshots are removed at start.
+    #[test]
+    fn a_snapshot_replaces_the_records_it_covers() {
+        let (data, _) = log();
+        let dir = temp("snap");
+        fs::create_dir_all(dir.join("shard-0")).unwrap();
+        let segment = dir.join("shard-0").join(format!("{:016x}.log", 0));
+        fs::write(&segment, &data).unwrap();
+        let mut r = open(&dir, false).unwrap();
+        drop(r.take_lock());
+        // Cover lsn 1..=3 (t/0, t/1), as if compacted before t/2 came.
+        let mut state = Recovered::default();
+        for (lsn, record) in read_file(&segment, Repair::ReadOnly, &mut 0).unwrap().0.into_iter().take(3) {
+            state.apply(lsn, record);
+        }
+        state.finish(unix_ms());
+        fs::write(dir.join("snapshot-0000000000000001.log"), b"old").unwrap();
+        write_snapshot(&dir, 2, &state, 3).unwrap();
+        let again = open(&dir, false).unwrap();
+        let mut topics: Vec<&str> = again.recovered.retained.keys().map(|t| &**t).collect();
+        topics.sort();
+        assert_eq!(topics, ["t/0", "t/1", "t/2"]);
+        assert_eq!(again.recovered.retained["t/1"].0, 3, "values keep their numbers");
+        assert!(!dir.join("snapshot-0000000000000001.log").exists());
+        assert!(dir.join("snapshot-0000000000000002.log").exists());
+        drop(again);
+        drop(r);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

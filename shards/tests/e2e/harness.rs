@@ -22,6 +22,10 @@ pub(crate) struct Broker {
     /// Every `fleetmq: listening <kind> <addr>` line: (kind, address), e.g.
     /// `("mqtt-tls", 127.0.0.1:40123)`.
     pub(crate) listeners: Vec<(String, SocketAddr)>,
+    /// This broker's own `store.dir` (the local store is the default), a
+    /// fresh directory under the system temp dir removed when dropped;
+    /// a test that passes its own `store.dir` overrides it.
+    store_dir: std::path::PathBuf,
     stderr: Arc<Mutex<String>>,
     /// The stdout lines after the one `start` waited for (in a mutex:
     /// tests share a `&Broker` between threads).
@@ -50,8 +54,11 @@ impl Broker {
     /// line that starts with `until` (e.g. `fleetmq: not ready`) after its
     /// MQTT and admin addresses.
     pub(crate) fn start_until(args: &[&str], env: &[(&str, &str)], until: &str) -> Broker {
+        let store_dir = fresh_store_dir();
         let mut child = Command::new(env!("CARGO_BIN_EXE_fleetmq"))
             .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .arg("--set")
+            .arg(format!("store.dir={}", store_dir.display()))
             .args(args)
             .env(
                 "RUST_LOG",
@@ -84,6 +91,7 @@ impl Broker {
         let broker_failed = |why: &str, child: &mut Child| -> ! {
             let _ = child.kill();
             let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&store_dir);
             thread::sleep(Duration::from_millis(50));
             panic!(
                 "fleetmq {args:?}: {why}\n--- stderr ---\n{}",
@@ -128,6 +136,7 @@ impl Broker {
             listeners,
             stderr,
             stdout: Mutex::new(lines),
+            store_dir,
         }
     }
 
@@ -297,10 +306,21 @@ impl Drop for Broker {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.store_dir);
         if thread::panicking() {
             eprintln!("--- fleetmq stderr ---\n{}", self.stderr());
         }
     }
+}
+
+/// A new, unused directory for one broker's store (not created: the
+/// broker creates it).
+fn fresh_store_dir() -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("fleetmq-e2e-store-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
 }
 
 /// `GET path` over HTTP/1.1 on `addr` (`Connection: close`, 5 s read

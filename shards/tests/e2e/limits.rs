@@ -663,7 +663,7 @@ fn out_of_range_limits_refuse_to_start_naming_the_key_and_its_range() {
         let out = run_with_timeout(
             Command::new(env!("CARGO_BIN_EXE_fleetmq"))
                 .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-                .args(["--set", setting]),
+                .args(["--set", "store.kind=none", "--set", setting]),
             Duration::from_secs(10),
         );
         let stderr = String::from_utf8_lossy(&out.stderr);

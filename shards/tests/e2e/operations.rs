@@ -61,7 +61,7 @@ fn serve_refused(args: &[&str]) -> String {
     let out = run_with_timeout(
         Command::new(env!("CARGO_BIN_EXE_fleetmq"))
             .arg("serve")
-            .args(["--admin", "127.0.0.1:0"])
+            .args(["--admin", "127.0.0.1:0", "--set", "store.kind=none"])
             .args(args),
         Duration::from_secs(10),
     );
@@ -195,7 +195,7 @@ fn the_broker_runs_without_transparent_huge_pages_unless_asked() {
     // Any other value stops the start, naming the variable and its values.
     let out = run_with_timeout(
         Command::new(env!("CARGO_BIN_EXE_fleetmq"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", ""])
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "", "--set", "store.kind=none"])
             .env("FLEETMQ_THP", "maybe"),
         Duration::from_secs(10),
     );
@@ -270,6 +270,7 @@ fn a_closed_stderr_drops_log_lines_and_sigterm_still_stops_the_broker() {
     use crate::raw::{wire, RawClient};
     let mut child = Command::new(env!("CARGO_BIN_EXE_fleetmq"))
         .args(["serve", "--listen", "127.0.0.1:0", "--admin", "", "--shards", "2"])
+        .args(["--set", "store.kind=none"])
         .env("RUST_LOG", "debug")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

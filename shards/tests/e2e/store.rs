@@ -34,7 +34,7 @@ impl Drop for TempDir {
 }
 
 /// `--shards 2` and the local store in `dir`, then `extra`.
-fn local(dir: &Path, extra: &[&str]) -> Broker {
+pub(crate) fn local(dir: &Path, extra: &[&str]) -> Broker {
     let dir = format!("store.dir={}", dir.display());
     let mut args = vec!["--shards", "2", "--set", "store.kind=local", "--set", &dir];
     args.extend_from_slice(extra);
@@ -42,12 +42,12 @@ fn local(dir: &Path, extra: &[&str]) -> Broker {
 }
 
 /// SIGKILL, and wait for the process to end.
-fn kill(broker: Broker) {
+pub(crate) fn kill(broker: Broker) {
     broker.signal(libc::SIGKILL);
     drop(broker);
 }
 
-fn v5_persistent(port: u16, id: &str) -> v5::MqttOptions {
+pub(crate) fn v5_persistent(port: u16, id: &str) -> v5::MqttOptions {
     let mut o = v5::options(port, id, false);
     o.set_session_expiry_interval(Some(600));
     o
@@ -110,19 +110,30 @@ async fn sessions_and_retained_messages_survive_sigkill() {
 /// flight) until the connection dies; returns the values acknowledged
 /// (PUBACK for QoS 1, PUBREC for QoS 2).
 async fn publish_until_killed(port: u16, topic: &str, qos: v4::QoS) -> BTreeSet<u64> {
+    publish_from_until_killed(port, topic, qos, 0, 0).await
+}
+
+/// [`publish_until_killed`] from `first` on, each value followed by a
+/// space and `pad` bytes.
+pub(crate) async fn publish_from_until_killed(port: u16, topic: &str, qos: v4::QoS, first: u64, pad: usize) -> BTreeSet<u64> {
     use rumqttc::{Event, Incoming, Outgoing};
     let mut options = v4::options(port, &unique("loadpub"), true);
     options.set_inflight(100);
     let (client, mut eventloop) = rumqttc::AsyncClient::new(options, 200);
     let topic = topic.to_owned();
     let feeder = tokio::spawn(async move {
-        for i in 0u64.. {
-            if client.publish(&topic, qos, false, i.to_string()).await.is_err() {
+        for i in first.. {
+            let mut value = i.to_string();
+            if pad > 0 {
+                value.push(' ');
+                value.extend(std::iter::repeat_n('x', pad));
+            }
+            if client.publish(&topic, qos, false, value).await.is_err() {
                 return;
             }
         }
     });
-    let (mut next, mut in_flight, mut acked) = (0u64, std::collections::HashMap::new(), BTreeSet::new());
+    let (mut next, mut in_flight, mut acked) = (first, std::collections::HashMap::new(), BTreeSet::new());
     while let Ok(event) = eventloop.poll().await {
         match event {
             Event::Outgoing(Outgoing::Publish(pkid)) => {
@@ -161,18 +172,28 @@ async fn no_acknowledged_value_is_lost(qos: v4::QoS) {
     assert!(acked.len() > 100, "the load ran: {} values acknowledged", acked.len());
 
     let broker = local(&dir.0, &extra);
-    let (mut sub, _) = v4::Client::connect_with(v4::options(broker.mqtt_port(), &id, false)).await;
-    let mut received = Vec::new();
-    while let Some(p) = sub.try_next_publish(Duration::from_secs(2)).await {
-        received.push(String::from_utf8_lossy(&p.payload).parse::<u64>().unwrap());
-    }
-    let lost: Vec<u64> = acked.iter().filter(|v| !received.contains(v)).copied().collect();
-    assert!(lost.is_empty(), "{} of {} acknowledged values lost, e.g. {:?}", lost.len(), acked.len(), &lost[..lost.len().min(5)]);
-    assert!(received.windows(2).all(|w| w[0] <= w[1]), "publish order kept");
+    let received = resume_and_check(&broker, &id, &acked).await;
     if qos == v4::QoS::ExactlyOnce {
         assert!(received.windows(2).all(|w| w[0] < w[1]), "QoS 2: each value once");
     }
     eprintln!("acknowledged {}, received {} after the restart", acked.len(), received.len());
+}
+
+/// The persistent MQTT 3.1.1 session `id` resumed on `broker`: the values
+/// it gets (numbers, as [`publish_from_until_killed`] sends them), checked
+/// to hold every one of `acked` (none lost) in publish order.
+pub(crate) async fn resume_and_check(broker: &Broker, id: &str, acked: &BTreeSet<u64>) -> Vec<u64> {
+    let (mut sub, _) = v4::Client::connect_with(v4::options(broker.mqtt_port(), id, false)).await;
+    let mut received = Vec::new();
+    while let Some(p) = sub.try_next_publish(Duration::from_secs(2)).await {
+        let text = String::from_utf8_lossy(&p.payload).into_owned();
+        received.push(text.split(' ').next().unwrap().parse::<u64>().unwrap());
+    }
+    let seen: BTreeSet<u64> = received.iter().copied().collect();
+    let lost: Vec<u64> = acked.iter().filter(|v| !seen.contains(v)).copied().collect();
+    assert!(lost.is_empty(), "{} of {} acknowledged values lost, e.g. {:?}", lost.len(), acked.len(), &lost[..lost.len().min(5)]);
+    assert!(received.windows(2).all(|w| w[0] <= w[1]), "publish order kept");
+    received
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
