@@ -233,3 +233,207 @@ fn a_killed_replicas_client_identifiers_are_swept_and_one_that_reconnected_elsew
         b.stderr()
     );
 }
+
+/// The `mqtt-session-will` entry of `client_id`: its operation.
+fn will_entry(nats: &NatsCluster, client_id: &str) -> Option<String> {
+    crate::nats::block_on(async {
+        let client = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let kv = js.get_key_value("mqtt-session-will").await.unwrap();
+        let entry = kv.entry(client_key(client_id)).await.unwrap()?;
+        Some(format!("{:?}", entry.operation))
+    })
+}
+
+/// A CONNECT of `id` (with a will when `will`) to `mqtt`: its CONNACK
+/// code (None: none came within 20 s) and how long it took.
+fn timed_connect(
+    mqtt: std::net::SocketAddr,
+    id: &str,
+    will: bool,
+) -> (Option<u8>, Duration, RawClient) {
+    let topic = format!("wills/{id}");
+    let connect = build::Connect {
+        will: will.then_some(build::Will {
+            topic: &topic,
+            payload: b"offline",
+            delay_secs: None,
+            payload_format: None,
+        }),
+        ..build::Connect::v5(id)
+    };
+    let mut client = RawClient::connect(mqtt);
+    let started = Instant::now();
+    client.send(&connect.encode());
+    let code = match client.read(Duration::from_secs(20)) {
+        Incoming::Packet { header: 0x20, body } if body.len() >= 2 => Some(body[1]),
+        _ => None,
+    };
+    (code, started.elapsed(), client)
+}
+
+#[test]
+fn nats_at_four_seconds_a_round_trip_fences_nothing_loses_nothing_acknowledged_and_answers_every_connect_in_budget(
+) {
+    let nats = NatsCluster::start(1);
+    let proxy = NatsProxy::start(nats.client_addr(0));
+    // The default member_ttl (10 s): DESIGN.md §6 "NATS slow 2–6 s".
+    let budget = Duration::from_secs(10);
+    let a = replica(
+        "ra",
+        &[proxy.url()],
+        &[
+            "--set",
+            "cluster.nats_replicas=1",
+            "--set",
+            "cluster.connect_budget=10s",
+        ],
+    );
+    let (code, mut sub) = connect_v5(&a, "sub");
+    assert_eq!(code, 0);
+    sub.send(&build::subscribe(1, "data/#", 1, true));
+    assert!(matches!(
+        sub.read(Duration::from_secs(2)),
+        Incoming::Packet { header: 0x90, .. }
+    ));
+    let (code, mut publisher) = connect_v5(&a, "pub");
+    assert_eq!(code, 0);
+    let mut wills = MosquittoSub::start(&a, &["-t", "wills/#", "-v"]);
+    proxy.set_round_trip(Duration::from_secs(4));
+    thread::sleep(Duration::from_secs(1));
+    let slow_since = Instant::now();
+    // Readiness all along: no fence (7T/6 is 11.7 s; a write lands 4 s
+    // after it was sent).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, admin) = (stop.clone(), a.admin);
+        thread::spawn(move || {
+            let mut not_ready = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok((status, body)) = crate::harness::http_get(admin, "/health/ready") {
+                    if status != 200 {
+                        not_ready.push(body);
+                    }
+                }
+                thread::sleep(Duration::from_millis(250));
+            }
+            not_ready
+        })
+    };
+    // CONNECTs: a claim is two round trips (8 s), a will one more (12 s
+    // in all, past the 10 s budget). Each is answered within the budget,
+    // accepted or refused with 0x88 [MQTT-3.2.2-6: 0x88 Server unavailable].
+    let devices: Vec<_> = (0..6)
+        .map(|i| {
+            let mqtt = a.mqtt;
+            let with_will = i % 2 == 1;
+            thread::spawn(move || {
+                let id = format!("device-{i}");
+                let (code, took, client) = timed_connect(mqtt, &id, with_will);
+                (id, with_will, code, took, client)
+            })
+        })
+        .collect();
+    // Meanwhile QoS 1 publishes: each acknowledged one reaches the
+    // subscriber; a retained one is acknowledged once NATS has it.
+    for pid in 1..=20u16 {
+        publisher.send(&crate::cluster_retained::publish(
+            "data/x",
+            &pid.to_be_bytes(),
+            1,
+            false,
+            pid,
+            true,
+        ));
+    }
+    publisher.send(&crate::cluster_retained::publish(
+        "state/kept",
+        b"kept",
+        1,
+        true,
+        21,
+        true,
+    ));
+    let mut acked = Vec::new();
+    let until = Instant::now() + Duration::from_secs(15);
+    while acked.len() < 21 && Instant::now() < until {
+        if let Incoming::Packet { header: 0x40, body } = publisher.read(Duration::from_millis(500))
+        {
+            acked.push(u16::from_be_bytes([body[0], body[1]]));
+        }
+    }
+    assert_eq!(
+        acked,
+        (1..=21).collect::<Vec<u16>>(),
+        "PUBACKs in order, the retained one too"
+    );
+    let mut delivered = Vec::new();
+    while let Incoming::Packet { header, body } = sub.read(Duration::from_millis(500)) {
+        if header & 0xf0 == 0x30 {
+            delivered.push(u16::from_be_bytes([
+                body[body.len() - 2],
+                body[body.len() - 1],
+            ]));
+        }
+    }
+    for pid in 1..=20u16 {
+        assert!(
+            delivered.contains(&pid),
+            "acknowledged value {pid} not delivered: {delivered:?}"
+        );
+    }
+    let answered: Vec<_> = devices.into_iter().map(|d| d.join().unwrap()).collect();
+    for (id, with_will, code, took, _) in &answered {
+        assert!(
+            matches!(code, Some(0) | Some(0x88)),
+            "{id} (will: {with_will}): CONNACK {code:?} after {took:?}"
+        );
+        assert!(
+            *took <= budget + Duration::from_millis(1500),
+            "{id}: CONNACK after {took:?}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let not_ready = watcher.join().unwrap();
+    assert!(
+        not_ready.is_empty(),
+        "not ready while NATS was slow: {not_ready:?}"
+    );
+    assert!(
+        slow_since.elapsed() >= Duration::from_secs(10),
+        "the slow phase was too short to mean anything"
+    );
+    // NATS fast again; what landed late for a refused CONNECT is undone.
+    proxy.set_round_trip(Duration::ZERO);
+    thread::sleep(Duration::from_secs(6));
+    for (id, with_will, code, took, _) in &answered {
+        let entry = will_entry(&nats, id);
+        if *with_will && *code == Some(0) {
+            assert_eq!(
+                entry.as_deref(),
+                Some("Put"),
+                "{id}: accepted after {took:?}, its will is stored"
+            );
+        } else {
+            assert!(
+                entry.as_deref() != Some("Put"),
+                "{id}: refused after {took:?}, yet a will is stored"
+            );
+        }
+    }
+    // No will was sent for anyone (all connections are still open).
+    assert_eq!(wills.next_message(Duration::from_millis(500)), None);
+    // The acknowledged retained value is there for a new subscriber.
+    let (_, mut late) = connect_v5(&a, "late");
+    late.send(&build::subscribe(1, "state/#", 1, true));
+    let mut kept = false;
+    while let Incoming::Packet { header, body } = late.read(Duration::from_secs(2)) {
+        kept |= header & 0xf0 == 0x30 && body.ends_with(b"kept");
+    }
+    assert!(kept, "the acknowledged retained value is lost");
+    let refused = answered.iter().filter(|d| d.2 == Some(0x88)).count();
+    eprintln!(
+        "NATS at 4 s: {} CONNECTs accepted, {refused} refused with 0x88",
+        answered.len() - refused
+    );
+}

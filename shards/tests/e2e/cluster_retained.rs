@@ -47,7 +47,7 @@ fn setup(a_extra: &[&str]) -> Setup {
 const WAIT_5S: [&str; 2] = ["--set", "cluster.session_log_append_wait=5s"];
 
 /// A PUBLISH at `qos` (1 or 2) with packet identifier `pid`.
-fn publish(topic: &str, payload: &[u8], qos: u8, retain: bool, pid: u16, v5: bool) -> Vec<u8> {
+pub(crate) fn publish(topic: &str, payload: &[u8], qos: u8, retain: bool, pid: u16, v5: bool) -> Vec<u8> {
     let mut body = build::string(topic.as_bytes());
     body.extend(pid.to_be_bytes());
     if v5 {
