@@ -42,7 +42,27 @@ const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// [`StartError::Connect`] when no server answers within the connection
 /// timeout, or a credentials or certificate file cannot be read.
 pub(crate) async fn connect(cluster: &Cluster, name: String) -> Result<Client, StartError> {
+    let label = name.clone();
     let mut options = ConnectOptions::new()
+        .event_callback(move |event| {
+            // async-nats' own lines are filtered to warnings by default
+            // (shards' main): these say what happened, naming the part.
+            let label = label.clone();
+            async move {
+                match event {
+                    async_nats::Event::Disconnected
+                    | async_nats::Event::LameDuckMode
+                    | async_nats::Event::ServerError(_)
+                    | async_nats::Event::ClientError(_) => {
+                        tracing::warn!(target: "bridge", connection = %label, "bridge: NATS {event}")
+                    }
+                    async_nats::Event::SlowConsumer(_) => {
+                        tracing::debug!(target: "bridge", connection = %label, "bridge: NATS {event}")
+                    }
+                    _ => tracing::info!(target: "bridge", connection = %label, "bridge: NATS {event}"),
+                }
+            }
+        })
         .name(name)
         .ping_interval(PING_INTERVAL)
         .connection_timeout(Duration::from_secs(5))

@@ -21,6 +21,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use fleetmq_core::cluster::names::{check_dns_name, check_replica_id, NameError, CA_STEM};
 use rand::RngCore;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -35,8 +36,6 @@ pub const MAX_REPLICAS: u16 = 1000;
 /// Validity of the CA and the replica certificates when `--days` is not
 /// given: 3650 days (about ten years).
 pub const DEFAULT_DAYS: u32 = 3650;
-/// The file stem of the CA (`ca.pem`, `ca.key`): no replica may be named so.
-const CA_STEM: &str = "ca";
 
 /// Arguments of `fleetmq cert` (DESIGN.md §15).
 #[derive(Debug, Clone, clap::Args)]
@@ -170,7 +169,8 @@ pub fn replica_names(replicas: Option<u16>, names: &[String]) -> anyhow::Result<
     Ok(names.to_vec())
 }
 
-/// Checks that `name` can be a replica ID here: a DNS name (labels of 1 to
+/// Checks that `name` can be a replica ID here, by the rules of
+/// `cluster.replica_id` ([`check_replica_id`]): a DNS name (labels of 1 to
 /// 63 ASCII letters, digits and `-`, not starting or ending with `-`,
 /// joined by `.`; 253 bytes at most), not an IP address, and not `ca`
 /// (that file is the CA's).
@@ -179,14 +179,14 @@ pub fn replica_names(replicas: Option<u16>, names: &[String]) -> anyhow::Result<
 ///
 /// The rule broken, naming the name.
 pub fn check_replica_name(name: &str) -> anyhow::Result<()> {
-    if name.parse::<IpAddr>().is_ok() {
-        bail!("replica name {name:?} is an IP address; name replicas with DNS names and add addresses with --san");
+    // One rule for `cluster.replica_id` and `--names`.
+    match check_replica_id(name) {
+        Ok(()) => Ok(()),
+        Err(NameError::IpAddress) => bail!(
+            "replica name {name:?} is an IP address; name replicas with DNS names and add addresses with --san"
+        ),
+        Err(e) => bail!("replica name {name:?} {e}"),
     }
-    check_dns_name(name).with_context(|| format!("replica name {name:?}"))?;
-    if name.eq_ignore_ascii_case(CA_STEM) {
-        bail!("replica name {name:?} is taken: ca.pem and ca.key are the CA's files");
-    }
-    Ok(())
 }
 
 /// The `--san` entries: IP addresses, or DNS names as
@@ -200,40 +200,14 @@ fn extra_sans(entries: &[String]) -> anyhow::Result<Vec<SanType>> {
             continue;
         }
         let bare = entry.strip_prefix("*.").unwrap_or(entry);
-        check_dns_name(bare).with_context(|| format!("--san entry {entry:?}"))?;
+        if let Err(e) = check_dns_name(bare) {
+            bail!("--san entry {entry:?} {e}");
+        }
         sans.push(SanType::DnsName(entry.try_into().with_context(|| {
             format!("--san entry {entry:?} is not an ASCII DNS name")
         })?));
     }
     Ok(sans)
-}
-
-/// The DNS name rules of [`check_replica_name`].
-fn check_dns_name(name: &str) -> anyhow::Result<()> {
-    if name.is_empty() {
-        bail!("is empty");
-    }
-    if name.len() > 253 {
-        bail!("is {} bytes long; a DNS name has at most 253", name.len());
-    }
-    for label in name.split('.') {
-        if label.is_empty() || label.len() > 63 {
-            bail!(
-                "has a label of {} bytes; each dot-separated part has 1 to 63",
-                label.len()
-            );
-        }
-        if let Some(c) = label
-            .chars()
-            .find(|c| !c.is_ascii_alphanumeric() && *c != '-')
-        {
-            bail!("contains {c:?}; only ASCII letters, digits, '-' and '.' are allowed");
-        }
-        if label.starts_with('-') || label.ends_with('-') {
-            bail!("has a part starting or ending with '-'");
-        }
-    }
-    Ok(())
 }
 
 /// The files `fleetmq cert` writes into `dir`.

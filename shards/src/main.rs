@@ -204,7 +204,8 @@ fn refused(err: &anyhow::Error) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`; one that does
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`, with
+/// `async_nats=warn` added unless it names `async_nats`; one that does
 /// not parse is named in a warning and `info` is used); colours only on a
 /// terminal and when `NO_COLOR` is unset or empty (no-color.org), so that
 /// files, journald and Kubernetes get plain lines. A log line that cannot
@@ -216,11 +217,11 @@ fn refused(err: &anyhow::Error) -> ExitCode {
 fn init_tracing() {
     use std::io::IsTerminal;
     let (filter, bad) = match std::env::var("RUST_LOG") {
-        Ok(spec) => match EnvFilter::try_new(&spec) {
+        Ok(spec) => match EnvFilter::try_new(with_quiet_nats(&spec)) {
             Ok(filter) => (filter, None),
-            Err(e) => (EnvFilter::new("info"), Some((spec, e))),
+            Err(e) => (EnvFilter::new(with_quiet_nats("info")), Some((spec, e))),
         },
-        Err(_) => (EnvFilter::new("info"), None),
+        Err(_) => (EnvFilter::new(with_quiet_nats("info")), None),
     };
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     tracing_subscriber::fmt()
@@ -231,6 +232,19 @@ fn init_tracing() {
         .init();
     if let Some((spec, e)) = bad {
         tracing::warn!("RUST_LOG={spec:?} does not parse ({e}); logging at info");
+    }
+}
+
+/// `spec` with async-nats' own lines at `warn` unless `spec` names
+/// `async_nats`: its INFO lines (every connect, every event) carry no part
+/// name; the bridge logs what matters as `bridge:` lines.
+fn with_quiet_nats(spec: &str) -> String {
+    if spec.contains("async_nats") {
+        spec.to_owned()
+    } else if spec.trim().is_empty() {
+        "async_nats=warn".to_owned()
+    } else {
+        format!("{spec},async_nats=warn")
     }
 }
 

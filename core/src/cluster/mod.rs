@@ -4,6 +4,7 @@
 //! (`fleetmq-nats-bridge`) drives them.
 
 pub mod membership;
+pub mod names;
 pub mod records;
 pub mod retained;
 pub mod settings;

@@ -227,13 +227,6 @@ pub fn client_id_of_key(key: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-/// Whether `id` can be a replica ID: 1 to 64 characters of
-/// `[-_a-zA-Z0-9]` (it is a KV key and a NATS subject token).
-pub fn valid_replica_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,15 +276,6 @@ mod tests {
         assert_eq!((write_format(1), write_format(2), write_format(9)), (1, 2, 2));
         let f = FloorRecord { format: 7, floor: 2 };
         assert_eq!(FloorRecord::decode(&f.encode()).unwrap().floor, 2);
-    }
-
-    #[test]
-    fn replica_ids_are_key_tokens() {
-        assert!(valid_replica_id("fleetmq-0"));
-        assert!(!valid_replica_id(""));
-        assert!(!valid_replica_id("a.b"));
-        assert!(!valid_replica_id("a b"));
-        assert!(!valid_replica_id(&"x".repeat(65)));
     }
 
     proptest! {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::names::{check_nats_url, check_replica_id, replica_id_from_host};
 use crate::settings::{duration, format_duration, format_size, size, SettingsError};
 
 /// `[cluster]` settings. Every key has a default; ranges are checked by
@@ -156,11 +157,13 @@ impl Cluster {
         if ![1, 3, 5].contains(&self.nats_replicas) {
             return Err(out_of_range("cluster.nats_replicas", self.nats_replicas.to_string(), "1, 3 or 5"));
         }
-        if !self.replica_id.is_empty() && !crate::cluster::records::valid_replica_id(&self.replica_id) {
+        if !self.replica_id.is_empty() && check_replica_id(&self.replica_id).is_err() {
             return Err(SettingsError::Invalid {
                 key: "cluster.replica_id",
                 value: self.replica_id.clone(),
-                allowed: "1 to 64 characters of [-_a-zA-Z0-9]",
+                allowed: "a DNS name (ASCII letters, digits and '-' in dot-separated parts of 1 to 63, \
+                          not starting or ending with '-'; 253 bytes at most), not an IP address, not \"ca\" \
+                          (as `fleetmq cert --names` takes)",
             });
         }
         if self.nats_urls.is_empty() {
@@ -170,21 +173,23 @@ impl Cluster {
                 allowed: "at least one NATS URL, e.g. [\"nats://127.0.0.1:4222\"]",
             });
         }
+        if let Some(url) = self.nats_urls.iter().find(|u| check_nats_url(u).is_err()) {
+            return Err(SettingsError::Invalid {
+                key: "cluster.nats_urls",
+                value: url.clone(),
+                allowed: "URLs with the scheme nats://, tls://, ws:// or wss:// (or host:port), e.g. \"nats://127.0.0.1:4222\"",
+            });
+        }
         Ok(())
     }
 
-    /// The replica ID: `replica_id`, or else `host_name` with every
-    /// character outside `[-_a-zA-Z0-9]` replaced by `-`, cut to 64.
+    /// The replica ID: `replica_id`, or else one made from `host_name`
+    /// ([`replica_id_from_host`]).
     pub fn replica_id_or(&self, host_name: &str) -> String {
         if !self.replica_id.is_empty() {
             return self.replica_id.clone();
         }
-        let id: String = host_name
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
-            .take(64)
-            .collect();
-        if id.is_empty() { "fleetmq".to_owned() } else { id }
+        replica_id_from_host(host_name)
     }
 }
 
@@ -210,8 +215,20 @@ mod tests {
         c.connect_budget = Duration::from_secs(121);
         assert!(c.validate().unwrap_err().to_string().starts_with("cluster.connect_budget = 2m 1s"));
         c.connect_budget = Duration::from_secs(20);
-        c.replica_id = "a.b".into();
+        c.replica_id = "a_b".into();
         assert!(c.validate().unwrap_err().to_string().contains("cluster.replica_id"));
+        // The rules of `fleetmq cert --names`: a DNS name is fine.
+        c.replica_id = "b.example.net".into();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_nats_url_async_nats_cannot_dial_is_refused_naming_the_key() {
+        let c = Cluster { nats_urls: vec!["nats://a:4222".into(), "http://127.0.0.1:4222".into()], ..Cluster::default() };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("cluster.nats_urls") && e.contains("http://127.0.0.1:4222") && e.contains("wss://"), "{e}");
+        let c = Cluster { nats_urls: vec!["tls://a:4222".into(), "10.0.0.5:4222".into()], ..Cluster::default() };
+        c.validate().unwrap();
     }
 
     #[test]

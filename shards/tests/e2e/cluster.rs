@@ -291,6 +291,10 @@ fn a_second_process_with_the_same_replica_id_says_so_before_ready_and_serves_onc
     let log = watcher.stderr();
     assert!(log.contains("replica stopped") && log.contains("twin"), "{log}\n--- the first ---\n{}", first.stderr());
     assert!(!log.contains("replica gone"), "{log}");
+    // Every line names its part (DESIGN.md §12): async-nats' own INFO
+    // lines are filtered out, the bridge says what happened.
+    assert!(log.contains("bridge: NATS connected"), "{log}");
+    assert!(!log.contains("INFO async_nats"), "{log}");
 }
 
 #[test]
@@ -381,4 +385,29 @@ fn the_will_of_a_killed_replicas_client_is_sent_once_after_the_grace() {
 #[test]
 fn the_will_of_a_client_back_on_another_replica_within_the_grace_is_not_sent() {
     assert!(will_after_kill(true).is_empty());
+}
+
+#[test]
+fn check_config_refuses_a_nats_url_async_nats_cannot_dial_and_a_replica_id_fleetmq_cert_refuses() {
+    let fleetmq = |args: &[&str]| {
+        let out = run_with_timeout(Command::new(env!("CARGO_BIN_EXE_fleetmq")).args(args), Duration::from_secs(10));
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, stderr) = fleetmq(&["check-config", "--set", r#"cluster.nats_urls=["http://127.0.0.1:4222"]"#]);
+    assert!(!ok, "an http:// NATS URL passed");
+    assert!(stderr.contains("cluster.nats_urls") && stderr.contains("http://127.0.0.1:4222"), "{stderr}");
+    let (ok, _) = fleetmq(&["check-config", "--set", r#"cluster.nats_urls=["tls://nats.example:4222","ws://h:8080"]"#]);
+    assert!(ok);
+    // One rule for `cluster.replica_id` and `fleetmq cert --names`.
+    let dir = crate::security::TempDir::new("replica-names");
+    for (name, valid) in [("node_1", false), ("10.0.0.1", false), ("ca", false), ("node-1.example.net", true), ("r2", true)] {
+        let (checked, stderr) = fleetmq(&["check-config", "--set", &format!("cluster.replica_id={name}")]);
+        assert_eq!(checked, valid, "check-config, replica_id {name}: {stderr}");
+        if !valid {
+            assert!(stderr.contains("cluster.replica_id"), "{stderr}");
+        }
+        let out = dir.path(name);
+        let (made, stderr) = fleetmq(&["cert", "--out", out.to_str().unwrap(), "--names", name]);
+        assert_eq!(made, valid, "cert --names {name}: {stderr}");
+    }
 }

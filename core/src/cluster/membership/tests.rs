@@ -216,7 +216,7 @@ proptest! {
                     }
                 }
             }
-            if step % probe_every_ms == 0 {
+            if step.is_multiple_of(probe_every_ms) {
                 m.probe_answered(now);
                 last_probe = step;
             }

@@ -1,0 +1,207 @@
+//! The names a replica is given (DESIGN.md §15): its replica ID and the
+//! NATS URLs it dials. One set of rules serves `fleetmq check-config`, the
+//! start and `fleetmq cert --names`, so a replica ID that starts is one a
+//! mesh certificate can be made for, and the other way round.
+
+use std::net::IpAddr;
+
+/// The file stem `fleetmq cert` keeps for the mesh CA: no replica may be
+/// named so.
+pub const CA_STEM: &str = "ca";
+
+/// Why a name cannot be a replica ID (or a DNS name in a certificate).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// The name is empty.
+    #[error("is empty")]
+    Empty,
+    /// Longer than a DNS name may be (253 bytes).
+    #[error("is {0} bytes long; a DNS name has at most 253")]
+    TooLong(usize),
+    /// A dot-separated part is empty or longer than 63 bytes.
+    #[error("has a label of {0} bytes; each dot-separated part has 1 to 63")]
+    Label(usize),
+    /// A character outside ASCII letters, digits, `-` and `.`.
+    #[error("contains {0:?}; only ASCII letters, digits, '-' and '.' are allowed")]
+    Char(char),
+    /// A part starts or ends with `-`.
+    #[error("has a part starting or ending with '-'")]
+    Hyphen,
+    /// An IP address, not a name.
+    #[error("is an IP address; name replicas with DNS names")]
+    IpAddress,
+    /// `ca`, the mesh CA's file stem.
+    #[error("is taken: ca.pem and ca.key are the CA's files")]
+    Reserved,
+}
+
+/// Checks a DNS name: labels of 1 to 63 ASCII letters, digits and `-`,
+/// not starting or ending with `-`, joined by `.`; 253 bytes at most.
+///
+/// # Errors
+/// The first rule `name` breaks.
+pub fn check_dns_name(name: &str) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty);
+    }
+    if name.len() > 253 {
+        return Err(NameError::TooLong(name.len()));
+    }
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Err(NameError::Label(label.len()));
+        }
+        if let Some(c) = label
+            .chars()
+            .find(|c| !c.is_ascii_alphanumeric() && *c != '-')
+        {
+            return Err(NameError::Char(c));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(NameError::Hyphen);
+        }
+    }
+    Ok(())
+}
+
+/// Checks a replica ID (`cluster.replica_id`, a `fleetmq cert --names`
+/// entry): a DNS name ([`check_dns_name`]: the mesh certificate names the
+/// replica), not an IP address, and not [`CA_STEM`]. Such a name is also a
+/// valid KV key and NATS subject tokens.
+///
+/// # Errors
+/// The first rule `id` breaks.
+pub fn check_replica_id(id: &str) -> Result<(), NameError> {
+    if id.parse::<IpAddr>().is_ok() {
+        return Err(NameError::IpAddress);
+    }
+    check_dns_name(id)?;
+    if id.eq_ignore_ascii_case(CA_STEM) {
+        return Err(NameError::Reserved);
+    }
+    Ok(())
+}
+
+/// The replica ID made from a host name when `cluster.replica_id` is
+/// empty: every character outside ASCII letters, digits and `-` becomes
+/// `-`, leading and trailing `-` go, at most 63 bytes; `fleetmq` when
+/// nothing (or `ca`) is left. Always passes [`check_replica_id`].
+pub fn replica_id_from_host(host_name: &str) -> String {
+    let id: String = host_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    let id = id.trim_matches('-');
+    if check_replica_id(id).is_ok() {
+        id.to_owned()
+    } else {
+        "fleetmq".to_owned()
+    }
+}
+
+/// The URL schemes async-nats dials: plain, TLS, WebSocket and secure
+/// WebSocket.
+pub const NATS_SCHEMES: [&str; 4] = ["nats", "tls", "ws", "wss"];
+
+/// Checks a NATS URL: `scheme://host[:port]` with a scheme of
+/// [`NATS_SCHEMES`], or a bare `host[:port]` (dialled as `nats://`).
+///
+/// # Errors
+/// Why not, in words.
+pub fn check_nats_url(url: &str) -> Result<(), String> {
+    let rest = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            if !NATS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
+                return Err(format!(
+                    "scheme {scheme:?} is not one of nats, tls, ws, wss"
+                ));
+            }
+            rest
+        }
+        None => url,
+    };
+    let host = rest.rsplit('@').next().unwrap_or_default();
+    if host.is_empty() || host.starts_with(':') || host.starts_with('/') {
+        return Err("no host".to_owned());
+    }
+    if url.chars().any(char::is_whitespace) {
+        return Err("contains white space".to_owned());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn replica_ids_are_dns_names_that_are_not_addresses_or_ca() {
+        for ok in ["r1", "fleetmq-0", "b.example.net", "C3", &"x".repeat(63)] {
+            assert_eq!(check_replica_id(ok), Ok(()), "{ok}");
+        }
+        assert_eq!(check_replica_id(""), Err(NameError::Empty));
+        assert_eq!(check_replica_id("a_b"), Err(NameError::Char('_')));
+        assert_eq!(check_replica_id("a b"), Err(NameError::Char(' ')));
+        assert_eq!(check_replica_id("a/b"), Err(NameError::Char('/')));
+        assert_eq!(check_replica_id("a..b"), Err(NameError::Label(0)));
+        assert_eq!(check_replica_id("-a"), Err(NameError::Hyphen));
+        assert_eq!(check_replica_id(&"x".repeat(64)), Err(NameError::Label(64)));
+        assert_eq!(check_replica_id("10.0.0.1"), Err(NameError::IpAddress));
+        assert_eq!(check_replica_id("::1"), Err(NameError::IpAddress));
+        assert_eq!(check_replica_id("CA"), Err(NameError::Reserved));
+    }
+
+    #[test]
+    fn a_host_name_becomes_a_valid_replica_id() {
+        assert_eq!(
+            replica_id_from_host("node-1.example.com"),
+            "node-1-example-com"
+        );
+        assert_eq!(replica_id_from_host("_pod_7_"), "pod-7");
+        assert_eq!(replica_id_from_host(""), "fleetmq");
+        assert_eq!(replica_id_from_host("ca"), "fleetmq");
+    }
+
+    #[test]
+    fn nats_urls_use_a_scheme_async_nats_dials() {
+        for ok in [
+            "nats://127.0.0.1:4222",
+            "tls://nats.example:4222",
+            "ws://h:8080",
+            "WSS://h",
+            "10.0.0.5:4222",
+            "nats://u:p@h:1",
+        ] {
+            assert_eq!(check_nats_url(ok), Ok(()), "{ok}");
+        }
+        assert!(check_nats_url("http://127.0.0.1:4222")
+            .unwrap_err()
+            .contains("\"http\""));
+        assert!(check_nats_url("https://h").is_err());
+        assert!(check_nats_url("nats://").unwrap_err().contains("no host"));
+        assert!(check_nats_url("").is_err());
+        assert!(check_nats_url("nats://h :4222").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_host_name_gives_a_replica_id_that_passes(host in ".{0,300}") {
+            prop_assert_eq!(check_replica_id(&replica_id_from_host(&host)), Ok(()));
+        }
+
+        #[test]
+        fn checking_any_string_answers_without_panicking(s in ".{0,300}") {
+            let _ = check_replica_id(&s);
+            let _ = check_nats_url(&s);
+        }
+    }
+}
