@@ -217,6 +217,10 @@ fn handle(
             }
             let leaving = record.as_ref().is_some_and(|r| r.leaving);
             if let Some(r) = &record {
+                // Seen alive: not gone (whatever this replica concluded).
+                if let Ok(mut gone) = shared.gone.lock() {
+                    gone.remove(&r.instance);
+                }
                 let replaced = shared
                     .live
                     .lock()

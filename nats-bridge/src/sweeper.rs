@@ -113,7 +113,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             serving_since = Instant::now();
         }
         was_fenced = fenced;
-        if !lease.valid(ttl) {
+        if lease.revision.is_none() {
+            // A new holder of the lock scans everything once.
             owners = OwnerSweep::default();
         }
         if !fenced && lease.valid(ttl) && shared.decides_for_others() && last_sweep.elapsed() >= SWEEP_EVERY {

@@ -288,9 +288,9 @@ impl Membership {
                 at = at.min(since + self.ttl / 2);
             }
         }
-        if let Some(until) = self.decides_until() {
-            // Peers whose T/2 ran out while this replica could not decide
-            // are declared when it can again; and it stops deciding then.
+        if let Some(until) = self.decides_until().filter(|until| *until > now) {
+            // It stops deciding then (peers whose T/2 ran out meanwhile are
+            // declared once it decides again, at the write that lands).
             at = at.min(until);
         }
         at.max(now)

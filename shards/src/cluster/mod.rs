@@ -121,6 +121,7 @@ impl Node {
             client_id: client_id.to_owned(),
             revision: claimed.revision,
             will: None,
+            epoch: self.status().epoch(),
         };
         match within(budget, &mut outcome).await {
             Some(Ok(Ok(claimed))) => {
@@ -245,6 +246,9 @@ pub(crate) struct Claim {
     pub(crate) revision: u64,
     /// The revision of the connection's will in `mqtt-session-will`.
     will: Option<u64>,
+    /// The replica's epoch when the claim was made: a connection that ends
+    /// at a later one lived through a fence, which handed its will over.
+    epoch: u64,
 }
 
 impl Drop for Claim {
@@ -258,7 +262,11 @@ impl Drop for Claim {
             }
         });
         if let Some(revision) = self.will {
-            if !SHARD.try_with(|sc| sc.handing_over.get()).unwrap_or(false) {
+            // Closed by a fence (even one over by now: the epoch moved on)
+            // or a stop: the will stays for the sweeper.
+            let handed_over = SHARD.try_with(|sc| sc.handing_over.get()).unwrap_or(false)
+                || self.node.status().epoch() != self.epoch;
+            if !handed_over {
                 wills::connection_ended(&self.node, &self.client_id, revision);
             }
         }

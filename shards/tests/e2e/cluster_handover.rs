@@ -437,3 +437,43 @@ fn nats_at_four_seconds_a_round_trip_fences_nothing_loses_nothing_acknowledged_a
         answered.len() - refused
     );
 }
+
+#[test]
+fn a_replica_back_from_a_fence_it_alone_saw_hands_the_wills_of_its_closed_connections_over_once() {
+    let nats = NatsCluster::start(1);
+    let proxy = NatsProxy::start(nats.client_addr(0));
+    let mut settings = vec!["--set", "cluster.nats_replicas=1"];
+    settings.extend(TIMING);
+    let a = replica("ra", &[proxy.url()], &settings);
+    let b = replica("rb", &nats.urls(), &settings);
+    let mut open = device(&a, "open", 0, 0);
+    // What NATS sends A is held: A's writes land (the others keep seeing
+    // it) but it hears of none, and fences, closing its connections and
+    // handing their wills over.
+    proxy.set_hold(true);
+    expect_disconnect(&mut open, 0x8b, Duration::from_secs(10));
+    let (_, status) = b.admin_get("/api/v1/status");
+    assert!(
+        status.contains("\"members\":[\"ra\",\"rb\"]"),
+        "B lost sight of A: {status}"
+    );
+    // Released: A serves again at a new epoch, and the will of the
+    // connection it closed is sent once, by the leader, after the grace.
+    proxy.set_hold(false);
+    wait_ready(&a, 200, Duration::from_secs(15));
+    let sent = || {
+        a.metric_sum("fleetmq_cluster_wills_sent_total")
+            + b.metric_sum("fleetmq_cluster_wills_sent_total")
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while sent() < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the handed-over will was not sent"
+        );
+        thread::sleep(Duration::from_millis(250));
+    }
+    thread::sleep(Duration::from_secs(3));
+    assert_eq!(sent(), 1.0, "sent more than once");
+    assert_ne!(will_entry(&nats, "open").as_deref(), Some("Put"));
+}

@@ -294,3 +294,15 @@ fn a_peer_that_said_it_leaves_is_reported_left_at_once_and_its_expiry_later_is_n
     // Started again: it joins.
     assert_eq!(m.entry_present("r2", 8, t0 + secs(9.5)), Some(Change::PeerJoined("r2".into())));
 }
+
+#[test]
+fn a_replica_that_no_longer_decides_does_not_ask_for_a_tick_at_once() {
+    let t0 = Instant::now();
+    let mut m = serving(secs(10.0), t0);
+    m.sent(t0 + secs(10.4));
+    m.probe_answered(t0 + secs(10.5));
+    // Past T since the last landed write: the next deadline is the next
+    // heartbeat (11.4 s), not now.
+    let now = t0 + secs(10.5);
+    assert!(m.next_deadline(now) > now + secs(0.4), "{:?}", m.next_deadline(now) - now);
+}
