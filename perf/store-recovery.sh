@@ -13,7 +13,8 @@
 # Environment [defaults]: PAYLOAD [64] bytes; PUBLISHERS [10]; RATE [max]
 # (loadgen --rate); LOAD_FOR [5s]; SHARDS [1]; DIR [/tmp/fleetmq-recovery]
 # (removed first and at the end); FLEETMQ, LOADGEN [target/release/...];
-# MAX_BYTES [4GiB] (store.max_bytes); BROKER_CPU [0], LOAD_CPU [1].
+# MAX_BYTES [4GiB] (store.max_bytes); BROKER_CPU [0], LOAD_CPU [1]; KEEP [0]:
+# 1 keeps DIR (to start the broker on it again by hand).
 # Example: 100,000 queued values: RATE=20000 LOAD_FOR=5s perf/store-recovery.sh
 #          about 1 GiB of log:    PAYLOAD=1000 LOAD_FOR=12s perf/store-recovery.sh
 set -euo pipefail
@@ -36,7 +37,7 @@ ADMIN=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); p
 rm -rf "$DIR"
 mkdir -p "$DIR"
 PID=""
-cleanup() { [[ -n $PID ]] && kill -9 "$PID" 2>/dev/null; rm -rf "$DIR"; }
+cleanup() { [[ -n $PID ]] && kill -9 "$PID" 2>/dev/null; [[ ${KEEP:-0} == 1 ]] || rm -rf "$DIR"; }
 trap cleanup EXIT
 
 start() { # LOG: starts the broker, waits for `fleetmq: ready`, sets PID and READY_MS
@@ -44,7 +45,7 @@ start() { # LOG: starts the broker, waits for `fleetmq: ready`, sets PID and REA
     t0=$(date +%s%N)
     RUST_LOG=info taskset -c "$BROKER_CPU" "$FLEETMQ" serve --listen "127.0.0.1:$PORT" --admin "127.0.0.1:$ADMIN" \
         --shards "$SHARDS" --set store.kind=local --set "store.dir=$DIR/data" --set "store.max_bytes=$MAX_BYTES" \
-        --set limits.max_subscriber_queue=100000000 >"$log.out" 2>"$log.err" &
+        --set limits.max_subscriber_queue=10000000 >"$log.out" 2>"$log.err" &
     PID=$!
     until grep -q "fleetmq: ready" "$log.out" 2>/dev/null; do
         kill -0 "$PID" 2>/dev/null || { cat "$log.err" >&2; exit 1; }

@@ -73,7 +73,11 @@ pub(crate) struct Roll {
 impl Roll {
     /// No request yet, for `shards` shards.
     pub(crate) fn new(shards: usize) -> Roll {
-        Roll { request: AtomicU64::new(0), cut: AtomicU64::new(0), sealed: Mutex::new(vec![(0, 0); shards]) }
+        Roll {
+            request: AtomicU64::new(0),
+            cut: AtomicU64::new(0),
+            sealed: Mutex::new(vec![(0, 0); shards]),
+        }
     }
 
     /// Shard side: the newest request, if it is newer than `rolled` (the
@@ -108,7 +112,10 @@ impl Roll {
     /// Every shard's first open segment, once all rolled for `request`.
     fn all_rolled(&self, request: u64) -> Option<Vec<u64>> {
         let sealed = self.sealed.lock().unwrap_or_else(|e| e.into_inner());
-        sealed.iter().all(|(r, _)| *r >= request).then(|| sealed.iter().map(|(_, s)| *s).collect())
+        sealed
+            .iter()
+            .all(|(r, _)| *r >= request)
+            .then(|| sealed.iter().map(|(_, s)| *s).collect())
     }
 }
 
@@ -154,9 +161,14 @@ impl Compactor {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let health = ctx.health.clone();
-        let thread = std::thread::Builder::new().name("fleetmq-compactor".into()).spawn(move || run(ctx, &flag))?;
+        let thread = std::thread::Builder::new()
+            .name("fleetmq-compactor".into())
+            .spawn(move || run(ctx, &flag))?;
         health.wake_on_growth(thread.thread().clone());
-        Ok(Compactor { thread: Some(thread), stop })
+        Ok(Compactor {
+            thread: Some(thread),
+            stop,
+        })
     }
 
     /// Stop (a compaction under way is abandoned; what it wrote is removed
@@ -182,7 +194,14 @@ fn run(ctx: CompactorContext, stop: &AtomicBool) {
         std::thread::park_timeout(POLL);
         let health = &ctx.health;
         let full_retry = health.refusing() && last.is_none_or(|l| l.elapsed() >= FULL_RETRY);
-        if stopping() || !due(health.bytes(), health.snapshot_bytes(), health.max_bytes(), full_retry) {
+        if stopping()
+            || !due(
+                health.bytes(),
+                health.snapshot_bytes(),
+                health.max_bytes(),
+                full_retry,
+            )
+        {
             continue;
         }
         last = Some(Instant::now());
@@ -202,7 +221,9 @@ fn run(ctx: CompactorContext, stop: &AtomicBool) {
                 "store compacted"
             ),
             Ok(None) => {}
-            Err(e) => warn!(target: "store", error = %format!("{e:#}"), "store: compaction failed; the log is kept as it is"),
+            Err(e) => {
+                warn!(target: "store", error = %format!("{e:#}"), "store: compaction failed; the log is kept as it is")
+            }
         }
     }
 }
@@ -231,7 +252,14 @@ fn compact(ctx: &CompactorContext, stopping: &dyn Fn() -> bool) -> anyhow::Resul
         .iter()
         .map(|(i, segments)| {
             let open = first_open.get(*i).copied().unwrap_or(u64::MAX);
-            (*i, segments.iter().filter(|p| number(p).is_some_and(|n| n < open)).cloned().collect())
+            (
+                *i,
+                segments
+                    .iter()
+                    .filter(|p| number(p).is_some_and(|n| n < open))
+                    .cloned()
+                    .collect(),
+            )
         })
         .collect();
     let segments: Vec<&[PathBuf]> = sealed.iter().map(|(_, s)| &s[..]).collect();
@@ -258,8 +286,16 @@ fn compact(ctx: &CompactorContext, stopping: &dyn Fn() -> bool) -> anyhow::Resul
         }
     }
     let took = started.elapsed();
-    ctx.health.compacted(&removed, read.snapshot_bytes, snapshot_bytes, took);
-    Ok(Some(Report { cut, read_bytes: read.read_bytes, snapshot, snapshot_bytes, removed_segments, took }))
+    ctx.health
+        .compacted(&removed, read.snapshot_bytes, snapshot_bytes, took);
+    Ok(Some(Report {
+        cut,
+        read_bytes: read.read_bytes,
+        snapshot,
+        snapshot_bytes,
+        removed_segments,
+        took,
+    }))
 }
 
 fn remove(path: &Path) -> anyhow::Result<()> {
@@ -274,13 +310,25 @@ mod tests {
     fn compaction_is_due_when_the_new_log_outgrows_the_snapshot_or_nears_the_bound() {
         let max = 1 << 30;
         assert!(!due(10 << 20, 0, max, false), "little logged");
-        assert!(due(128 << 20, 0, max, false), "an eighth of the bound, nothing live");
+        assert!(
+            due(128 << 20, 0, max, false),
+            "an eighth of the bound, nothing live"
+        );
         assert!(!due(400 << 20, 300 << 20, max, false), "less new than live");
         assert!(due(600 << 20, 300 << 20, max, false), "as much new as live");
-        assert!(due(540 << 20, 470 << 20, max, false), "past half with a sixteenth new");
+        assert!(
+            due(540 << 20, 470 << 20, max, false),
+            "past half with a sixteenth new"
+        );
         assert!(!due(520 << 20, 470 << 20, max, false));
-        assert!(due(max + 1, max, max, true), "full: retried while anything is new");
-        assert!(!due(max, max, max, true), "full of live data: nothing to gain");
+        assert!(
+            due(max + 1, max, max, true),
+            "full: retried while anything is new"
+        );
+        assert!(
+            !due(max, max, max, true),
+            "full of live data: nothing to gain"
+        );
     }
 
     #[test]
@@ -290,7 +338,11 @@ mod tests {
         assert_eq!(roll.asked(0), None);
         let (request, cut) = roll.ask(&lsn);
         assert_eq!((request, cut), (1, 41));
-        assert_eq!(lsn.load(Ordering::SeqCst), 42, "the cut is a number no record gets");
+        assert_eq!(
+            lsn.load(Ordering::SeqCst),
+            42,
+            "the cut is a number no record gets"
+        );
         assert_eq!((roll.asked(0), roll.cut()), (Some(1), Some(41)));
         roll.rolled(0, 1, 5);
         assert_eq!(roll.all_rolled(1), None);
