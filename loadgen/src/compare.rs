@@ -128,6 +128,9 @@ impl Workload {
         if connections {
             fields.push(("--connections", at("/options/connections")));
             fields.push(("--connect-rate", at("/options/connect_rate")));
+            // Absent from the JSON of a loadgen before the option: 0.
+            let window = at("/options/connect_window");
+            fields.push(("--connect-window", if window.is_null() { 0.into() } else { window }));
         } else {
             let rate = at("/options/rate");
             let closed_loop = rate.as_str() == Some("max");

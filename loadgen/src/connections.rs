@@ -1,7 +1,9 @@
 //! Connection scenarios: `connect-storm` (open `--connections` at
-//! `--connect-rate` per second on a fixed schedule; CONNACK latency from
-//! the scheduled time) and `idle` (the same, then hold them with
-//! keep-alive and report the broker's RSS per connection).
+//! `--connect-rate` per second on a fixed schedule, CONNACK latency from
+//! the scheduled time; or, with `--connect-window N`, as fast as the
+//! broker answers with at most N under way, latency from each one's
+//! start) and `idle` (the same, then hold them with keep-alive and report
+//! the broker's RSS per connection).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -56,8 +58,10 @@ pub fn run(args: RunArgs, transport: TransportOptions) -> Result<Report, RunErro
     let running = Arc::new(AtomicBool::new(true));
     let progress = progress(shared.clone(), running.clone(), true);
     let target = args.connections;
+    // Closed loop: at least 1,000 connections a second, else the schedule.
+    let rate = if args.connect_window > 0 { 1_000 } else { args.connect_rate };
     let deadline = t0
-        + (target as f64 / args.connect_rate as f64 * 1e9) as u64
+        + (target as f64 / rate as f64 * 1e9) as u64
         + 2 * args.connect_timeout.as_nanos() as u64
         + 1_000_000_000;
     let mut last_connack = t0;
@@ -140,46 +144,101 @@ async fn executor(
     let Some(t0) = shared.wait_start().await else {
         return ThreadResult::default();
     };
-    let latency = Rc::new(RefCell::new(Latency::default()));
-    let schedule = Schedule::new(args.connect_rate, 1, 0);
-    let opts = Rc::new(args.connect_options(args.keep_alive, &transport));
-    let urls = Rc::new(args.urls.clone());
-    let hold = args.scenario == Scenario::Idle;
-    let prefix = Rc::new(args.client_id_prefix());
+    let client = Rc::new(Client {
+        shared,
+        latency: RefCell::new(Latency::default()),
+        opts: args.connect_options(args.keep_alive, &transport),
+        urls: args.urls.clone(),
+        hold: args.scenario == Scenario::Idle,
+        prefix: args.client_id_prefix(),
+    });
+    let mine = (thread as u64..args.connections).step_by(args.threads);
     let mut tasks = Vec::new();
-    for c in (thread as u64..args.connections).step_by(args.threads) {
-        let (shared, latency, opts, urls, prefix) =
-            (shared.clone(), latency.clone(), opts.clone(), urls.clone(), prefix.clone());
-        let due = t0 + schedule.due_at(c);
-        tasks.push(glommio::spawn_local(async move {
-            let now = now_ns();
-            if due > now {
-                sleep(Duration::from_nanos(due - now)).await;
-            }
-            let url = &urls[c as usize % urls.len()];
-            match Conn::connect(url, &format!("{prefix}-c{c}"), &opts).await {
-                Ok(conn) => {
-                    latency.borrow_mut().record_ns(now_ns().saturating_sub(due));
-                    shared.connected.fetch_add(1, Ordering::AcqRel);
-                    if hold {
-                        if let Err(e) = hold_idle(conn, &shared, opts.keep_alive).await {
-                            shared.client_error(&e);
-                        }
+    if args.connect_window > 0 {
+        // Closed loop: this thread's share of the window, each worker
+        // taking the thread's next connection as its last one is answered.
+        let workers = args.connect_window.div_ceil(args.threads as u64).max(1);
+        let next = Rc::new(RefCell::new(mine));
+        for _ in 0..workers {
+            let (client, next) = (client.clone(), next.clone());
+            tasks.push(glommio::spawn_local(async move {
+                loop {
+                    let Some(c) = next.borrow_mut().next() else { break };
+                    let conn = client.connect(c, now_ns()).await;
+                    if let Some(conn) = conn.filter(|_| client.hold) {
+                        // Held in a task of its own: the worker goes on.
+                        let client = client.clone();
+                        glommio::spawn_local(async move { client.hold(conn).await }).detach();
                     }
                 }
-                Err(e) => {
-                    shared.client_error(&e);
-                    shared.fail_setup(format!("{}: {e}", url.text));
-                    shared.failed.fetch_add(1, Ordering::AcqRel);
+            }));
+        }
+    } else {
+        let schedule = Schedule::new(args.connect_rate, 1, 0);
+        for c in mine {
+            let client = client.clone();
+            let due = t0 + schedule.due_at(c);
+            tasks.push(glommio::spawn_local(async move {
+                let now = now_ns();
+                if due > now {
+                    sleep(Duration::from_nanos(due - now)).await;
                 }
-            }
-        }));
+                if let Some(conn) = client.connect(c, due).await {
+                    client.hold(conn).await;
+                }
+            }));
+        }
     }
     for t in tasks {
         t.await;
     }
-    let latency = latency.take();
+    // Held connections (closed loop) end at the stop flag.
+    while client.hold && !client.shared.stopped() {
+        sleep(Duration::from_millis(50)).await;
+    }
+    let latency = client.latency.take();
     ThreadResult { latency }
+}
+
+/// What an executor's connections share.
+struct Client {
+    shared: Arc<Shared>,
+    latency: RefCell<Latency>,
+    opts: crate::client::ConnectOptions,
+    urls: Vec<crate::transport::url::BrokerUrl>,
+    /// `idle`: connections are held after CONNACK.
+    hold: bool,
+    prefix: String,
+}
+
+impl Client {
+    /// Connection `c`, counted and its CONNACK latency recorded from
+    /// `since` (ns); `None` when it failed (counted too).
+    async fn connect(&self, c: u64, since: u64) -> Option<Conn> {
+        let url = &self.urls[c as usize % self.urls.len()];
+        match Conn::connect(url, &format!("{}-c{c}", self.prefix), &self.opts).await {
+            Ok(conn) => {
+                self.latency.borrow_mut().record_ns(now_ns().saturating_sub(since));
+                self.shared.connected.fetch_add(1, Ordering::AcqRel);
+                Some(conn)
+            }
+            Err(e) => {
+                self.shared.client_error(&e);
+                self.shared.fail_setup(format!("{}: {e}", url.text));
+                self.shared.failed.fetch_add(1, Ordering::AcqRel);
+                None
+            }
+        }
+    }
+
+    /// `idle`: holds `conn` until the run stops; `connect-storm`: drops it.
+    async fn hold(&self, conn: Conn) {
+        if self.hold {
+            if let Err(e) = hold_idle(conn, &self.shared, self.opts.keep_alive).await {
+                self.shared.client_error(&e);
+            }
+        }
+    }
 }
 
 /// How long `idle` keeps holding once a held connection failed, so that

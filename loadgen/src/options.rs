@@ -238,6 +238,14 @@ pub struct RunArgs {
     /// connect-storm and idle: new connections per second.
     #[arg(long, value_parser = parse_count, default_value = "2000")]
     pub connect_rate: u64,
+    /// connect-storm and idle: when above 0, clients connect as fast as
+    /// the broker lets them, at most this many at once (TCP connect to
+    /// CONNACK; the next starts as one ends): a closed loop, which no
+    /// listen backlog of at least this size overflows. `--connect-rate`
+    /// is then not used, and CONNACK latency runs from each connection's
+    /// own start. 0: the open-loop schedule of `--connect-rate`.
+    #[arg(long, value_parser = parse_count, default_value = "0")]
+    pub connect_window: u64,
     /// Keep Alive in seconds announced by every client. Idle and
     /// connect-storm clients send PINGREQ every half of it; fan-in/fan-out
     /// clients send none, so a run longer than 1.5 × this value at QoS 0

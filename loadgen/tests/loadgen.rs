@@ -732,6 +732,33 @@ fn idle_reports_its_connect_phase_as_such() {
 }
 
 
+/// `--connect-window`: every connection of a storm and of `idle` gets in,
+/// at most that many under way at once, and idle holds them all (the
+/// broker's RSS per connection is reported).
+#[test]
+fn a_closed_loop_storm_connects_everyone_and_idle_holds_them() {
+    let broker = start_broker();
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let pid = broker.child.id().to_string();
+    for scenario in [
+        &["run", "connect-storm", "--connections", "300", "--connect-window", "7"][..],
+        &["run", "idle", "--connections", "200", "--connect-window", "16", "--duration", "1s", "--broker-pid", &pid],
+    ] {
+        let json = temp_json(&format!("window-{}.json", scenario[1]));
+        let mut args = scenario.to_vec();
+        args.extend(["--url", &url, "--json", json.to_str().unwrap()]);
+        assert_ok(&loadgen(&args));
+        let r = read_json(&json);
+        assert_eq!(r["check"], "ok", "{r}");
+        assert_eq!(r["connections"]["connected"], r["connections"]["target"], "{r}");
+        assert!(r["options"]["connect_window"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["connections"]["connect_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        if scenario[1] == "idle" {
+            assert!(r["connections"]["broker_kib_per_connection"].is_number(), "{r}");
+        }
+    }
+}
+
 /// `fleetmq-loadgen ARGS` under a 4 GiB address-space limit, killed after
 /// `limit`: a compare that reads without bound fails the test instead of
 /// the machine.

@@ -2,7 +2,7 @@
 //! sign-in, hand-off to the owner shard, then one task that reads and
 //! writes the connection, sharing the shard's [`ConnShared`].
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -224,7 +224,8 @@ fn refused(shard: &Shard, settings: &ConnSettings, reason: RefuseReason) {
     settings.gate.log_refusal(reason.as_str());
 }
 
-/// Serve a freshly accepted socket of a `kind` listener: limits, the TLS /
+/// Serve a freshly accepted socket of a `kind` listener, from `peer`
+/// (`TCP_NODELAY` already set: `crate::acceptor`): limits, the TLS /
 /// WebSocket handshake and a complete CONNECT within `connect_timeout`,
 /// sign-in, then serve it here or hand it to the shard that owns its client
 /// identifier.
@@ -233,13 +234,9 @@ pub(crate) async fn accepted(
     settings: Rc<ConnSettings>,
     doors: Rc<ShardGate>,
     stream: TcpStream,
+    peer: IpAddr,
     kind: ListenerKind,
 ) {
-    let _ = stream.set_nodelay(true);
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.ip())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     // Limits that hold before anything is read (DESIGN.md §9): at
     // `max_pending_connections` the pending connection with the least
     // progress gives way, if one has not progressed (`crate::pending`).

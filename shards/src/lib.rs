@@ -5,6 +5,7 @@
 //! its own copy of the route table. [`server::run`] starts the shards and
 //! the admin HTTP thread and returns when [`shutdown::Shutdown`] fires.
 
+mod acceptor;
 mod access;
 pub mod admin;
 pub mod alloc;

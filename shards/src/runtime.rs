@@ -7,22 +7,19 @@
 //! of its own so that a new concern (the cluster's mailboxes, a store)
 //! adds a step instead of growing one body.
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use futures_lite::future::or;
 use futures_lite::StreamExt;
 use glommio::channels::channel_mesh::Receivers;
-use glommio::net::TcpListener;
 use glommio::timer::sleep;
 use tracing::warn;
 
-use crate::connection::{accepted, handed_over, moved_in, resume, ConnSettings};
-use crate::limits::ShardGate;
+use crate::connection::{handed_over, moved_in, resume, ConnSettings};
 use crate::metrics::Metrics;
 use crate::park::Parker;
 use crate::shard::{Route, Shard, ShardMsg};
@@ -74,7 +71,7 @@ pub(crate) async fn run_shard(
     if let Some(node) = cluster {
         crate::cluster::spawn_events(shard.clone(), node);
     }
-    spawn_acceptors(&shard, &settings, fds);
+    crate::acceptor::spawn_acceptors(&shard, &settings, fds);
     spawn_flusher(&shard);
     let committer = shard.store.start();
     let parker = start_parker(&shard, &settings);
@@ -126,56 +123,6 @@ fn spawn_inbox_readers(
                         shard.on_remote(from, other);
                         shard.try_flush();
                     }
-                }
-            }
-        })
-        .detach();
-    }
-}
-
-/// One accept loop per listening socket of this shard, until the shard's
-/// stop signal.
-fn spawn_acceptors(
-    shard: &Rc<Shard>,
-    settings: &Rc<ConnSettings>,
-    fds: Vec<(OwnedFd, ListenerKind)>,
-) {
-    // The shard's pending connections and credential checks, for every
-    // listener of the shard.
-    let doors = ShardGate::new(settings.connect_timeout);
-    for (fd, kind) in fds {
-        // SAFETY: the fd is a listening socket we own.
-        let listener = unsafe { TcpListener::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
-        let (shard, settings, doors) = (shard.clone(), settings.clone(), doors.clone());
-        glommio::spawn_local(async move {
-            loop {
-                // The pending accept's poll is not aside: it lives until
-                // the next connection arrives, and would hold a page of the
-                // aside heap resident when the connections it let in have
-                // parked (perf/RESULTS.md, 2026-12-02, session 17). The
-                // stream is: it lives while the connection is awake.
-                let accept = or(async { Some(listener.shared_accept().await) }, async {
-                    shard.stop_signal.wait().await;
-                    None
-                });
-                match accept.await {
-                    Some(Ok(socket)) => {
-                        let stream = crate::alloc::aside(|| socket.bind_to_executor());
-                        // Connection tasks are made aside (crate::alloc):
-                        // they end when their connection parks.
-                        crate::alloc::spawn_aside(accepted(
-                            shard.clone(),
-                            settings.clone(),
-                            doors.clone(),
-                            stream,
-                            kind,
-                        ));
-                    }
-                    Some(Err(e)) => {
-                        warn!(target: "broker", error = %e, "accept failed");
-                        sleep(Duration::from_millis(10)).await;
-                    }
-                    None => break,
                 }
             }
         })

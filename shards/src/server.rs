@@ -495,10 +495,15 @@ const LISTENER_RELEASE_WAIT: Duration = Duration::from_secs(1);
 /// Measured with 1,024: a storm of 10,000 connections at 100,000/s on one
 /// shard overflowed the queue 143 and 333 times in two runs, and none
 /// with somaxconn (perf/RESULTS.md, 2026-12-02, session 16).
+///
+/// `TCP_NODELAY` is set here once: Linux copies it to each connection the
+/// socket accepts, which saves a `setsockopt` per connection
+/// (`crate::acceptor`).
 fn bind_reuseport(addr: SocketAddr) -> std::io::Result<StdListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
+    socket.set_nodelay(true)?;
     socket.bind(&addr.into())?;
     // Linux caps the backlog at `net.core.somaxconn`.
     socket.listen(libc::c_int::MAX)?;
@@ -549,5 +554,18 @@ fn raise_fd_limit(max_clients: u64) {
             rlim_max: libc::RLIM_INFINITY,
         };
         let _ = libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepted_connections_have_tcp_nodelay_from_the_listening_socket() {
+        let listener = bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert!(accepted.nodelay().unwrap(), "no setsockopt per connection needed");
     }
 }

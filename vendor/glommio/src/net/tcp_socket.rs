@@ -77,6 +77,14 @@ pub struct TcpListener {
     listener: net::TcpListener,
 }
 
+// fleetmq patch (change 7): the listening socket's fd, for a caller that
+// accepts on it itself (see `TcpListener::readable`).
+impl AsRawFd for TcpListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+}
+
 impl FromRawFd for TcpListener {
     /// Convert an already bound and listening RawFd into a TcpListener
     unsafe fn from_raw_fd(fd: RawFd) -> Self {
@@ -133,6 +141,22 @@ impl TcpListener {
             reactor: Rc::downgrade(&crate::executor().reactor()),
             listener,
         })
+    }
+
+    /// fleetmq patch (change 7): resolves once the listening socket has a
+    /// connection to accept (`POLLIN` through the ring), without
+    /// accepting it. With the socket set non-blocking, a caller accepts
+    /// with one `accept4` per connection and waits here when it finds
+    /// none: `shared_accept` costs three `fcntl` calls around each
+    /// `accept` (it switches the socket to non-blocking and back).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is accepted.
+    pub async fn readable(&self) -> Result<()> {
+        let reactor = self.reactor.upgrade().unwrap();
+        let source = reactor.poll_read_ready(self.listener.as_raw_fd());
+        source.collect_rw().await?;
+        Ok(())
     }
 
     /// Accepts a new incoming TCP connection and allows the result to be sent

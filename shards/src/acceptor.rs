@@ -1,0 +1,147 @@
+//! A shard's accept loops, one per listening socket (DESIGN.md §3; issue
+//! 27, "Connect rate").
+//!
+//! Each loop takes connections off its socket with one `accept4` each
+//! (the socket is non-blocking; the peer's address comes with it) and
+//! waits on the ring only when it finds none ([`TcpListener::readable`]).
+//! `TCP_NODELAY` is set once on the listening socket, which Linux copies
+//! to every connection it accepts (`server::bind_reuseport`). glommio's
+//! `shared_accept` cost five more system calls per connection: three
+//! `fcntl` around each `accept`, then `getpeername` and `setsockopt`
+//! (perf/RESULTS.md, 2026-12-05, "issue 27: the CONNECT path").
+//!
+//! A loop yields to the shard's other tasks after [`ACCEPT_BATCH`]
+//! connections, so that those it let in read their CONNECTs while the
+//! kernel's queue still holds more.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures_lite::future::{or, yield_now};
+use glommio::net::{TcpListener, TcpStream};
+use glommio::timer::sleep;
+use socket2::SockRef;
+use tracing::warn;
+
+use crate::connection::{accepted, ConnSettings};
+use crate::limits::ShardGate;
+use crate::shard::Shard;
+use crate::transport::ListenerKind;
+
+/// Connections a loop accepts before it lets the shard's other tasks run.
+const ACCEPT_BATCH: usize = 64;
+
+/// How long a loop waits after an accept error (out of descriptors).
+const ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+/// One accept loop per listening socket of this shard, until the shard's
+/// stop signal.
+pub(crate) fn spawn_acceptors(
+    shard: &Rc<Shard>,
+    settings: &Rc<ConnSettings>,
+    fds: Vec<(OwnedFd, ListenerKind)>,
+) {
+    // The shard's pending connections and credential checks, for every
+    // listener of the shard.
+    let doors = ShardGate::new(settings.connect_timeout);
+    for (fd, kind) in fds {
+        if let Err(e) = SockRef::from(&fd).set_nonblocking(true) {
+            warn!(target: "broker", error = %e, "listener not made non-blocking");
+        }
+        // SAFETY: the fd is a listening socket we own; the listener owns it now.
+        let listener = unsafe { TcpListener::from_raw_fd(fd.into_raw_fd()) };
+        let (shard, settings, doors) = (shard.clone(), settings.clone(), doors.clone());
+        glommio::spawn_local(accept_loop(shard, settings, doors, listener, kind)).detach();
+    }
+}
+
+/// What the loop does next.
+enum Next {
+    Accepted(TcpStream, IpAddr),
+    /// Nothing to accept now, or an error: waited, look again.
+    Wait,
+    Stop,
+}
+
+async fn accept_loop(
+    shard: Rc<Shard>,
+    settings: Rc<ConnSettings>,
+    doors: Rc<ShardGate>,
+    listener: TcpListener,
+    kind: ListenerKind,
+) {
+    let mut batch = 0;
+    loop {
+        match accept_one(&shard, &listener).await {
+            Next::Accepted(stream, peer) => {
+                // Connection tasks are made aside (crate::alloc): they end
+                // when their connection parks.
+                crate::alloc::spawn_aside(accepted(
+                    shard.clone(),
+                    settings.clone(),
+                    doors.clone(),
+                    stream,
+                    peer,
+                    kind,
+                ));
+                batch += 1;
+                if batch == ACCEPT_BATCH {
+                    batch = 0;
+                    yield_now().await;
+                }
+            }
+            Next::Wait => batch = 0,
+            Next::Stop => break,
+        }
+    }
+}
+
+/// Accept one connection, or wait: for a connection to arrive, or after
+/// an error.
+async fn accept_one(shard: &Shard, listener: &TcpListener) -> Next {
+    let stopped = async {
+        shard.stop_signal.wait().await;
+        Next::Stop
+    };
+    // SAFETY: the listener's fd stays open while `listener` lives.
+    let fd = unsafe { BorrowedFd::borrow_raw(listener.as_raw_fd()) };
+    match SockRef::from(&fd).accept() {
+        Ok((socket, addr)) => {
+            let peer = addr
+                .as_socket()
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+            // The stream's state is aside: it lives while the connection
+            // is awake (crate::alloc).
+            // SAFETY: `socket` is a connected socket we own; the stream owns it now.
+            let stream =
+                crate::alloc::aside(|| unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) });
+            Next::Accepted(stream, peer)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            // The pending wait's poll is not aside: it lives until the
+            // next connection arrives, and would hold a page of the aside
+            // heap resident when the connections it let in have parked
+            // (perf/RESULTS.md, 2026-12-02, session 17).
+            or(stopped, async {
+                if let Err(e) = listener.readable().await {
+                    warn!(target: "broker", error = %e, "waiting to accept failed");
+                    sleep(ERROR_PAUSE).await;
+                }
+                Next::Wait
+            })
+            .await
+        }
+        // A connection reset before it was accepted, or a signal.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::EINTR)) => Next::Wait,
+        Err(e) => {
+            warn!(target: "broker", error = %e, "accept failed");
+            or(stopped, async {
+                sleep(ERROR_PAUSE).await;
+                Next::Wait
+            })
+            .await
+        }
+    }
+}
