@@ -14,7 +14,10 @@
 #                        --shards N, e.g. BROKERS="fleetmq fleetmq:2" with
 #                        BROKER_CPU=0,1 LOAD_CPU=0,1 compares shard counts
 #                        run by run; "fleetmq-local[:N]" is fleetmq with
-#                        the durable local store (store.kind = local, batch)
+#                        the durable local store (store.kind = local, batch);
+#                        "fleetmq-before", "fleetmq-before-local[:N]" the
+#                        same with the binary FLEETMQ_BEFORE (a build of an
+#                        earlier commit, for before/after rows in one run)
 #   SCENARIOS ["fanin-q0 fanin-q1 fanin-p99 fanout-q0 idle"]
 #       fanin-q0   fan-in FANIN_PUBLISHERS[100] → 1, QoS 0, --rate max: delivered msg/s
 #       fanin-q1   the same at QoS 1: delivered msg/s
@@ -22,6 +25,10 @@
 #       fanin-ack-p99  fan-in at QoS 1, P99_RATE msg/s offered: p99 µs from
 #                  publish to PUBACK
 #       fanout-q0  fan-out 1 → FANOUT_SUBSCRIBERS[100], QoS 0, max: deliveries/s
+#       persist-q1, persist-q2  fan-in FANIN_PUBLISHERS → 1 subscriber with a
+#                  persistent session (online the whole run), QoS 1 / 2,
+#                  --rate max under --window 1000: delivered msg/s (each
+#                  message accounted for: lost, duplicated, out of order)
 #       idle       IDLE_CONNECTIONS[10000] idle connections: broker KiB RSS each
 #   PAYLOAD [64]         payload bytes
 #   BROKER_CPU [0], LOAD_CPU [1]   CPU lists for taskset (e.g. 0,1 to let broker
@@ -123,6 +130,7 @@ log "fleetmq: $FLEETMQ; loadgen: $LOADGEN"
 ensure_peer() {
     case "$1" in
     fleetmq | fleetmq:[0-9]* | fleetmq-local | fleetmq-local:[0-9]*) return 0 ;;
+    fleetmq-before | fleetmq-before:[0-9]* | fleetmq-before-local | fleetmq-before-local:[0-9]*) [[ -x ${FLEETMQ_BEFORE:-} ]] ;;
     mosquitto)
         command -v mosquitto >/dev/null 2>&1 || {
             log "installing mosquitto (apt-get)"
@@ -184,7 +192,7 @@ rotated_cpus() {
 
 # shards_of NAME: the shard count of fleetmq broker NAME (fleetmq:N or fleetmq).
 shards_of() {
-    if [[ $1 == fleetmq:* || $1 == fleetmq-local:* ]]; then echo "${1#*:}"; else echo "$FLEETMQ_SHARDS"; fi
+    if [[ $1 == fleetmq*:* ]]; then echo "${1#*:}"; else echo "$FLEETMQ_SHARDS"; fi
 }
 
 # placed_prefix N: a loadgen client-identifier prefix whose subscriber 0
@@ -204,14 +212,15 @@ start_broker() {
     local name=$1 port=$2 dir=$WORK/$1-$2
     mkdir -p "$dir"
     case "$name" in
-    fleetmq | fleetmq:[0-9]* | fleetmq-local | fleetmq-local:[0-9]*)
-        local shards cpus=$BROKER_CPU store=(--set store.kind=none)
+    fleetmq | fleetmq:[0-9]* | fleetmq-local | fleetmq-local:[0-9]* | fleetmq-before*)
+        local shards cpus=$BROKER_CPU store=(--set store.kind=none) bin=$FLEETMQ
+        [[ $name == fleetmq-before* ]] && bin=$FLEETMQ_BEFORE
         shards=$(shards_of "$name")
         [[ $ROTATE_SHARD_CPUS == 1 ]] && cpus=$(rotated_cpus "$shards")
         # fleetmq-local: the durable local store (store.fsync = batch) in
         # the run's directory, on the file system of /tmp.
-        [[ $name == fleetmq-local* ]] && store=(--set store.kind=local --set "store.dir=$dir/data")
-        RUST_LOG=warn taskset -c "$cpus" "$FLEETMQ" serve --listen "127.0.0.1:$port" --admin "${FLEETMQ_ADMIN:-}" \
+        [[ $name == fleetmq-local* || $name == fleetmq-before-local* ]] && store=(--set store.kind=local --set "store.dir=$dir/data")
+        RUST_LOG=warn taskset -c "$cpus" "$bin" serve --listen "127.0.0.1:$port" --admin "${FLEETMQ_ADMIN:-}" \
             --shards "$shards" "${store[@]}" $FLEETMQ_ARGS >"$dir/log" 2>&1 &
         ;;
     mosquitto)
@@ -300,6 +309,8 @@ scenario_args() { # SCENARIO [BROKER]
     fanin-q1) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 1 --rate max "${common[@]}" ;;
     fanin-p99) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 0 --rate "$P99_RATE" "${common[@]}" ;;
     fanin-ack-p99) echo fan-in --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos 1 --rate "$P99_RATE" "${common[@]}" ;;
+    persist-q1 | persist-q2) echo persistent --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos "${1#persist-q}" --rate max \
+        --window 1000 --reconnect-every 1h --session-expiry 600 "${common[@]}" ;;
     fanout-q0) echo fan-out --publishers 1 --subscribers "$FANOUT_SUBSCRIBERS" --qos 0 --rate max "${common[@]}" ;;
     idle) echo idle --connections "$IDLE_CONNECTIONS" --connect-rate "$rate" --connect-timeout 30s --duration "$IDLE_HOLD" \
         --keep-alive "$KEEP_ALIVE" --cpu "$LOAD_CPU" --threads "$LOAD_THREADS" ;;

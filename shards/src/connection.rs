@@ -978,7 +978,10 @@ impl Io {
         loop {
             if self.writing.is_empty() {
                 let mut out = conn.out.borrow_mut();
-                if out.is_empty() {
+                // A CONNACK the store does not cover yet, and what follows
+                // it, wait (see `ShardStore::hold_until_durable`); a
+                // closing connection writes what it has.
+                if out.is_empty() || (conn.held.get() && !conn.is_closing()) {
                     break;
                 }
                 // Swap the buffers rather than split: each keeps its

@@ -120,6 +120,11 @@ mod store;
 #[path = "e2e/compaction.rs"]
 mod compaction;
 
+/// What a restart after SIGKILL resumes: deliveries in flight, inbound QoS
+/// 2 identifiers, wills, CONNACK after the store, QoS 2 exactly once.
+#[path = "e2e/restart.rs"]
+mod restart;
+
 /// Retained messages for a SUBSCRIBE paced, not dropped: 80,000 to one
 /// subscriber at each QoS, a slow reader, a thousand subscribers at once.
 #[path = "e2e/retained_paced.rs"]

@@ -181,6 +181,19 @@ pub enum SessionChange {
         /// Opened (true) or released.
         open: bool,
     },
+    /// The stored message `value` goes out with `packet_id` (returned
+    /// before its [`Output::Deliver`]), or its PUBREC came back (`released`,
+    /// returned before the PUBREL, which is then an [`Output::Acknowledge`]:
+    /// written once this is durable, so a restart never sends the PUBLISH
+    /// again after the PUBREL `[MQTT-4.3.3-6]`).
+    Outbound {
+        /// The message's log sequence number.
+        value: u64,
+        /// The packet identifier it goes out with.
+        packet_id: u16,
+        /// PUBREC received, PUBREL sent.
+        released: bool,
+    },
 }
 
 /// What a client may do: the broker's access control, asked by the session
@@ -423,20 +436,42 @@ impl Session {
     }
 
     /// Restore what the local store recovered (`store::RecoveredSession`):
-    /// subscriptions, inbound QoS 2 packet identifiers, and messages to
+    /// subscriptions, inbound QoS 2 packet identifiers, the deliveries that
+    /// were sent and not completed, in order, each with its packet
+    /// identifier and whether its PUBREC came back (resent with DUP, or as
+    /// PUBREL, by [`Session::resume`] `[MQTT-4.4.0-1]`), and messages to
     /// deliver, in order, which wait in the queue (the session starts
-    /// offline). Call on a session made with [`Session::new`].
+    /// offline). A sent delivery whose identifier another one already
+    /// holds waits in the queue. Call on a session made with
+    /// [`Session::new`].
     pub fn restore(
         &mut self,
         subscriptions: HashMap<ByteString, Subscription>,
         inbound_qos2: impl IntoIterator<Item = u16>,
+        sent: impl IntoIterator<Item = (Delivery, PacketId, bool)>,
         queue: impl IntoIterator<Item = Delivery>,
     ) {
         self.online = false;
         self.subscriptions = subscriptions;
+        let mut next_seq = self.next_seq;
         let fl = self.fl();
         fl.inbound_qos2.extend(inbound_qos2);
+        for (delivery, packet_id, released) in sent {
+            if delivery.qos == QoS::AtMostOnce || fl.inflight.contains_key(&packet_id.get()) {
+                fl.queue.push_back(delivery);
+                continue;
+            }
+            let state = match (delivery.qos, released) {
+                (QoS::AtLeastOnce, _) => InflightState::AwaitPubAck,
+                (_, false) => InflightState::AwaitPubRec,
+                (_, true) => InflightState::AwaitPubComp,
+            };
+            fl.inflight.insert(packet_id.get(), Inflight { seq: next_seq, delivery, state });
+            fl.inflight_order.insert(next_seq, packet_id.get());
+            next_seq += 1;
+        }
         fl.queue.extend(queue);
+        self.next_seq = next_seq;
     }
 
     /// A logged session is done with `delivery`'s stored message.
@@ -723,6 +758,10 @@ impl Session {
         };
         self.fl().inflight.insert(pid.get(), Inflight { seq, delivery: delivery.clone(), state });
         self.fl().inflight_order.insert(seq, pid.get());
+        if self.logged && delivery.message.stored != 0 && delivery.group.is_none() {
+            let change = SessionChange::Outbound { value: delivery.message.stored, packet_id: pid.get(), released: false };
+            out.push(Output::Log(change));
+        }
         out.push(Output::Deliver { delivery, packet_id: Some(pid), dup: false });
     }
 
@@ -769,7 +808,15 @@ impl Session {
                             self.complete(pid, InflightState::AwaitPubRec, now, out);
                         } else {
                             entry.state = InflightState::AwaitPubComp;
-                            out.push(Output::Send(Packet::PubRel(PubResponse::success(rec.packet_id))));
+                            let stored = entry.delivery.message.stored;
+                            let rel = Packet::PubRel(PubResponse::success(rec.packet_id));
+                            if self.logged && stored != 0 {
+                                let change = SessionChange::Outbound { value: stored, packet_id: pid, released: true };
+                                out.push(Output::Log(change));
+                                out.push(Output::Acknowledge(rel));
+                            } else {
+                                out.push(Output::Send(rel));
+                            }
                         }
                     }
                     Some(entry) if entry.state == InflightState::AwaitPubComp => {

@@ -706,7 +706,14 @@ fn a_logged_session_logs_what_it_finished_and_its_inbound_qos2_identifiers() {
     s.deliver(delivery(&message("a", QoS::AtLeastOnce, t0), QoS::AtLeastOnce), t0, &mut out);
     s.handle(Packet::PubAck(PubResponse::success(pid(2))), t0, &mut out);
     s.handle(Packet::PubAck(PubResponse::success(pid(3))), t0, &mut out);
-    assert_eq!(logs(&out), vec![SessionChange::Done { value: 2 }], "unstored messages are not logged");
+    assert_eq!(
+        logs(&out),
+        vec![SessionChange::Outbound { value: 2, packet_id: 2, released: false }, SessionChange::Done { value: 2 }],
+        "unstored messages are not logged"
+    );
+    // The packet identifier is logged before the PUBLISH goes out.
+    let sent = out.iter().position(|o| matches!(o, Output::Log(SessionChange::Outbound { .. }))).unwrap();
+    assert!(matches!(out[sent + 1], Output::Deliver { .. }));
     // Dropped from a full queue: done too.
     s.go_offline();
     out.clear();
@@ -733,7 +740,7 @@ fn a_restored_session_starts_offline_with_its_subscriptions_identifiers_and_queu
     let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
     let m = message("a", QoS::AtLeastOnce, t0);
     let subscription = Subscription { options: SubscriptionOptions { qos: QoS::AtLeastOnce, ..Default::default() }, identifier: Some(4) };
-    s.restore(HashMap::from([(ByteString::from("a"), subscription)]), [7], [delivery(&m, QoS::AtLeastOnce), delivery(&m, QoS::AtLeastOnce)]);
+    s.restore(HashMap::from([(ByteString::from("a"), subscription)]), [7], [], [delivery(&m, QoS::AtLeastOnce), delivery(&m, QoS::AtLeastOnce)]);
     assert!(!s.is_online());
     assert_eq!((s.queued(), s.subscriptions().len()), (2, 1));
     let mut out = vec![];
@@ -746,4 +753,44 @@ fn a_restored_session_starts_offline_with_its_subscriptions_identifiers_and_queu
     let n = negotiate(&c, &ConnectLimits::default(), || unreachable!()).unwrap();
     s.resume(ProtocolVersion::V5, &n, t0, &mut out);
     assert_eq!(delivered_ids(&out), vec![(Some(1), false), (Some(2), false)]);
+}
+
+#[test]
+fn a_restored_session_resends_what_it_had_sent_with_the_same_identifiers_and_dup_then_pubrel() {
+    // [MQTT-4.4.0-1]: unacknowledged PUBLISH packets resent with their
+    // original packet identifiers; [MQTT-4.3.3-6]: never the PUBLISH again
+    // once its PUBREL was sent.
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+    s.set_logged(true);
+    let stored = |n: u64, qos: QoS| {
+        let mut m = (*message("a", qos, t0)).clone();
+        m.stored = n;
+        Arc::new(m)
+    };
+    let sent = [
+        (delivery(&stored(3, QoS::ExactlyOnce), QoS::ExactlyOnce), pid(40), true),
+        (delivery(&stored(4, QoS::ExactlyOnce), QoS::ExactlyOnce), pid(41), false),
+        (delivery(&stored(5, QoS::AtLeastOnce), QoS::AtLeastOnce), pid(42), false),
+        // Its identifier is taken: it waits in the queue.
+        (delivery(&stored(6, QoS::AtLeastOnce), QoS::AtLeastOnce), pid(42), false),
+    ];
+    s.restore(HashMap::new(), [], sent, [delivery(&stored(7, QoS::AtLeastOnce), QoS::AtLeastOnce)]);
+    assert_eq!((s.inflight(), s.queued()), (3, 2));
+    let mut out = vec![];
+    let n = negotiate(&connect(ProtocolVersion::V5, "c1", false), &ConnectLimits::default(), || unreachable!()).unwrap();
+    s.resume(ProtocolVersion::V5, &n, t0, &mut out);
+    assert!(matches!(&out[0], Output::Send(Packet::PubRel(r)) if r.packet_id == pid(40)), "{:?}", out[0]);
+    let ids = delivered_ids(&out);
+    assert_eq!(&ids[..2], &[(Some(41), true), (Some(42), true)]);
+    assert_eq!(ids.len(), 4, "then the queue, as new deliveries: {ids:?}");
+    assert!(ids[2..].iter().all(|(id, dup)| !dup && ![40, 41, 42].contains(&id.unwrap())));
+    // PUBREC of the resent QoS 2 delivery: logged, and the PUBREL waits.
+    out.clear();
+    s.handle(Packet::PubRec(PubResponse::success(pid(41))), t0, &mut out);
+    assert_eq!(out[0], Output::Log(SessionChange::Outbound { value: 4, packet_id: 41, released: true }));
+    assert!(matches!(&out[1], Output::Acknowledge(Packet::PubRel(r)) if r.packet_id == pid(41)));
+    out.clear();
+    s.handle(Packet::PubComp(PubResponse::success(pid(40))), t0, &mut out);
+    assert_eq!(out[0], Output::Log(SessionChange::Done { value: 3 }));
 }

@@ -15,4 +15,4 @@ pub mod settings;
 
 pub use frame::{put_frame, scan, Corrupt, Scan};
 pub use record::{Record, RecordError, StoredMessage, FORMAT_VERSION};
-pub use replay::{Recovered, RecoveredSession};
+pub use replay::{Recovered, RecoveredSession, RecoveredWill};

@@ -140,6 +140,50 @@ pub enum Record {
         /// Opened (true) or released.
         open: bool,
     },
+    /// The session sent the value of log sequence `value` with
+    /// `packet_id` (`released` false: before the PUBLISH is written), or
+    /// got its PUBREC and sends PUBREL (`released` true: before the
+    /// PUBREL is written), so a restart resends the PUBLISH with the same
+    /// identifier and DUP `[MQTT-4.4.0-1]`, or the PUBREL and never the
+    /// PUBLISH again `[MQTT-4.3.3-6]`. [`Record::Done`] ends it.
+    Outbound {
+        /// Client identifier.
+        client_id: ByteString,
+        /// The value's log sequence number.
+        value: u64,
+        /// The packet identifier it was sent with.
+        packet_id: u16,
+        /// PUBREC received, PUBREL sent.
+        released: bool,
+    },
+    /// A connection with a Will Message is open (logged before its
+    /// CONNACK); it replaces the client's earlier will.
+    Will {
+        /// Client identifier.
+        client_id: ByteString,
+        /// The Will Message as it will be published (`origin`: the
+        /// broker; `received_ms`: when the connection was accepted).
+        message: StoredMessage,
+        /// Will Delay Interval, seconds.
+        delay: u32,
+        /// Session Expiry Interval of the connection, seconds: the will is
+        /// sent at the latest when the session ends `[MQTT-3.1.3-9]`.
+        expiry: u32,
+    },
+    /// The connection with the client's will ended abnormally; the will is
+    /// due at `due_ms` (Unix milliseconds) unless the client is back first.
+    WillDue {
+        /// Client identifier.
+        client_id: ByteString,
+        /// Unix milliseconds.
+        due_ms: u64,
+    },
+    /// The client's will is gone: discarded (DISCONNECT 0x00, the client
+    /// back within the delay) or published.
+    WillEnd {
+        /// Client identifier.
+        client_id: ByteString,
+    },
 }
 
 /// Why a record body could not be read.
@@ -171,11 +215,25 @@ mod kind {
     pub(super) const DONE: u8 = 7;
     pub(super) const INBOUND_QOS2: u8 = 8;
     pub(super) const QUEUED: u8 = 9;
+    pub(super) const OUTBOUND: u8 = 10;
+    pub(super) const WILL: u8 = 11;
+    pub(super) const WILL_DUE: u8 = 12;
+    pub(super) const WILL_END: u8 = 13;
 }
 
 fn put_str(out: &mut BytesMut, s: &[u8]) {
     out.put_u32_le(s.len() as u32);
     out.put_slice(s);
+}
+
+fn put_message(out: &mut BytesMut, m: &StoredMessage) {
+    put_str(out, m.topic.as_bytes());
+    out.put_u8(m.qos as u8 | u8::from(m.retain) << 2);
+    out.put_u64_le(m.received_ms);
+    out.put_u64_le(m.origin);
+    // Properties the broker accepted always encode.
+    let _ = encode_publish_properties(&m.properties, out);
+    put_str(out, &m.payload);
 }
 
 fn options_byte(o: &SubscriptionOptions) -> u8 {
@@ -196,13 +254,7 @@ impl Record {
                 kind::HEADER
             }
             Record::Value(m) => {
-                put_str(out, m.topic.as_bytes());
-                out.put_u8(m.qos as u8 | u8::from(m.retain) << 2);
-                out.put_u64_le(m.received_ms);
-                out.put_u64_le(m.origin);
-                // Properties the broker accepted always encode.
-                let _ = encode_publish_properties(&m.properties, out);
-                put_str(out, &m.payload);
+                put_message(out, m);
                 kind::VALUE
             }
             Record::Session { client_id, username, workspace, expiry, protocol } => {
@@ -253,6 +305,29 @@ impl Record {
                 out.put_u8(u8::from(*open));
                 kind::INBOUND_QOS2
             }
+            Record::Outbound { client_id, value, packet_id, released } => {
+                put_str(out, client_id.as_bytes());
+                out.put_u64_le(*value);
+                out.put_u16_le(*packet_id);
+                out.put_u8(u8::from(*released));
+                kind::OUTBOUND
+            }
+            Record::Will { client_id, message, delay, expiry } => {
+                put_str(out, client_id.as_bytes());
+                out.put_u32_le(*delay);
+                out.put_u32_le(*expiry);
+                put_message(out, message);
+                kind::WILL
+            }
+            Record::WillDue { client_id, due_ms } => {
+                put_str(out, client_id.as_bytes());
+                out.put_u64_le(*due_ms);
+                kind::WILL_DUE
+            }
+            Record::WillEnd { client_id } => {
+                put_str(out, client_id.as_bytes());
+                kind::WILL_END
+            }
         };
         out[start] = kind;
     }
@@ -298,6 +373,22 @@ impl Record {
                 value: r.u64()?,
                 qos: QoS::from_u8(r.u8()?).ok_or(RecordError::Invalid("QoS 3"))?,
             },
+            kind::OUTBOUND => {
+                let client_id = r.string()?;
+                let value = r.u64()?;
+                let packet_id = r.u16()?;
+                if packet_id == 0 {
+                    return Err(RecordError::Invalid("packet identifier 0"));
+                }
+                Record::Outbound { client_id, value, packet_id, released: r.flag()? }
+            }
+            kind::WILL => {
+                let client_id = r.string()?;
+                let (delay, expiry) = (r.u32()?, r.u32()?);
+                Record::Will { client_id, delay, expiry, message: r.message()? }
+            }
+            kind::WILL_DUE => Record::WillDue { client_id: r.string()?, due_ms: r.u64()? },
+            kind::WILL_END => Record::WillEnd { client_id: r.string()? },
             other => return Err(RecordError::UnknownKind(other)),
         };
         if !r.0.is_empty() {
@@ -428,6 +519,12 @@ mod tests {
             (text(), any::<u64>()).prop_map(|(client_id, value)| Record::Done { client_id, value }),
             (text(), any::<u16>(), any::<bool>()).prop_map(|(client_id, packet_id, open)| Record::InboundQos2 { client_id, packet_id, open }),
             (text(), any::<u64>(), 0u8..3).prop_map(|(client_id, value, qos)| Record::Queued { client_id, value, qos: QoS::from_u8(qos).unwrap() }),
+            (text(), any::<u64>(), 1u16.., any::<bool>())
+                .prop_map(|(client_id, value, packet_id, released)| Record::Outbound { client_id, value, packet_id, released }),
+            (text(), message(), any::<u32>(), any::<u32>())
+                .prop_map(|(client_id, message, delay, expiry)| Record::Will { client_id, message, delay, expiry }),
+            (text(), any::<u64>()).prop_map(|(client_id, due_ms)| Record::WillDue { client_id, due_ms }),
+            text().prop_map(|client_id| Record::WillEnd { client_id }),
         ]
     }
 

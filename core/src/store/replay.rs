@@ -40,6 +40,28 @@ pub struct RecoveredSession {
     pub pending: BTreeMap<u64, QoS>,
     /// Inbound QoS 2 packet identifiers between PUBREC and PUBREL.
     pub inbound_qos2: BTreeSet<u16>,
+    /// Of the values in `pending`, those already sent: by log sequence
+    /// number, the packet identifier they went out with and whether their
+    /// PUBREC came back (PUBREL sent) ([`Record::Outbound`]).
+    pub sent: BTreeMap<u64, (u16, bool)>,
+}
+
+/// A Will Message of a connection that was open, or whose delay was
+/// running, when the broker stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredWill {
+    /// The message to publish.
+    pub message: StoredMessage,
+    /// Will Delay Interval, seconds.
+    pub delay: u32,
+    /// Session Expiry Interval of its connection, seconds.
+    pub expiry: u32,
+    /// When it is due, Unix milliseconds: logged when the connection ended
+    /// before the stop; otherwise (the connection was open, so it ended
+    /// with the stop) set by [`Recovered::wills_due`] to the restart plus
+    /// min(Will Delay Interval, Session Expiry Interval), and to the
+    /// restart itself when its session did not survive `[MQTT-3.1.3-9]`.
+    pub due_ms: Option<u64>,
 }
 
 /// Everything recovered.
@@ -51,6 +73,8 @@ pub struct Recovered {
     pub sessions: HashMap<ByteString, RecoveredSession>,
     /// Values some session still wants, by log sequence number.
     pub values: BTreeMap<u64, Arc<StoredMessage>>,
+    /// Wills still to send, by client identifier.
+    pub wills: HashMap<ByteString, RecoveredWill>,
     /// The highest log sequence number seen (the next one to hand out is
     /// one more).
     pub last_lsn: u64,
@@ -106,7 +130,29 @@ impl Recovered {
             Record::Done { client_id, value } => {
                 if let Some(s) = self.sessions.get_mut(&client_id) {
                     s.pending.remove(&value);
+                    s.sent.remove(&value);
                 }
+            }
+            Record::Outbound { client_id, value, packet_id, released } => {
+                if let Some(s) = self.sessions.get_mut(&client_id) {
+                    if s.pending.contains_key(&value) {
+                        // An identifier is reused once its value is done;
+                        // until then one value holds it.
+                        s.sent.retain(|_, (pid, _)| *pid != packet_id);
+                        s.sent.insert(value, (packet_id, released));
+                    }
+                }
+            }
+            Record::Will { client_id, message, delay, expiry } => {
+                self.wills.insert(client_id, RecoveredWill { message, delay, expiry, due_ms: None });
+            }
+            Record::WillDue { client_id, due_ms } => {
+                if let Some(w) = self.wills.get_mut(&client_id) {
+                    w.due_ms = Some(due_ms);
+                }
+            }
+            Record::WillEnd { client_id } => {
+                self.wills.remove(&client_id);
             }
             Record::Queued { client_id, value, qos } => {
                 if let (Some(s), Some(m)) = (self.sessions.get_mut(&client_id), self.written.get(&value)) {
@@ -166,14 +212,35 @@ impl Recovered {
                 && s.offline_since_ms.is_none_or(|since| since.saturating_add(u64::from(s.expiry) * 1000) > now_ms)
         });
         self.retained.retain(|_, (_, m)| !m.expired(now_ms));
-        self.values.retain(|_, m| !m.expired(now_ms));
+        // A value whose onward delivery started is not expired for that
+        // delivery `[MQTT-3.3.2-5]`, `[MQTT-4.3.3-7]`.
+        let started: BTreeSet<u64> = self.sessions.values().flat_map(|s| s.sent.keys().copied()).collect();
+        self.values.retain(|lsn, m| started.contains(lsn) || !m.expired(now_ms));
         let values = &self.values;
         let mut live = BTreeSet::new();
         for s in self.sessions.values_mut() {
-            s.pending.retain(|lsn, _| values.contains_key(lsn));
+            s.pending.retain(|lsn, _| values.contains_key(lsn) && (!values[lsn].expired(now_ms) || s.sent.contains_key(lsn)));
+            let pending = &s.pending;
+            s.sent.retain(|lsn, _| pending.contains_key(lsn));
             live.extend(s.pending.keys().copied());
         }
         self.values.retain(|lsn, _| live.contains(lsn));
+    }
+
+    /// At a restart (after [`Recovered::finish`]): give every will its due
+    /// time (see [`RecoveredWill::due_ms`]). Not for a compaction: the
+    /// connection of a will without a due time is still open then.
+    pub fn wills_due(&mut self, now_ms: u64) {
+        for (client_id, will) in &mut self.wills {
+            let due = match (will.due_ms, self.sessions.get(client_id)) {
+                // The session ended while the broker was down: the will
+                // goes now, whatever its delay.
+                (_, None) => now_ms,
+                (Some(due), Some(_)) => due,
+                (None, Some(_)) => now_ms.saturating_add(u64::from(will.delay.min(will.expiry)) * 1000),
+            };
+            will.due_ms = Some(due.min(will.due_ms.unwrap_or(u64::MAX)));
+        }
     }
 }
 
@@ -182,9 +249,10 @@ impl Recovered {
     /// every value still wanted (retained or pending) once, with its own
     /// log sequence number (which the sessions' later [`Record::Done`]
     /// records name), then each session with its subscriptions, offline
-    /// time, inbound QoS 2 identifiers and [`Record::Queued`] values,
-    /// numbered `cut`. Replayed (with [`Recovered::reading_snapshot`] on),
-    /// they give this state back.
+    /// time, inbound QoS 2 identifiers, [`Record::Queued`] values and the
+    /// packet identifiers of those sent ([`Record::Outbound`]), then the
+    /// wills, numbered `cut`. Replayed (with
+    /// [`Recovered::reading_snapshot`] on), they give this state back.
     ///
     /// # Panics
     /// Debug builds, when a value's number is above `cut` (the state was
@@ -224,6 +292,18 @@ impl Recovered {
             }
             for (&value, qos) in &s.pending {
                 push(&mut out, Record::Queued { client_id: client_id.clone(), value, qos: *qos });
+                if let Some(&(packet_id, released)) = s.sent.get(&value) {
+                    push(&mut out, Record::Outbound { client_id: client_id.clone(), value, packet_id, released });
+                }
+            }
+        }
+        let mut wills: Vec<(&ByteString, &RecoveredWill)> = self.wills.iter().collect();
+        wills.sort_by_key(|(id, _)| *id);
+        for (client_id, w) in wills {
+            let (message, delay, expiry) = (w.message.clone(), w.delay, w.expiry);
+            push(&mut out, Record::Will { client_id: client_id.clone(), message, delay, expiry });
+            if let Some(due_ms) = w.due_ms {
+                push(&mut out, Record::WillDue { client_id: client_id.clone(), due_ms });
             }
         }
         out
@@ -406,6 +486,101 @@ mod tests {
         assert_eq!(payloads(&after, a), payloads(&before, b));
         assert_eq!(payloads(&after, a).len(), 2);
         assert_eq!(after.retained["r"].1, before.retained["r"].1);
+    }
+
+    fn outbound(id: &str, value: u64, packet_id: u16, released: bool) -> Record {
+        Record::Outbound { client_id: id.into(), value, packet_id, released }
+    }
+
+    #[test]
+    fn values_sent_keep_their_packet_identifiers_until_done_also_through_a_snapshot() {
+        let mut expiring = value("a", QoS::ExactlyOnce, false, b"expired but sent");
+        if let Record::Value(m) = &mut expiring {
+            m.properties = Props::from(Properties { message_expiry_interval: Some(1), ..Properties::default() });
+        }
+        let records = vec![
+            session("s", 60),
+            subscribe("s", "a", QoS::ExactlyOnce),
+            value("a", QoS::ExactlyOnce, false, b"released"),
+            value("a", QoS::AtLeastOnce, false, b"sent"),
+            value("a", QoS::ExactlyOnce, false, b"done"),
+            value("a", QoS::ExactlyOnce, false, b"queued"),
+            expiring,
+            outbound("s", 3, 10, false),
+            outbound("s", 4, 11, false),
+            outbound("s", 5, 12, false),
+            outbound("s", 3, 10, true),
+            Record::Done { client_id: "s".into(), value: 5 },
+            outbound("s", 7, 12, false),
+            outbound("s", 99, 13, false),
+        ];
+        let before = replay(records, 5_000);
+        let s = &before.sessions["s"];
+        assert_eq!(s.pending.keys().copied().collect::<Vec<_>>(), vec![3, 4, 6, 7]);
+        assert_eq!(s.sent.iter().map(|(l, p)| (*l, *p)).collect::<Vec<_>>(), vec![(3, (10, true)), (4, (11, false)), (7, (12, false))]);
+        let mut after = Recovered::default();
+        after.reading_snapshot(true);
+        for (lsn, record) in before.snapshot(100) {
+            after.apply(lsn, record);
+        }
+        after.reading_snapshot(false);
+        after.finish(5_000);
+        let t = &after.sessions["s"];
+        let sent: Vec<(Bytes, (u16, bool))> = t.sent.iter().map(|(l, p)| (after.values[l].payload.clone(), *p)).collect();
+        assert_eq!(sent, vec![
+            (Bytes::from_static(b"released"), (10, true)),
+            (Bytes::from_static(b"sent"), (11, false)),
+            (Bytes::from_static(b"expired but sent"), (12, false)),
+        ]);
+        assert_eq!(t.pending.len(), 4);
+    }
+
+    fn will(id: &str, delay: u32, expiry: u32) -> Record {
+        let Record::Value(message) = value("will/t", QoS::AtLeastOnce, true, b"gone") else { unreachable!() };
+        Record::Will { client_id: id.into(), message, delay, expiry }
+    }
+
+    #[test]
+    fn wills_are_due_after_their_delay_capped_by_the_session_and_ended_ones_are_gone() {
+        let r = replay(
+            vec![
+                // Connection open at the stop, session kept: the delay
+                // counts from the restart.
+                session("open", 100),
+                will("open", 30, 100),
+                // Capped by the Session Expiry Interval [MQTT-3.1.3-9].
+                session("capped", 10),
+                will("capped", 30, 10),
+                // No session: sent at the restart.
+                will("clean", 30, 0),
+                // Ended before the stop, delay running: its logged time.
+                session("waiting", 100),
+                will("waiting", 30, 100),
+                Record::Offline { client_id: "waiting".into(), at_ms: 1_000, expiry: 100 },
+                Record::WillDue { client_id: "waiting".into(), due_ms: 31_000 },
+                // Discarded (DISCONNECT 0x00) or published.
+                will("ended", 30, 0),
+                Record::WillEnd { client_id: "ended".into() },
+            ],
+            20_000,
+        );
+        let mut r = r;
+        r.wills_due(20_000);
+        let due = |id: &str| r.wills[id].due_ms;
+        assert_eq!(r.wills.len(), 4);
+        assert_eq!(due("open"), Some(50_000));
+        assert_eq!(due("capped"), Some(30_000));
+        assert_eq!(due("clean"), Some(20_000));
+        assert_eq!(due("waiting"), Some(31_000));
+        assert_eq!(r.wills["open"].message.payload, Bytes::from_static(b"gone"));
+        let mut again = Recovered::default();
+        again.reading_snapshot(true);
+        for (lsn, record) in r.snapshot(1) {
+            again.apply(lsn, record);
+        }
+        again.reading_snapshot(false);
+        again.finish(20_500);
+        assert_eq!(again.wills, r.wills, "a snapshot keeps the wills and their due times");
     }
 
     #[test]

@@ -33,7 +33,7 @@ impl Shard {
     /// sweeper), as a will of its own would be.
     pub(crate) fn publish_cluster_will(&self, will: fleetmq_core::packet::Will, now: Instant) {
         let mut st = self.state.borrow_mut();
-        self.publish_will(&mut st, will, now);
+        self.publish_will(&mut st, None, will, now);
         drop(st);
         self.try_flush();
     }

@@ -15,18 +15,10 @@ use super::{ConnShared, Shard, Slot, State};
 
 impl Shard {
     /// Log the session on `slot` as attached (persistent, or persistent
-    /// until now), and write `connack`: for a new session once that is
-    /// durable; for a resumed one (`present`) at once, because what the
-    /// session sends next must follow the CONNACK `[MQTT-3.2.0-1]` and the
-    /// session was durable before.
-    pub(super) fn attach_logged(
-        &self,
-        st: &mut State,
-        slot: Slot,
-        conn: &Rc<ConnShared>,
-        (protocol, present): (u8, bool),
-        connack: Packet,
-    ) {
+    /// until now) and its will, and write `connack`, new or resumed
+    /// session alike, held with whatever the session sends after it
+    /// `[MQTT-3.2.0-1]` until the store covers them (DESIGN.md §7).
+    pub(super) fn attach_logged(&self, st: &mut State, slot: Slot, conn: &Rc<ConnShared>, protocol: u8, connack: Packet) {
         if !self.store.is_durable() {
             conn.send(&connack);
             return;
@@ -44,11 +36,9 @@ impl Shard {
             });
         }
         client.session.set_logged(expiry > 0);
-        if present {
-            conn.send(&connack);
-        } else {
-            self.store.acknowledge(conn, &mut vec![connack], since, None);
-        }
+        self.log_will(st, slot);
+        conn.send(&connack);
+        self.store.hold_until_durable(conn, since);
     }
 
     /// Log a subscription change of the session on `slot`, if it is logged.

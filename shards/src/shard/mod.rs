@@ -23,6 +23,7 @@ mod index;
 mod restore;
 mod placement;
 mod retained;
+mod wills;
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -41,7 +42,7 @@ use fleetmq_core::packet::{
     Connect, Disconnect, Packet, Props, ProtocolVersion, QoS, ReasonCode, RetainHandling, Will,
 };
 use fleetmq_core::route::RouteTable;
-use fleetmq_core::session::timing::{keep_alive_deadline, session_expires_at, will_due_at};
+use fleetmq_core::session::timing::{keep_alive_deadline, session_expires_at};
 use fleetmq_core::session::{
     client_key, workspace_namespace, Authorize, AuthorizeCache, Delivery, Message, Negotiated,
     Output, Refusal, Session, SessionLimits, Subscription,
@@ -179,6 +180,9 @@ pub(crate) struct ConnShared {
     pub(crate) out: RefCell<BytesMut>,
     /// Packets appended since the writer last took the buffer.
     pub(crate) pending: Cell<usize>,
+    /// The buffer starts with a CONNACK the store does not cover yet: not
+    /// written until it does (see `ShardStore::hold_until_durable`).
+    pub(crate) held: Cell<bool>,
     /// Wakes the connection's task: bytes to write, or a close request.
     /// Use [`ConnShared::wake`], which also unparks.
     pub(crate) write_signal: Signal,
@@ -219,6 +223,7 @@ impl ConnShared {
             protocol,
             out: RefCell::new(BytesMut::new()),
             pending: Cell::new(0),
+            held: Cell::new(false),
             write_signal: Signal::default(),
             parked: Cell::new(None),
             active: Cell::new(true),
@@ -391,6 +396,8 @@ struct State {
     moved: HashMap<ByteString, (usize, u64)>,
     /// Sessions moved here from their home shard: slot → generation.
     moved_in: HashMap<Slot, u64>,
+    /// Wills recovered without a session, published at the first tick.
+    restored_wills: Vec<(ByteString, Will)>,
 }
 
 /// Why [`Shard::attach`] did not attach a connection.
@@ -480,6 +487,7 @@ impl Shard {
                 deadlines: BinaryHeap::new(),
                 moved: HashMap::new(),
                 moved_in: HashMap::new(),
+                restored_wills: Vec::new(),
             }),
         }
     }
@@ -545,13 +553,12 @@ impl Shard {
         let slot = match st.by_id.get(&st.clients, &negotiated.client_id) {
             Some(slot) if !connect.clean_start => {
                 session_present = true;
-                let client = &mut st.clients[slot as usize];
-                if client.offline_since.take().is_some() {
+                if st.clients[slot as usize].offline_since.take().is_some() {
                     self.global.offline_sessions.fetch_sub(1, Ordering::Relaxed);
                 }
                 // A reconnect within the Will Delay cancels the will
                 // `[MQTT-3.1.3-9]`.
-                client.pending_will = None;
+                self.client_back_within_will_delay(st, slot);
                 slot
             }
             existing => {
@@ -561,7 +568,7 @@ impl Shard {
                     // §3.1.3.2.2: "until the Will Delay Interval has passed
                     // or the Session ends, whichever happens first").
                     if let Some(pending) = st.clients[slot as usize].pending_will.take() {
-                        self.publish_will(st, pending.1, now);
+                        self.publish_will(st, Some(&negotiated.client_id), pending.1, now);
                     }
                     self.remove_client(st, slot);
                 }
@@ -587,8 +594,7 @@ impl Shard {
         });
         let mut connack = negotiated.connack.clone();
         connack.session_present = session_present;
-        let how = (connect.protocol.level(), session_present);
-        self.attach_logged(st, slot, conn, how, Packet::ConnAck(connack));
+        self.attach_logged(st, slot, conn, connect.protocol.level(), Packet::ConnAck(connack));
         self.attach_feeds(st, slot, conn, session_present);
         if session_present {
             let mut outputs = std::mem::take(&mut st.outputs);
@@ -746,19 +752,10 @@ impl Shard {
         self.global.connected.fetch_sub(1, Ordering::Relaxed);
         st.clients[slot as usize].session.go_offline();
         self.shared_presence(st, slot, false);
+        let mut will_now = self.will_at_end(st, slot, publish_will, now);
         let client = &mut st.clients[slot as usize];
-        let will = client.will.take().filter(|_| publish_will);
         let expiry = client.session.session_expiry();
-        let mut will_now = None;
-        if let Some(will) = will {
-            let delay = will.properties.will_delay_interval.unwrap_or(0);
-            let due = will_due_at(now, delay, expiry);
-            if due <= now {
-                will_now = Some(*will);
-            } else {
-                client.pending_will = Some(Box::new((due, *will)));
-            }
-        }
+        let client_id = client.session.client_id().clone();
         let over_limit = self.global.offline_sessions.load(Ordering::Relaxed)
             >= self.limits.max_offline_sessions;
         if expiry == 0 || over_limit {
@@ -772,25 +769,8 @@ impl Shard {
             self.global.offline_sessions.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(will) = will_now {
-            self.publish_will(st, will, now);
+            self.publish_will(st, Some(&client_id), will, now);
         }
-    }
-
-    fn publish_will(&self, st: &mut State, will: Will, now: Instant) {
-        let mut properties = will.properties;
-        properties.will_delay_interval = None;
-        let mut message = Message {
-            topic: will.topic,
-            payload: will.payload,
-            qos: will.qos,
-            retain: will.retain,
-            properties,
-            received_at: now,
-            origin: u64::MAX,
-            stored: 0,
-        };
-        self.store.log_value(&mut message, now);
-        self.route(st, Arc::new(message), now);
     }
 
     /// Handle one packet from the client on `slot`. When the packet ends
@@ -1094,10 +1074,17 @@ impl Shard {
                         self.metrics.dropped(DropReason::PacketTooLarge);
                         continue;
                     }
+                    self.metrics.messages_out.inc();
+                    let value = delivery.message.stored;
+                    if packet_id.is_some() && value != 0 && client.session.is_logged() && self.store.publish_must_wait(value) {
+                        let mut parked = BytesMut::new();
+                        frame.append_to(packet_id, dup, &mut parked);
+                        self.store.park_publish(conn, value, parked.freeze());
+                        continue;
+                    }
                     frame.append_to(packet_id, dup, &mut conn.out.borrow_mut());
                     conn.pending.set(conn.pending.get() + 1);
                     conn.wake();
-                    self.metrics.messages_out.inc();
                 }
                 Output::Send(packet) | Output::Acknowledge(packet) => conn.send(&packet),
                 _ => {}
@@ -1254,7 +1241,7 @@ impl Shard {
         let st = &mut *st;
         self.catch_up(st);
         st.retained.prune(now);
-        let mut due_wills = Vec::new();
+        let mut due_wills = std::mem::take(&mut st.restored_wills);
         let mut expired = Vec::new();
         let mut connected = 0;
         for (slot, client) in st.clients.iter_mut() {
@@ -1273,7 +1260,8 @@ impl Shard {
                 }
             }
             if client.pending_will.as_ref().is_some_and(|p| p.0 <= now) {
-                due_wills.push(client.pending_will.take().map(|p| p.1).expect("checked"));
+                let will = client.pending_will.take().map(|p| p.1).expect("checked");
+                due_wills.push((client.session.client_id().clone(), will));
             }
             if let Some(since) = client.offline_since {
                 if session_expires_at(since, client.session.session_expiry())
@@ -1285,13 +1273,14 @@ impl Shard {
         }
         compact_deadlines(&mut st.deadlines, &st.clients, connected);
         for slot in expired {
-            if let Some(pending) = st.clients[slot as usize].pending_will.take() {
-                due_wills.push(pending.1);
+            let client = &mut st.clients[slot as usize];
+            if let Some(pending) = client.pending_will.take() {
+                due_wills.push((client.session.client_id().clone(), pending.1));
             }
             self.remove_client(st, slot);
         }
-        for will in due_wills {
-            self.publish_will(st, will, now);
+        for (client_id, will) in due_wills {
+            self.publish_will(st, Some(&client_id), will, now);
         }
     }
 

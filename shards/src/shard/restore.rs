@@ -2,7 +2,8 @@
 //! [`crate::store`]): every retained message (each shard keeps a copy),
 //! and the persistent sessions whose client identifiers it owns, offline,
 //! with their subscriptions, inbound QoS 2 identifiers and the values they
-//! still have to deliver, in log order.
+//! still have to deliver, in log order (those already sent with their
+//! packet identifiers), and the wills of those client identifiers.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
-use fleetmq_core::packet::{ConnAck, ProtocolVersion};
+use fleetmq_core::packet::{ConnAck, PacketId, ProtocolVersion};
 use fleetmq_core::session::{workspace_namespace, Delivery, Message, Negotiated, Session};
 use fleetmq_core::store::{Recovered, RecoveredSession, StoredMessage};
 use fleetmq_core::topic::{matches, parse_shared};
@@ -47,7 +48,7 @@ impl Shard {
         let mut values = HashMap::new();
         for (client_id, rs) in &recovered.sessions {
             if owner_of(client_id, self.shards) == self.id {
-                let queue = rs.pending.iter().filter_map(|(lsn, qos)| {
+                let deliveries = rs.pending.iter().filter_map(|(lsn, qos)| {
                     let m = values.entry(*lsn).or_insert_with(|| recovered.values.get(lsn).map(|m| message(*lsn, m, now, now_ms)));
                     let message = m.clone()?;
                     let subscription_ids = rs
@@ -56,12 +57,20 @@ impl Shard {
                         .filter(|(f, _)| parse_shared(f).is_none() && matches(f, &message.topic))
                         .filter_map(|(_, s)| s.identifier)
                         .collect();
-                    Some(Delivery { message, qos: *qos, retain: false, subscription_ids, group: None })
+                    Some((*lsn, Delivery { message, qos: *qos, retain: false, subscription_ids, group: None }))
                 });
-                let queue: Vec<Delivery> = queue.collect();
-                self.restore_session(st, client_id, rs, queue, now, now_ms);
+                let (mut sent, mut queue) = (Vec::new(), Vec::new());
+                for (lsn, delivery) in deliveries {
+                    match rs.sent.get(&lsn).and_then(|&(pid, released)| Some((PacketId::new(pid)?, released))) {
+                        Some((packet_id, released)) => sent.push((delivery, packet_id, released)),
+                        None => queue.push(delivery),
+                    }
+                }
+                self.restore_session(st, client_id, rs, (sent, queue), now, now_ms);
             }
         }
+        let wills: Vec<_> = recovered.wills.iter().filter(|(id, _)| owner_of(id, self.shards) == self.id).collect();
+        self.restore_wills(st, &wills, now, now_ms);
     }
 
     fn restore_session(
@@ -69,7 +78,7 @@ impl Shard {
         st: &mut State,
         client_id: &ByteString,
         rs: &RecoveredSession,
-        queue: Vec<Delivery>,
+        (sent, queue): (Vec<(Delivery, PacketId, bool)>, Vec<Delivery>),
         now: Instant,
         now_ms: u64,
     ) {
@@ -92,7 +101,7 @@ impl Shard {
         session.set_logged(true);
         let subscriptions: HashMap<_, _> =
             rs.subscriptions.iter().filter(|(f, _)| parse_shared(f).is_none()).map(|(f, s)| (f.clone(), *s)).collect();
-        session.restore(subscriptions.clone(), rs.inbound_qos2.iter().copied(), queue);
+        session.restore(subscriptions.clone(), rs.inbound_qos2.iter().copied(), sent, queue);
         let owner = (rs.username.as_deref().map(Arc::from), Arc::from(&*rs.workspace));
         let slot = self.insert_client(st, session, owner);
         let offline_for = Duration::from_millis(rs.offline_since_ms.map_or(0, |since| now_ms.saturating_sub(since)));

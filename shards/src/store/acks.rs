@@ -15,8 +15,12 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::{Rc, Weak};
 
+use std::sync::Arc;
+
+use bytes::Bytes;
 use fleetmq_core::packet::{Packet, ReasonCode};
 
+use super::watermark::Watermark;
 use super::Token;
 use crate::shard::ConnShared;
 
@@ -80,15 +84,35 @@ struct Parked {
     write: Option<Rc<Write>>,
     /// The local store failed it: refused with this reason.
     refused: Option<ReasonCode>,
+    /// The log sequence number every shard must be durable up to (see
+    /// [`super::watermark`]); 0 for acknowledgements.
+    lsn: u64,
     conn: Rc<ConnShared>,
-    packet: Packet,
+    what: Waiting,
+}
+
+/// What a [`Parked`] entry writes.
+enum Waiting {
+    /// An acknowledgement (PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK,
+    /// UNSUBACK).
+    Ack(Packet),
+    /// An encoded PUBLISH to a logged session.
+    Publish(Bytes),
+    /// The connection's buffer, which starts with its CONNACK, may be
+    /// written (see [`ConnShared::held`]).
+    Release,
 }
 
 impl Parked {
     /// Whether nothing holds it back any more.
-    fn ready(&self, durable: Token) -> bool {
-        let local = self.refused.is_some() || self.token <= durable;
+    fn ready(&self, durable: Token, durable_lsn: u64) -> bool {
+        let local = self.refused.is_some() || (self.token <= durable && self.lsn <= durable_lsn);
         local && self.write.as_ref().is_none_or(|w| w.outcome.get() != Outcome::Pending)
+    }
+
+    /// Whether only other shards' logs hold it back.
+    fn waits_for_others(&self, durable: Token, durable_lsn: u64) -> bool {
+        self.refused.is_none() && self.token <= durable && self.lsn > durable_lsn
     }
 
     /// Write it, or its refusal; `true` when the refusal closes the
@@ -98,10 +122,25 @@ impl Parked {
             Some(Outcome::Refused(reason)) => Some(reason),
             _ => None,
         });
-        match refused {
-            Some(reason) => refuse(&self.conn, self.packet, reason),
-            None => {
-                self.conn.send(&self.packet);
+        match (self.what, refused) {
+            (Waiting::Ack(packet), Some(reason)) => refuse(&self.conn, packet, reason),
+            (Waiting::Ack(packet), None) => {
+                self.conn.send(&packet);
+                false
+            }
+            // The records it waited for stay pending and are written again;
+            // holding it would stall the session until the disk has room.
+            (Waiting::Publish(frame), _) => {
+                write_publish(&self.conn, &frame);
+                false
+            }
+            (Waiting::Release, Some(_)) => {
+                refuse_connack(&self.conn);
+                true
+            }
+            (Waiting::Release, None) => {
+                self.conn.held.set(false);
+                self.conn.wake();
                 false
             }
         }
@@ -117,6 +156,9 @@ pub(crate) struct AckQueue {
     parked: RefCell<VecDeque<Parked>>,
     /// The local store is durable up to this token.
     durable: Cell<Token>,
+    /// Every shard's oldest record not yet durable (none without a local
+    /// store: nothing to wait for).
+    watermark: Option<Arc<Watermark>>,
     /// Connection key → its acknowledgements in order, while one of them
     /// waits for a write.
     chains: RefCell<HashMap<u64, VecDeque<Parked>>>,
@@ -125,6 +167,18 @@ pub(crate) struct AckQueue {
 }
 
 impl AckQueue {
+    /// An empty queue whose PUBLISHes wait for `watermark` too.
+    pub(crate) fn new(watermark: Option<Arc<Watermark>>) -> AckQueue {
+        AckQueue { watermark, ..AckQueue::default() }
+    }
+
+    /// Every shard's log is durable up to this sequence number now (it is
+    /// not monotonic: a shard with nothing pending counts as durable up to
+    /// any number, until it appends again).
+    fn durable_lsn(&self) -> u64 {
+        self.watermark.as_ref().map_or(u64::MAX, |w| w.durable())
+    }
+
     /// A write that an acknowledgement of a publish from client `origin`
     /// will wait for.
     pub(crate) fn write(self: &Rc<Self>, origin: u64) -> Rc<Write> {
@@ -141,19 +195,44 @@ impl AckQueue {
     /// (not below any token parked before), behind the connection's
     /// chain if it has one.
     pub(crate) fn park(&self, token: Token, conn: &Rc<ConnShared>, packet: Packet) {
+        self.push(token, 0, conn, Waiting::Ack(packet));
+    }
+
+    /// Park the encoded PUBLISH `frame` for `conn` until the store is
+    /// durable up to `token` and every shard up to `lsn`.
+    pub(crate) fn park_publish(&self, token: Token, lsn: u64, conn: &Rc<ConnShared>, frame: Bytes) {
+        self.push(token, lsn, conn, Waiting::Publish(frame));
+    }
+
+    /// Hold `conn`'s writes, which start with its CONNACK, until the store
+    /// is durable up to `token`.
+    pub(crate) fn park_release(&self, token: Token, conn: &Rc<ConnShared>) {
+        conn.held.set(true);
+        self.push(token, 0, conn, Waiting::Release);
+    }
+
+    fn push(&self, token: Token, lsn: u64, conn: &Rc<ConnShared>, what: Waiting) {
+        let parked = Parked { token, write: None, refused: None, lsn, conn: conn.clone(), what };
         if self.is_held(conn.key) {
-            return self.hold(token, conn, packet, None, None);
+            self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
+            return self.release_chain(conn.key);
         }
-        let mut parked = self.parked.borrow_mut();
-        debug_assert!(parked.back().is_none_or(|p| p.token <= token));
-        parked.push_back(Parked { token, write: None, refused: None, conn: conn.clone(), packet });
+        let mut queue = self.parked.borrow_mut();
+        debug_assert!(queue.back().is_none_or(|p| p.token <= token));
+        queue.push_back(parked);
         *self.per_conn.borrow_mut().entry(conn.key).or_default() += 1;
     }
 
-    /// Whether acknowledgements of connection `conn` wait at all: it
-    /// drains them before it closes, and does not move or park meanwhile.
+    /// Whether acknowledgements (or PUBLISHes, a held CONNACK) of
+    /// connection `conn` wait at all: it drains them before it closes, and
+    /// does not move or park meanwhile.
     pub(crate) fn waiting_for(&self, conn: u64) -> bool {
         self.per_conn.borrow().contains_key(&conn) || self.is_held(conn)
+    }
+
+    /// True when nothing waits: what is written now cannot overtake.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.parked.borrow().is_empty() && self.chains.borrow().is_empty()
     }
 
     /// Queue `packet` in `conn`'s chain: written once the store is
@@ -168,7 +247,7 @@ impl AckQueue {
         write: Option<Rc<Write>>,
         refused: Option<ReasonCode>,
     ) {
-        let parked = Parked { token, write, refused, conn: conn.clone(), packet };
+        let parked = Parked { token, write, refused, lsn: 0, conn: conn.clone(), what: Waiting::Ack(packet) };
         self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
         self.release_chain(conn.key);
     }
@@ -183,12 +262,20 @@ impl AckQueue {
     /// parked with a token at or below it that waits for nothing else, in
     /// order. A connection that closed meanwhile gets its bytes written to
     /// a buffer nobody reads.
-    pub(crate) fn complete(&self, token: Token) {
+    ///
+    /// A PUBLISH also waits for every shard to be durable up to its log
+    /// sequence number (see [`super::watermark`]); what was parked after it
+    /// waits with it. Returns true when something is left that only waits
+    /// for other shards (the caller looks again soon).
+    pub(crate) fn complete(&self, token: Token) -> bool {
         self.durable.set(self.durable.get().max(token));
-        while let Some(p) = self.pop_upto(token) {
-            p.conn.send(&p.packet);
+        let (durable, durable_lsn) = (self.durable.get(), self.durable_lsn());
+        while let Some(p) = self.pop_upto(durable, durable_lsn) {
+            p.release();
         }
         self.release_chains();
+        let waits = |p: Option<&Parked>| p.is_some_and(|p| p.waits_for_others(durable, durable_lsn));
+        waits(self.parked.borrow().front()) || self.chains.borrow().values().any(|c| waits(c.front()))
     }
 
     /// The store could not make what lies up to `token` durable (disk full,
@@ -197,9 +284,13 @@ impl AckQueue {
     /// UNSUBACK, CONNACK), and every acknowledgement of a 3.1.1 client,
     /// closes the connection after what it was already acknowledged (MQTT
     /// 5: DISCONNECT 0x97).
+    ///
+    /// A parked PUBLISH is written all the same (see `Parked::release`);
+    /// a held CONNACK is refused (see [`refuse_connack`]).
     pub(crate) fn fail(&self, token: Token) {
-        while let Some(p) = self.pop_upto(token) {
-            let _ = refuse(&p.conn, p.packet, ReasonCode::QUOTA_EXCEEDED);
+        while let Some(mut p) = self.pop_upto(token, u64::MAX) {
+            p.refused = Some(ReasonCode::QUOTA_EXCEEDED);
+            let _ = p.release();
         }
         let durable = self.durable.get();
         for chain in self.chains.borrow_mut().values_mut() {
@@ -210,9 +301,9 @@ impl AckQueue {
         self.release_chains();
     }
 
-    fn pop_upto(&self, token: Token) -> Option<Parked> {
+    fn pop_upto(&self, token: Token, durable_lsn: u64) -> Option<Parked> {
         let mut parked = self.parked.borrow_mut();
-        if parked.front().is_none_or(|p| p.token > token) {
+        if parked.front().is_none_or(|p| p.token > token || p.lsn > durable_lsn) {
             return None;
         }
         let p = parked.pop_front()?;
@@ -240,13 +331,13 @@ impl AckQueue {
     /// Write what leads `conn`'s chain and waits for nothing more; forget
     /// the chain once it is empty.
     fn release_chain(&self, conn: u64) {
-        let durable = self.durable.get();
+        let (durable, durable_lsn) = (self.durable.get(), self.durable_lsn());
         loop {
             let next = {
                 let mut chains = self.chains.borrow_mut();
                 let Some(chain) = chains.get_mut(&conn) else { return };
                 match chain.front() {
-                    Some(p) if p.ready(durable) => chain.pop_front(),
+                    Some(p) if p.ready(durable, durable_lsn) => chain.pop_front(),
                     Some(_) => return,
                     None => {
                         chains.remove(&conn);
@@ -264,6 +355,23 @@ impl AckQueue {
             }
         }
     }
+}
+
+/// Refuse the CONNACK at the head of `conn`'s held buffer (see
+/// [`AckQueue::fail`]): nothing of it is written, the connection closes
+/// (MQTT 5: DISCONNECT 0x97).
+pub(crate) fn refuse_connack(conn: &ConnShared) {
+    conn.out.borrow_mut().clear();
+    conn.pending.set(0);
+    conn.held.set(false);
+    conn.request_close(Some(ReasonCode::QUOTA_EXCEEDED), true);
+}
+
+/// Write an encoded PUBLISH to `conn`.
+fn write_publish(conn: &ConnShared, frame: &[u8]) {
+    conn.out.borrow_mut().extend_from_slice(frame);
+    conn.pending.set(conn.pending.get() + 1);
+    conn.wake();
 }
 
 /// Refuse `packet`, an acknowledgement the store could not cover, with
@@ -348,6 +456,27 @@ mod tests {
         q.complete(5);
         assert_eq!(written(&c), vec![puback(4)]);
         assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn a_publish_waits_for_every_shard_and_what_follows_waits_with_it() {
+        let watermark = Arc::new(Watermark::new(2));
+        let q = AckQueue::new(Some(watermark.clone()));
+        let c = conn(ProtocolVersion::V5);
+        let frame = {
+            let mut out = bytes::BytesMut::new();
+            fleetmq_core::packet::codec::encode(&puback(9), c.protocol, &mut out).unwrap();
+            out.freeze()
+        };
+        q.park_publish(1, 50, &c, frame);
+        q.park(1, &c, puback(1));
+        watermark.set_oldest(1, Some(50));
+        assert!(q.complete(1), "waits for another shard");
+        assert!(written(&c).is_empty());
+        watermark.set_oldest(1, Some(51));
+        assert!(!q.complete(1));
+        assert_eq!(written(&c), vec![puback(9), puback(1)]);
+        assert!(q.is_empty());
     }
 
     #[test]

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 use super::acks::AckQueue;
 use super::compact::Roll;
 use super::health::Health;
+use super::watermark::Watermark;
 use super::Token;
 
 /// A segment is closed and the next one started past this size.
@@ -43,6 +44,9 @@ const RETRY_EVERY: Duration = Duration::from_millis(500);
 
 /// An idle committer looks for a roll request this often.
 const ROLL_POLL: Duration = Duration::from_millis(20);
+
+/// While a PUBLISH waits only for another shard's sync, look this often.
+const FOREIGN_POLL: Duration = Duration::from_micros(200);
 
 /// The segment file, direct or buffered.
 enum SegmentFile {
@@ -74,26 +78,29 @@ pub(crate) struct ShardLog {
     roll: Arc<Roll>,
     /// The newest roll request this log rolled for.
     rolled: Cell<u64>,
+    /// Every shard's oldest record not yet durable.
+    watermark: Arc<Watermark>,
+    /// Sequence number of the newest append.
+    last_lsn: Cell<u64>,
+    /// Sequence number of the oldest record in `pending`.
+    pending_first: Cell<Option<u64>>,
+    /// Sequence number of the oldest record being written, and the token
+    /// that covers what is being written.
+    writing: Cell<Option<(u64, Token)>>,
 }
 
 impl ShardLog {
-    /// The log of shard `shard` in `dir` (`shard-{shard}/`).
-    pub(crate) fn new(
-        shard: usize,
-        dir: PathBuf,
-        store: &fleetmq_core::settings::Store,
-        lsn: Arc<AtomicU64>,
-        health: Arc<Health>,
-        acks: Rc<AckQueue>,
-        roll: Arc<Roll>,
-    ) -> ShardLog {
+    /// The log of shard `shard` of the local store `local` (in
+    /// `shard-{shard}/` of its directory), completing `acks`.
+    pub(crate) fn new(shard: usize, local: &super::LocalStart, acks: Rc<AckQueue>) -> ShardLog {
+        let store = &local.settings;
         ShardLog {
             shard,
-            dir: dir.join(format!("shard-{shard}")),
+            dir: local.opened.dir.join(format!("shard-{shard}")),
             fsync: store.fsync,
             window: store.fsync_window,
-            lsn,
-            health,
+            lsn: local.lsn.clone(),
+            health: local.health.clone(),
             pending: RefCell::new(BytesMut::new()),
             appended: Cell::new(0),
             durable: Cell::new(0),
@@ -101,8 +108,12 @@ impl ShardLog {
             acks,
             wake: crate::signal::Signal::default(),
             stopping: Cell::new(false),
-            roll,
+            roll: local.roll.clone(),
             rolled: Cell::new(0),
+            watermark: local.watermark.clone(),
+            last_lsn: Cell::new(0),
+            pending_first: Cell::new(None),
+            writing: Cell::new(None),
         }
     }
 
@@ -116,6 +127,11 @@ impl ShardLog {
         let before = pending.len();
         put_frame(&mut pending, &body);
         self.appended.set(self.appended.get() + (pending.len() - before) as u64);
+        self.last_lsn.set(lsn);
+        if self.pending_first.get().is_none() {
+            self.pending_first.set(Some(lsn));
+            self.publish_oldest();
+        }
         if self.first_pending.get().is_none() {
             self.first_pending.set(Some(Instant::now()));
             self.wake.notify();
@@ -126,6 +142,22 @@ impl ShardLog {
     /// The token that covers everything appended so far.
     pub(crate) fn appended(&self) -> Token {
         self.appended.get()
+    }
+
+    /// Sequence number of the newest append.
+    pub(crate) fn last_lsn(&self) -> u64 {
+        self.last_lsn.get()
+    }
+
+    /// Every shard's log is durable up to this sequence number.
+    pub(crate) fn durable_lsn(&self) -> u64 {
+        self.watermark.durable()
+    }
+
+    /// Tell the other shards this log's oldest record not yet durable.
+    fn publish_oldest(&self) {
+        let writing = self.writing.get().map(|(first, _)| first);
+        self.watermark.set_oldest(self.shard, writing.or(self.pending_first.get()));
     }
 
     /// True when everything appended so far is durable.
@@ -173,7 +205,10 @@ impl ShardLog {
                 if self.stopping.get() {
                     break;
                 }
-                futures_lite::future::or(self.wake.wait(), glommio::timer::sleep(ROLL_POLL)).await;
+                // A PUBLISH that waits only for another shard's sync: look
+                // again soon.
+                let poll = if self.acks.complete(self.durable.get()) { FOREIGN_POLL } else { ROLL_POLL };
+                futures_lite::future::or(self.wake.wait(), glommio::timer::sleep(poll)).await;
                 continue;
             }
             self.gather().await;
@@ -198,12 +233,22 @@ impl ShardLog {
     /// The pending records and the token that covers them.
     fn take(&self) -> (Token, BytesMut) {
         self.first_pending.set(None);
-        (self.appended.get(), std::mem::take(&mut *self.pending.borrow_mut()))
+        let token = self.appended.get();
+        if let Some(first) = self.pending_first.take() {
+            // What is still being written from an earlier take is older.
+            let first = self.writing.get().map_or(first, |(older, _)| older);
+            self.writing.set(Some((first, token)));
+        }
+        (token, std::mem::take(&mut *self.pending.borrow_mut()))
     }
 
     /// Durable up to `token`: its acknowledgements go out.
     fn committed(&self, token: Token) {
         self.durable.set(token);
+        if self.writing.get().is_some_and(|(_, until)| until <= token) {
+            self.writing.set(None);
+            self.publish_oldest();
+        }
         self.health.recovered(self.shard);
         self.acks.complete(token);
     }
@@ -219,6 +264,10 @@ impl ShardLog {
         pending.extend_from_slice(&newer);
         drop(pending);
         self.first_pending.set(Some(Instant::now()));
+        // The chunk goes back in front of what came since.
+        if let Some((first, _)) = self.writing.take() {
+            self.pending_first.set(Some(first));
+        }
     }
 
     /// Roll the log for the compactor's `request`: once its cut is

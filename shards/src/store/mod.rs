@@ -21,6 +21,7 @@ mod compact;
 pub(crate) mod health;
 mod log;
 mod open;
+mod watermark;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -52,6 +53,8 @@ pub(crate) struct LocalStart {
     pub(crate) settings: fleetmq_core::settings::Store,
     /// The compactor's roll requests to the shards' logs.
     pub(crate) roll: Arc<compact::Roll>,
+    /// Every shard's oldest record not yet durable.
+    pub(crate) watermark: Arc<watermark::Watermark>,
 }
 
 /// Open and recover the local store when `store.kind = "local"`.
@@ -84,6 +87,7 @@ impl LocalStart {
             health,
             settings: settings.clone(),
             roll: Arc::new(compact::Roll::new(shards)),
+            watermark: Arc::new(watermark::Watermark::new(shards)),
             opened,
         })
     }
@@ -124,11 +128,8 @@ impl ShardStore {
     /// Shard `shard`'s store: its log of the local store `local`, or none;
     /// `clustered` in cluster mode.
     pub(crate) fn new(shard: usize, local: Option<&LocalStart>, clustered: bool) -> ShardStore {
-        let acks = Rc::new(acks::AckQueue::default());
-        let log = local.map(|l| {
-            let dir = l.opened.dir.clone();
-            Rc::new(ShardLog::new(shard, dir, &l.settings, l.lsn.clone(), l.health.clone(), acks.clone(), l.roll.clone()))
-        });
+        let acks = Rc::new(acks::AckQueue::new(local.map(|l| l.watermark.clone())));
+        let log = local.map(|l| Rc::new(ShardLog::new(shard, l, acks.clone())));
         ShardStore { log, acks, clustered, next_write: RefCell::new(None) }
     }
 
@@ -209,7 +210,10 @@ impl ShardStore {
         let appended = log.appended();
         for packet in packets.drain(..) {
             let is_pub = matches!(packet, Packet::PubAck(_) | Packet::PubRec(_));
-            let refused = (refusing && is_pub) || (failing && appended != since);
+            // A subscriber's QoS 2 flow goes on while writes fail: its
+            // record is written once the disk has room again.
+            let is_pubrel = matches!(packet, Packet::PubRel(_));
+            let refused = (refusing && is_pub) || (failing && !is_pubrel && appended != since);
             // While the store fails, a packet that appended nothing waits
             // for nothing of it.
             let token = if failing && !refused { 0 } else { appended };
@@ -223,7 +227,7 @@ impl ShardStore {
                     Ok(refusal) => conn.send(&refusal),
                     Err(packet) => drop(acks::refuse(conn, packet, ReasonCode::QUOTA_EXCEEDED)),
                 }
-            } else if failing || log.all_durable() {
+            } else if failing || (log.all_durable() && self.acks.is_empty()) {
                 conn.send(&packet);
             } else {
                 self.acks.park(token, conn, packet);
@@ -289,6 +293,45 @@ impl ShardStore {
         true
     }
 
+    /// `conn`'s buffer starts with the CONNACK of a connection whose
+    /// attach appended records since `since` (the session, its will):
+    /// hold the buffer (the CONNACK and whatever the session sends after
+    /// it `[MQTT-3.2.0-1]`) until the store covers them, so Session
+    /// Present never promises a session a crash can take back. While the
+    /// store's writes fail, a CONNACK that needed it is refused (see
+    /// `acks::refuse_connack`).
+    pub(crate) fn hold_until_durable(&self, conn: &Rc<ConnShared>, since: Token) {
+        let Some(log) = &self.log else { return };
+        if log.refusing() && log.failing() {
+            if log.appended() != since {
+                acks::refuse_connack(conn);
+            }
+        } else if !(log.all_durable() && self.acks.is_empty()) {
+            self.acks.park_release(log.appended(), conn);
+        }
+    }
+
+    /// True when a PUBLISH to a logged session must wait (see
+    /// [`ShardStore::park_publish`]) rather than be written now: something
+    /// this shard appended is not durable yet, something parked before it
+    /// would be overtaken, or another shard is not durable up to `value`,
+    /// the log sequence number of the value it carries.
+    pub(crate) fn publish_must_wait(&self, value: u64) -> bool {
+        self.log.as_ref().is_some_and(|log| !(log.all_durable() && self.acks.is_empty() && log.durable_lsn() >= value))
+    }
+
+    /// Write the encoded PUBLISH `frame` to `conn` (a logged session) once
+    /// everything appended so far is durable, on every shard: the value it
+    /// carries (log sequence `value`) and the record of its packet
+    /// identifier ([`Record::Outbound`]). So a crash never takes back a
+    /// value a subscriber saw, and a restart resends it with the same
+    /// identifier.
+    pub(crate) fn park_publish(&self, conn: &Rc<ConnShared>, value: u64, frame: bytes::Bytes) {
+        if let Some(log) = &self.log {
+            self.acks.park_publish(log.appended(), log.last_lsn().max(value), conn, frame);
+        }
+    }
+
     /// Log a record about a persistent session.
     pub(crate) fn log(&self, record: Record) {
         if let Some(log) = &self.log {
@@ -302,6 +345,9 @@ impl ShardStore {
         self.log(match change {
             SessionChange::Done { value } => Record::Done { client_id, value },
             SessionChange::InboundQos2 { packet_id, open } => Record::InboundQos2 { client_id, packet_id, open },
+            SessionChange::Outbound { value, packet_id, released } => {
+                Record::Outbound { client_id, value, packet_id, released }
+            }
         })
     }
 

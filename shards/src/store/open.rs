@@ -67,6 +67,7 @@ pub(crate) fn open(dir: &Path, truncate_corrupt: bool) -> anyhow::Result<Opened>
     let read = replay(files.snapshots.last().map(PathBuf::as_path), &segments, Repair::AtStart { truncate_corrupt })?;
     let mut recovered = read.recovered;
     recovered.finish(unix_ms());
+    recovered.wills_due(unix_ms());
     if let Some((_, older)) = files.snapshots.split_last() {
         for old in older {
             fs::remove_file(old).with_context(|| format!("store: cannot remove {}", old.display()))?;

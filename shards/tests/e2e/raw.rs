@@ -36,6 +36,13 @@ impl RawClient {
         }
     }
 
+    /// Connects to `addr`, or the error (nothing listens there).
+    pub(crate) fn try_connect(addr: SocketAddr) -> std::io::Result<RawClient> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        Ok(RawClient { stream, buf: Vec::new() })
+    }
+
     /// Connects to `addr` from the local address `source` (any 127.0.0.x
     /// reaches a loopback listener on Linux), bound before the connect.
     pub(crate) fn connect_from(addr: SocketAddr, source: std::net::IpAddr) -> RawClient {
