@@ -352,6 +352,8 @@ pub struct Session {
     namespace: ByteString,
     /// Changes of durable state are returned as [`Output::Log`].
     logged: bool,
+    /// The store refuses QoS 1/2 publishes (disk full, `store.max_bytes`).
+    store_refusing: bool,
 }
 
 /// The topic prefix of workspace `workspace`: empty for `"default"`, else
@@ -421,7 +423,18 @@ impl Session {
             access: None,
             namespace: ByteString::new(),
             logged: false,
+            store_refusing: false,
         }
+    }
+
+    /// Whether the store refuses QoS 1/2 publishes now (DESIGN.md §7),
+    /// set by the caller before each packet: such a publish is not
+    /// forwarded, MQTT 5 gets PUBACK/PUBREC 0x97 Quota exceeded, and a
+    /// QoS 2 packet identifier is not kept, so that the publish sent again
+    /// (MQTT 3.1.1, whose connection the caller closes) or a new one with
+    /// that identifier is taken once the store takes values again.
+    pub fn set_store_refusing(&mut self, refusing: bool) {
+        self.store_refusing = refusing;
     }
 
     /// Return changes of this session's durable state as [`Output::Log`]
@@ -933,12 +946,14 @@ impl Session {
             || self.access.as_ref().is_some_and(|a| !a.authorizer.may_publish(&publish.topic));
         // Refused publishes get a reason code on MQTT 5; 3.1.1 has none, so
         // the message is acknowledged and dropped, as Mosquitto does.
+        let refused = self.store_refusing && publish.qos != QoS::AtMostOnce;
         let ack_reason = match (v5, denied, format_invalid) {
             (true, true, _) => ReasonCode::NOT_AUTHORIZED,
             (true, false, true) => ReasonCode::PAYLOAD_FORMAT_INVALID,
+            (true, false, false) if refused => ReasonCode::QUOTA_EXCEEDED,
             _ => ReasonCode::SUCCESS,
         };
-        let forward = !denied && (!v5 || !format_invalid);
+        let forward = !denied && (!v5 || !format_invalid) && !refused;
         if denied {
             self.dropped().not_authorized += 1;
         }
@@ -966,7 +981,7 @@ impl Session {
                 let packet_id = publish.packet_id.expect("decoder guarantees a packet id at QoS 2");
                 let pid = packet_id.get();
                 if !self.fl().inbound_qos2.contains(&pid) {
-                    if ack_reason.is_error() {
+                    if ack_reason.is_error() || refused {
                         // The flow ends at an error PUBREC: nothing to keep.
                     } else {
                         if self.fl().inbound_qos2.len() >= usize::from(self.limits.receive_maximum) {

@@ -167,6 +167,33 @@ fn inbound_qos2_is_forwarded_once_even_when_the_publish_is_resent() {
 }
 
 #[test]
+fn a_publish_the_store_refuses_is_not_forwarded_and_keeps_no_qos2_packet_id() {
+    // DESIGN.md §7: refused, never acknowledged and then lost. MQTT 5: the
+    // flow ends at an error PUBREC, so the identifier is free again.
+    let t0 = Instant::now();
+    for protocol in [ProtocolVersion::V5, ProtocolVersion::V3_1_1] {
+        let mut s = session_with(protocol, 10, SessionLimits::default());
+        s.set_logged(true);
+        s.set_store_refusing(true);
+        let mut out = vec![];
+        s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
+        s.handle(publish("a/b", QoS::AtLeastOnce, Some(10)), t0, &mut out);
+        let expected = if protocol.is_v5() { ReasonCode::QUOTA_EXCEEDED } else { ReasonCode::SUCCESS };
+        let mut rec = PubResponse::success(pid(9));
+        rec.reason = expected;
+        let mut ack = PubResponse::success(pid(10));
+        ack.reason = expected;
+        assert_eq!(out, vec![Output::Acknowledge(Packet::PubRec(rec)), Output::Acknowledge(Packet::PubAck(ack))], "{protocol:?}");
+        // Once the store takes values again, the same identifier is a new
+        // message (or, 3.1.1, the one sent again after the close).
+        s.set_store_refusing(false);
+        out.clear();
+        s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
+        assert!(out.iter().any(|o| matches!(o, Output::Publish(_))), "{protocol:?}: {out:?}");
+    }
+}
+
+#[test]
 fn client_exceeding_our_receive_maximum_gets_disconnect_0x93() {
     // [MQTT-3.3.4-9]
     let t0 = Instant::now();

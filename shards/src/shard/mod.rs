@@ -799,9 +799,9 @@ impl Shard {
         let is_publish = matches!(packet, Packet::Publish(_));
         let since = self.store.begin_packet();
         let mut outputs = std::mem::take(&mut st.outputs);
-        st.clients[slot as usize]
-            .session
-            .handle(packet, now, &mut outputs);
+        let session = &mut st.clients[slot as usize].session;
+        session.set_store_refusing(self.store.refusing());
+        session.handle(packet, now, &mut outputs);
         if is_publish {
             self.metrics.messages_in.inc();
             let drops = st.clients[slot as usize].session.take_drops();

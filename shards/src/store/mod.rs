@@ -144,6 +144,13 @@ impl ShardStore {
         self.log.is_some()
     }
 
+    /// True while the local store refuses QoS 1/2 publishes (failing, or
+    /// over `store.max_bytes`): the session answers them with a refusal
+    /// (`Session::set_store_refusing`).
+    pub(crate) fn refusing(&self) -> bool {
+        self.log.as_ref().is_some_and(|log| log.refusing())
+    }
+
     /// True when acknowledgements may have to wait (a local store, or
     /// cluster mode); false when the caller writes them at once.
     pub(crate) fn defers(&self) -> bool {
