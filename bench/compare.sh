@@ -30,6 +30,10 @@
 #                  --rate max under --window 1000: delivered msg/s (each
 #                  message accounted for: lost, duplicated, out of order)
 #       idle       IDLE_CONNECTIONS[10000] idle connections: broker KiB RSS each
+#       storm      connect-storm of IDLE_CONNECTIONS, MQTT 3.1.1, clean session,
+#                  closed loop with STORM_WINDOW[50] connects under way (no
+#                  backlog of 50 or more overflows): connections/s (not a
+#                  default scenario; CONNACK p99 in each run's JSON)
 #   PAYLOAD [64]         payload bytes
 #   BROKER_CPU [0], LOAD_CPU [1]   CPU lists for taskset (e.g. 0,1 to let broker
 #                        and loadgen share both cores); fleetmq puts one shard
@@ -312,6 +316,8 @@ scenario_args() { # SCENARIO [BROKER]
     persist-q1 | persist-q2) echo persistent --publishers "$FANIN_PUBLISHERS" --subscribers 1 --qos "${1#persist-q}" --rate max \
         --window 1000 --reconnect-every 1h --session-expiry 600 "${common[@]}" ;;
     fanout-q0) echo fan-out --publishers 1 --subscribers "$FANOUT_SUBSCRIBERS" --qos 0 --rate max "${common[@]}" ;;
+    storm) echo connect-storm --protocol 3.1.1 --connections "$IDLE_CONNECTIONS" --connect-window "${STORM_WINDOW:-50}" \
+        --connect-timeout 30s --keep-alive "$KEEP_ALIVE" --cpu "$LOAD_CPU" --threads "$LOAD_THREADS" ;;
     idle) echo idle --connections "$IDLE_CONNECTIONS" --connect-rate "$rate" --connect-timeout 30s --duration "$IDLE_HOLD" \
         --keep-alive "$KEEP_ALIVE" --cpu "$LOAD_CPU" --threads "$LOAD_THREADS" ;;
     *) return 1 ;;
@@ -322,11 +328,12 @@ figure_of() { # SCENARIO JSON -> the number the table shows
     fanin-p99) jq -r '.latency_us.p99' "$2" ;;
     fanin-ack-p99) jq -r '.ack_latency_us.p99 // "nan"' "$2" ;;
     idle) jq -r '.connections.broker_kib_per_connection // "nan"' "$2" ;;
+    storm) jq -r '.connections.connect_per_s // "nan"' "$2" ;;
     *) jq -r '.received_per_s' "$2" ;;
     esac
 }
 unit_of() {
-    case "$1" in fanin-p99 | fanin-ack-p99) echo "p99 µs" ;; idle) echo "KiB/conn" ;; *) echo "msg/s" ;; esac
+    case "$1" in fanin-p99 | fanin-ack-p99) echo "p99 µs" ;; idle) echo "KiB/conn" ;; storm) echo "conn/s" ;; *) echo "msg/s" ;; esac
 }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
@@ -402,7 +409,7 @@ done
         done
         printf '\n'
     done
-    printf '(medians of %s runs, %s each, payload %s B; broker on CPU %s, loadgen on CPU %s (%s threads); fleetmq --shards %s; ratios: higher is better for msg/s, lower for p99 and KiB)\n' \
+    printf '(medians of %s runs, %s each, payload %s B; broker on CPU %s, loadgen on CPU %s (%s threads); fleetmq --shards %s; ratios: higher is better for msg/s and conn/s, lower for p99 and KiB)\n' \
         "$RUNS" "$DURATION" "$PAYLOAD" "$BROKER_CPU" "$LOAD_CPU" "$LOAD_THREADS" "$FLEETMQ_SHARDS"
 } | tee "$OUT/summary.txt"
 log "results in $OUT"
