@@ -436,11 +436,25 @@ impl PublishTemplate {
         payload_size: usize,
         version: ProtocolVersion,
     ) -> PublishTemplate {
+        PublishTemplate::with_retain(topic, qos, payload_size, version, false)
+    }
+
+    /// [`PublishTemplate::new`] with the RETAIN flag `retain`.
+    ///
+    /// # Panics
+    /// As [`PublishTemplate::new`].
+    pub fn with_retain(
+        topic: &str,
+        qos: QoS,
+        payload_size: usize,
+        version: ProtocolVersion,
+        retain: bool,
+    ) -> PublishTemplate {
         assert!(payload_size >= PAYLOAD_HEADER_BYTES);
         let publish = Publish {
             dup: false,
             qos,
-            retain: false,
+            retain,
             topic: ByteString::from(topic),
             packet_id: (qos != QoS::AtMostOnce).then_some(PacketId::MIN),
             properties: Props::default(),

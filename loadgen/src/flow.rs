@@ -270,7 +270,7 @@ async fn publisher(
 ) -> Result<(), ClientError> {
     let args = &plan.args;
     let qos = args.qos();
-    let template = PublishTemplate::new(&plan.topic_of(i), qos, args.payload_size, conn.version);
+    let template = PublishTemplate::with_retain(&plan.topic_of(i), qos, args.payload_size, conn.version, args.retain);
     let max_inflight = u32::from(conn.receive_maximum).min(MAX_INFLIGHT);
     let state = Rc::new(PubState {
         out: RefCell::new(BytesMut::with_capacity(template.len() * BATCH as usize)),

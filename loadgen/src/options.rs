@@ -197,6 +197,10 @@ pub struct RunArgs {
     /// QoS of publishes and subscriptions (0, 1 or 2).
     #[arg(long, value_parser = parse_qos, default_value = "0")]
     pub qos: u8,
+    /// Publish with the RETAIN flag set (each publisher's topic keeps its
+    /// last value).
+    #[arg(long)]
+    pub retain: bool,
     /// Payload size in bytes, at least 16 (send timestamp and sequence).
     #[arg(long, value_parser = parse_payload_size, default_value = "64")]
     pub payload_size: usize,

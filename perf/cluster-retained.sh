@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# perf/cluster-retained.sh — retained QoS 1 publishes in cluster mode (issue
+# 23): the publish rate and the publish-to-PUBACK latency of one fleetmq
+# replica backed by a 3-server NATS JetStream cluster (R3 buckets), for one
+# or more fleetmq binaries in one run (e.g. before and after a change).
+#
+#   BINARIES="before=/tmp/fleetmq-before after=target/release/fleetmq" \
+#   LOADGEN=target/release/fleetmq-loadgen NATS=target/nats-venv/bin/nats-server \
+#   RUNS=3 bash perf/cluster-retained.sh
+#
+# Each round starts every binary in turn (the order alternates by round) on
+# the same NATS cluster and runs loadgen fan-in with --retain at QoS 1:
+# PUBLISHERS[10] publishers on their own topics → 1 subscriber, first
+# closed loop (--rate max: msg/s), then open loop at RATE[2000] msg/s (the
+# PUBACK p99). Prints one line per run and keeps the JSON in $OUT_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BINARIES=${BINARIES:-"after=target/release/fleetmq"}
+LOADGEN=${LOADGEN:-target/release/fleetmq-loadgen}
+NATS=${NATS:-target/nats-venv/bin/nats-server}
+RUNS=${RUNS:-3}
+PUBLISHERS=${PUBLISHERS:-10}
+RATE=${RATE:-2000}
+DURATION=${DURATION:-10s}
+OUT_DIR=${OUT_DIR:-target/cluster-retained}
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+mkdir -p "$OUT_DIR"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+declare -a CPORT RPORT
+for i in 0 1 2; do CPORT[$i]=$(free_port); RPORT[$i]=$(free_port); done
+routes=""
+for i in 0 1 2; do routes+="nats-route://127.0.0.1:${RPORT[$i]},"; done
+for i in 0 1 2; do
+    mkdir -p "$WORK/n$i"
+    cat >"$WORK/n$i.conf" <<EOF
+server_name: n$i
+listen: 127.0.0.1:${CPORT[$i]}
+jetstream { store_dir: "$WORK/n$i" }
+cluster { name: perf, listen: 127.0.0.1:${RPORT[$i]}, routes: [${routes%,}] }
+EOF
+    "$NATS" -c "$WORK/n$i.conf" >"$WORK/n$i.log" 2>&1 &
+    PIDS+=($!)
+done
+sleep 3
+URLS="[\"nats://127.0.0.1:${CPORT[0]}\",\"nats://127.0.0.1:${CPORT[1]}\",\"nats://127.0.0.1:${CPORT[2]}\"]"
+
+run() { # label binary round
+    local label=$1 bin=$2 round=$3 port admin pid
+    port=$(free_port)
+    admin=$(free_port)
+    RUST_LOG=warn "$bin" serve --listen "127.0.0.1:$port" --admin "127.0.0.1:$admin" \
+        --set cluster.replica_id="perf-$label" --set "cluster.nats_urls=$URLS" --set cluster.nats_replicas=3 \
+        >"$WORK/$label.out" 2>"$WORK/$label.log" &
+    pid=$!
+    for _ in $(seq 1 150); do grep -q "fleetmq: ready" "$WORK/$label.out" && break; sleep 0.2; done
+    grep -q "fleetmq: ready" "$WORK/$label.out" || { echo "$label did not start:"; cat "$WORK/$label.log"; kill -9 $pid; return 1; }
+    for mode in max "$RATE"; do
+        local json="$OUT_DIR/$label-r$round-$mode.json"
+        "$LOADGEN" run fan-in --url "mqtt://127.0.0.1:$port" --qos 1 --retain --publishers "$PUBLISHERS" --subscribers 1 \
+            --rate "$mode" --duration "$DURATION" --warmup 2s --topic-prefix "perf/$label$round" --json "$json" \
+            >/dev/null 2>"$WORK/loadgen.err" || { echo "$label $mode round $round: loadgen failed: $(tail -2 "$WORK/loadgen.err")"; continue; }
+        printf '%-8s round %s rate %-5s sent/s %8.0f received/s %8.0f  PUBACK p50 %6s µs p99 %7s µs  refused %s\n' "$label" "$round" "$mode" \
+            "$(jq -r '.sent_per_s' "$json")" "$(jq -r '.received_per_s' "$json")" \
+            "$(jq -r '.ack_latency_us.p50 // "nan"' "$json")" "$(jq -r '.ack_latency_us.p99 // "nan"' "$json")" \
+            "$(curl -s "127.0.0.1:$admin/metrics" | awk '/^fleetmq_cluster_retained_refused_total/ {print $2}')"
+    done
+    kill $pid
+    wait $pid 2>/dev/null || true
+}
+
+read -r -a entries <<<"$BINARIES"
+for round in $(seq 1 "$RUNS"); do
+    order=("${entries[@]}")
+    if [ $((round % 2)) -eq 0 ]; then
+        mapfile -t order < <(printf '%s\n' "${entries[@]}" | tac)
+    fi
+    for entry in "${order[@]}"; do
+        run "${entry%%=*}" "${entry#*=}" "$round"
+    done
+done
