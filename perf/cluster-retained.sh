@@ -10,9 +10,10 @@
 #
 # Each round starts every binary in turn (the order alternates by round) on
 # the same NATS cluster and runs loadgen fan-in with --retain at QoS 1:
-# PUBLISHERS[10] publishers on their own topics → 1 subscriber, first
-# closed loop (--rate max: msg/s), then open loop at RATE[2000] msg/s (the
-# PUBACK p99). Prints one line per run and keeps the JSON in $OUT_DIR.
+# PUBLISHERS[10] publishers on their own topics → 1 subscriber, first open
+# loop at RATE[2000] msg/s (the PUBACK p99), then closed loop (--rate max:
+# msg/s). SETTLE[5] seconds between binaries. Prints one line per run and
+# keeps the JSON in $OUT_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BINARIES=${BINARIES:-"after=target/release/fleetmq"}
@@ -54,15 +55,15 @@ run() { # label binary round
     port=$(free_port)
     admin=$(free_port)
     RUST_LOG=warn "$bin" serve --listen "127.0.0.1:$port" --admin "127.0.0.1:$admin" \
-        --set cluster.replica_id="perf-$label" --set "cluster.nats_urls=$URLS" --set cluster.nats_replicas=3 \
+        --set cluster.replica_id="perf-$label-$round" --set "cluster.nats_urls=$URLS" --set cluster.nats_replicas=3 \
         >"$WORK/$label.out" 2>"$WORK/$label.log" &
     pid=$!
     for _ in $(seq 1 150); do grep -q "fleetmq: ready" "$WORK/$label.out" && break; sleep 0.2; done
-    grep -q "fleetmq: ready" "$WORK/$label.out" || { echo "$label did not start:"; cat "$WORK/$label.log"; kill -9 $pid; return 1; }
-    for mode in max "$RATE"; do
+    grep -q "fleetmq: ready" "$WORK/$label.out" || { echo "$label did not start:"; tail -5 "$WORK/$label.log"; kill -9 $pid; return 0; }
+    for mode in "$RATE" max; do
         local json="$OUT_DIR/$label-r$round-$mode.json"
         "$LOADGEN" run fan-in --url "mqtt://127.0.0.1:$port" --qos 1 --retain --publishers "$PUBLISHERS" --subscribers 1 \
-            --rate "$mode" --duration "$DURATION" --warmup 2s --topic-prefix "perf/$label$round" --json "$json" \
+            --rate "$mode" --duration "$DURATION" --warmup 2s --topic-prefix "perf/$label$round$mode" --json "$json" \
             >/dev/null 2>"$WORK/loadgen.err" || { echo "$label $mode round $round: loadgen failed: $(tail -2 "$WORK/loadgen.err")"; continue; }
         printf '%-8s round %s rate %-5s sent/s %8.0f received/s %8.0f  PUBACK p50 %6s µs p99 %7s µs  refused %s\n' "$label" "$round" "$mode" \
             "$(jq -r '.sent_per_s' "$json")" "$(jq -r '.received_per_s' "$json")" \
@@ -71,6 +72,8 @@ run() { # label binary round
     done
     kill $pid
     wait $pid 2>/dev/null || true
+    # Let NATS finish what the run left queued.
+    sleep "${SETTLE:-5}"
 }
 
 read -r -a entries <<<"$BINARIES"

@@ -224,6 +224,53 @@ fn refused_while_held(s: &Setup, publisher: &mut RawClient, topic: &str, payload
 }
 
 #[test]
+fn an_acknowledgement_lost_past_the_nats_timeout_is_found_in_the_bucket_within_the_wait() {
+    // The default wait (10 s) is longer than a JetStream acknowledgement
+    // may take (5 s): past that, the replica looks for its write in the
+    // bucket, finds it once NATS answers, and acknowledges.
+    let s = setup(&[]);
+    let mut publisher = client(&s.a, "patient", true);
+    s.proxy.set_hold(true);
+    publisher.send(&publish("plant/pump", b"on", 1, true, 1, true));
+    let early = publisher.read(Duration::from_secs(7));
+    assert_eq!(early, Incoming::TimedOut, "{}", short(&early));
+    s.proxy.set_hold(false);
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(5)),
+        (0x40, 1, 0)
+    );
+    wait_retained(&s.b, "plant/pump", Some(b"on"), Duration::from_secs(5));
+    assert_eq!(
+        s.a.metric_sum("fleetmq_cluster_retained_refused_total"),
+        0.0
+    );
+}
+
+#[test]
+fn with_the_local_store_too_the_acknowledgement_waits_for_nats() {
+    let dir = crate::security::TempDir::new("cluster-local");
+    let data = format!("store.dir={}", dir.path("data").display());
+    let s = setup(&["--set", "store.kind=local", "--set", &data]);
+    let mut publisher = client(&s.a, "both", true);
+    s.proxy.set_hold(true);
+    publisher.send(&publish("plant/fan", b"slow", 1, true, 1, true));
+    publisher.send(&publish("plant/log", b"x", 1, false, 2, true));
+    // The local store syncs in milliseconds; NATS holds: nothing yet.
+    let early = publisher.read(Duration::from_millis(1500));
+    assert_eq!(early, Incoming::TimedOut, "{}", short(&early));
+    s.proxy.set_hold(false);
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(5)),
+        (0x40, 1, 0)
+    );
+    assert_eq!(
+        next_ack(&mut publisher, Duration::from_secs(5)),
+        (0x40, 2, 0)
+    );
+    wait_retained(&s.b, "plant/fan", Some(b"slow"), Duration::from_secs(5));
+}
+
+#[test]
 fn a_retained_publish_nats_does_not_take_in_time_is_refused_with_0x80_and_retained_nowhere() {
     let s = setup(&WAIT_5S);
     let mut publisher = client(&s.a, "publisher", true);
