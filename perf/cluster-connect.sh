@@ -4,26 +4,51 @@
 # nats-server's own MQTT on the same 3-server cluster, in one run.
 #
 #   FLEETMQ=target/release/fleetmq LOADGEN=target/release/fleetmq-loadgen \
-#   NATS=target/nats-venv/bin/nats-server RUNS=3 CONNECTIONS=5000 \
+#   NATS=nats-server RUNS=3 CONNECTIONS=5000 RATE=50000 \
 #   bash perf/cluster-connect.sh
 #
-# Each round: connect-storm with MQTT 3.1.1 clean sessions, then MQTT 5
-# with a Session Expiry Interval (persistent), against each broker in
-# turn (the order alternates by round). Prints one JSON line per run
-# (loadgen --json) to $OUT (default target/cluster-connect.jsonl) and a
-# summary of CONNACKs per second and CONNACK p99.
+# Each round: a connect-storm of MQTT 3.1.1 clean sessions (Clean
+# Session 1), then of MQTT 3.1.1 persistent sessions (Clean Session 0,
+# new client identifiers each round: a new session each), against each
+# broker in turn (the order alternates by round). nats-server's MQTT
+# speaks 3.1.1 only, so both kinds are 3.1.1. KINDS="clean persistent"
+# chooses the kinds.
+#
+# Pinning (taskset CPU lists; empty: unpinned): FLEETMQ_CPUS, NATS_CPUS,
+# LOADGEN_CPUS. KEEP=DIR keeps the logs, each run's loadgen report and
+# the broker's refusal counters there.
+#
+# Prints one JSON line per run to $OUT (default
+# target/cluster-connect.jsonl): CONNACKs per second, CONNACK p50/p99,
+# failed CONNECTs with loadgen's error kinds, fleetmq's refusals by
+# reason, the CPU seconds fleetmq's bridge thread, fleetmq and the NATS
+# servers used during the storm, and the load average; then a summary of
+# the medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLEETMQ=${FLEETMQ:-target/release/fleetmq}
 LOADGEN=${LOADGEN:-target/release/fleetmq-loadgen}
-NATS=${NATS:-target/nats-venv/bin/nats-server}
+NATS=${NATS:-$(command -v nats-server)}
+KINDS=${KINDS:-clean persistent}
+FLEETMQ_CPUS=${FLEETMQ_CPUS:-}
+NATS_CPUS=${NATS_CPUS:-}
+LOADGEN_CPUS=${LOADGEN_CPUS:-}
+KEEP=${KEEP:-}
 RUNS=${RUNS:-3}
 CONNECTIONS=${CONNECTIONS:-5000}
 RATE=${RATE:-100000}
 OUT=${OUT:-target/cluster-connect.jsonl}
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    if [ -n "$KEEP" ]; then mkdir -p "$KEEP"; cp "$WORK"/*.log "$WORK"/*.out "$KEEP"/ 2>/dev/null || true; fi
+    rm -rf "$WORK"
+}
+pin() { # cpus command...: exec the command, pinned when cpus is set (run with &: $! is its PID)
+    local cpus=$1; shift
+    if [ -n "$cpus" ]; then exec taskset -c "$cpus" "$@"; else exec "$@"; fi
+}
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -42,35 +67,67 @@ jetstream { store_dir: "$WORK/n$i" }
 cluster { name: perf, listen: 127.0.0.1:${RPORT[$i]}, routes: [${routes%,}] }
 mqtt { listen: 127.0.0.1:${MPORT[$i]} }
 EOF
-    "$NATS" -c "$WORK/n$i.conf" >"$WORK/n$i.log" 2>&1 &
+    pin "$NATS_CPUS" "$NATS" -c "$WORK/n$i.conf" >"$WORK/n$i.log" 2>&1 &
     PIDS+=($!)
 done
 sleep 3
 
 MQTT_PORT=$(free_port)
 ADMIN_PORT=$(free_port)
-"$FLEETMQ" serve --listen "127.0.0.1:$MQTT_PORT" --admin "127.0.0.1:$ADMIN_PORT" \
+pin "$FLEETMQ_CPUS" "$FLEETMQ" serve --listen "127.0.0.1:$MQTT_PORT" --admin "127.0.0.1:$ADMIN_PORT" \
     --set cluster.replica_id=perf1 \
     --set "cluster.nats_urls=[\"nats://127.0.0.1:${CPORT[0]}\",\"nats://127.0.0.1:${CPORT[1]}\",\"nats://127.0.0.1:${CPORT[2]}\"]" \
     --set cluster.nats_replicas=3 --set limits.max_connections_per_credential=1000000 \
     >"$WORK/fleetmq.out" 2>"$WORK/fleetmq.log" &
-PIDS+=($!)
+FLEETMQ_PID=$!
+PIDS+=($FLEETMQ_PID)
+NATS_PIDS="${PIDS[0]} ${PIDS[1]} ${PIDS[2]}"
 for _ in $(seq 1 100); do grep -q "fleetmq: ready" "$WORK/fleetmq.out" && break; sleep 0.2; done
 grep -q "fleetmq: ready" "$WORK/fleetmq.out" || { echo "fleetmq did not start:"; cat "$WORK/fleetmq.log"; exit 1; }
 
 : >"$OUT"
+[ -n "$KEEP" ] && mkdir -p "$KEEP"
+cpu_s() { # pids...: CPU seconds (user + system) of these processes
+    local t=0 p
+    for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done
+    echo "$t"
+}
+bridge_cpu_s() { # the fleetmq-bridge thread's CPU ticks
+    local t
+    for t in /proc/"$FLEETMQ_PID"/task/*; do
+        if [ "$(cat "$t/comm" 2>/dev/null)" = fleetmq-bridge ]; then awk '{print $14 + $15}' "$t/stat"; return; fi
+    done
+    echo 0
+}
+refusals() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | grep '^fleetmq_connect_refused_total' | grep -v ' 0$' || true; }
 storm() { # broker url kind round
     local name=$1 url=$2 kind=$3 round=$4 extra=()
-    if [ "$kind" = persistent ]; then extra=(--protocol 5 --session-expiry 3600); fi
-    "$LOADGEN" run connect-storm --url "$url" --connections "$CONNECTIONS" --connect-rate "$RATE" \
-        --client-id-prefix "r${round}${kind:0:1}$name" "${extra[@]}" --json "$WORK/run.json" >/dev/null 2>"$WORK/loadgen.err" || {
-        echo "$name $kind round $round failed: $(tail -3 "$WORK/loadgen.err")"; return 0; }
-    python3 perf/cluster_connect_row.py "$WORK/run.json" "$name" "$kind" "$round" >>"$OUT"
+    if [ "$kind" = persistent ]; then extra=(--keep-session); fi
+    local before_f before_b before_n load
+    before_f=$(cpu_s "$FLEETMQ_PID"); before_b=$(bridge_cpu_s); before_n=$(cpu_s $NATS_PIDS)
+    refusals >"$WORK/refused.before"
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    local loadgen=("$LOADGEN")
+    if [ -n "$LOADGEN_CPUS" ]; then loadgen=(taskset -c "$LOADGEN_CPUS" "$LOADGEN"); fi
+    rm -f "$WORK/run.json"
+    # A run with failed CONNECTs exits non-zero and still writes its report.
+    "${loadgen[@]}" run connect-storm --url "$url" --connections "$CONNECTIONS" --connect-rate "$RATE" \
+        --client-id-prefix "r${round}${kind:0:1}$name" "${extra[@]}" --json "$WORK/run.json" >"$WORK/run.txt" 2>"$WORK/loadgen.err" ||
+        echo "$name $kind round $round: $(tail -1 "$WORK/loadgen.err")"
+    [ -s "$WORK/run.json" ] || { echo "$name $kind round $round: no report"; return 0; }
+    local tick
+    tick=$(getconf CLK_TCK)
+    refusals >"$WORK/refused.after"
+    CPU_FLEETMQ=$(( $(cpu_s "$FLEETMQ_PID") - before_f )) CPU_BRIDGE=$(( $(bridge_cpu_s) - before_b )) \
+    CPU_NATS=$(( $(cpu_s $NATS_PIDS) - before_n )) TICK=$tick LOAD=$load \
+        python3 perf/cluster_connect_row.py "$WORK/run.json" "$name" "$kind" "$round" \
+        "$WORK/refused.before" "$WORK/refused.after" >>"$OUT"
+    if [ -n "$KEEP" ]; then cp "$WORK/run.json" "$KEEP/r$round-$kind-$name.json"; cp "$WORK/refused.after" "$KEEP/r$round-$kind-$name.refused"; fi
 }
 for round in $(seq 1 "$RUNS"); do
     order=("fleetmq mqtt://127.0.0.1:$MQTT_PORT" "nats mqtt://127.0.0.1:${MPORT[0]}")
     if [ $((round % 2)) -eq 0 ]; then order=("${order[1]}" "${order[0]}"); fi
-    for kind in clean persistent; do
+    for kind in $KINDS; do
         for entry in "${order[@]}"; do
             set -- $entry
             storm "$1" "$2" "$kind" "$round"

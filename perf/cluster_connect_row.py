@@ -1,26 +1,65 @@
-"""perf/cluster-connect.sh's helper: one JSON row from a loadgen report, or
-(--summary FILE) the medians per scenario and broker."""
+"""perf/cluster-connect.sh's helper: one JSON row from a loadgen report
+(plus fleetmq's refusal counters before and after, and the CPU ticks and
+load average in the environment), or (--summary FILE) the medians per
+scenario and broker."""
 import json
+import os
 import statistics
 import sys
+
+
+def counters(path):
+    """`fleetmq_connect_refused_total{...reason="R"...} N` lines -> {R: N}."""
+    out = {}
+    for line in open(path):
+        labels, _, value = line.rpartition(" ")
+        reason = labels.split('reason="', 1)[-1].split('"', 1)[0]
+        out[reason] = out.get(reason, 0) + int(float(value))
+    return out
+
 
 if sys.argv[1] == "--summary":
     rows = [json.loads(line) for line in open(sys.argv[2])]
     by = {}
     for r in rows:
         by.setdefault((r["kind"], r["broker"]), []).append(r)
-    print("kind        broker   runs  CONNACK/s (median)  p99 us (median)  failed")
+    print("kind        broker   runs  CONNACK/s (median)  p99 ms (median)  failed  bridge CPU/CONNECT us  load")
+    rates = {}
     for (kind, broker), rs in sorted(by.items()):
         rate = statistics.median(r["connect_per_s"] or 0 for r in rs)
-        p99 = statistics.median(r["p99_us"] or 0 for r in rs)
+        rates[(kind, broker)] = rate
+        p99 = statistics.median(r["p99_us"] or 0 for r in rs) / 1000
         failed = sum(r["failed"] or 0 for r in rs)
-        print(f"{kind:11} {broker:8} {len(rs):4}  {rate:18.0f}  {p99:15.0f}  {failed}")
+        bridge = statistics.median(r.get("bridge_cpu_us_per_connect") or 0 for r in rs)
+        load = statistics.median(r.get("load") or 0 for r in rs)
+        print(f"{kind:11} {broker:8} {len(rs):4}  {rate:18.0f}  {p99:15.1f}  {failed:6}  {bridge:21.1f}  {load:4.1f}")
+    for kind in sorted({k for k, _ in by}):
+        f, n = rates.get((kind, "fleetmq")), rates.get((kind, "nats"))
+        if f and n:
+            print(f"{kind}: fleetmq / nats-server = {f / n:.2f}")
 else:
     report = json.load(open(sys.argv[1]))
     c = report.get("connections") or {}
-    print(json.dumps({
+    row = {
         "broker": sys.argv[2], "kind": sys.argv[3], "round": int(sys.argv[4]),
         "connected": c.get("connected"), "failed": c.get("failed"),
         "connect_per_s": c.get("connect_per_s"),
         "p50_us": report["latency_us"].get("p50"), "p99_us": report["latency_us"].get("p99"),
-    }))
+        "errors": report.get("errors") or {},
+    }
+    if len(sys.argv) > 6 and sys.argv[2] == "fleetmq":
+        before, after = counters(sys.argv[5]), counters(sys.argv[6])
+        row["refused"] = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+    tick = float(os.environ.get("TICK", "100"))
+    connected = max(c.get("connected") or 0, 1)
+    for name in ("FLEETMQ", "BRIDGE", "NATS"):
+        if f"CPU_{name}" in os.environ:
+            row[f"cpu_{name.lower()}_s"] = int(os.environ[f"CPU_{name}"]) / tick
+    if sys.argv[2] == "fleetmq" and "CPU_BRIDGE" in os.environ:
+        row["bridge_cpu_us_per_connect"] = int(os.environ["CPU_BRIDGE"]) / tick / connected * 1e6
+        row["fleetmq_cpu_us_per_connect"] = int(os.environ["CPU_FLEETMQ"]) / tick / connected * 1e6
+    if "CPU_NATS" in os.environ:
+        row["nats_cpu_us_per_connect"] = int(os.environ["CPU_NATS"]) / tick / connected * 1e6
+    if "LOAD" in os.environ:
+        row["load"] = float(os.environ["LOAD"])
+    print(json.dumps(row))

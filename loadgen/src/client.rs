@@ -177,6 +177,22 @@ impl Conn {
         client_id: &str,
         o: &ConnectOptions,
     ) -> Result<Conn, ClientError> {
+        Self::connect_session(url, client_id, o, true, None).await
+    }
+
+    /// As [`Conn::connect`], with the CONNECT's Clean Start (MQTT 3.1.1:
+    /// Clean Session) flag `clean_start` and, on MQTT 5, the Session
+    /// Expiry Interval `session_expiry` in seconds when given.
+    ///
+    /// # Errors
+    /// As [`Conn::connect`].
+    pub async fn connect_session(
+        url: &BrokerUrl,
+        client_id: &str,
+        o: &ConnectOptions,
+        clean_start: bool,
+        session_expiry: Option<u32>,
+    ) -> Result<Conn, ClientError> {
         let stream = async_stream::open(url, &o.transport, o.timeout).await?;
         let mut conn = Conn {
             stream,
@@ -188,7 +204,7 @@ impl Conn {
         };
         let connect = Connect {
             protocol: o.version,
-            clean_start: true,
+            clean_start,
             keep_alive: o.keep_alive,
             client_id: ByteString::from(client_id),
             will: None,
@@ -197,7 +213,7 @@ impl Conn {
                 .password
                 .as_ref()
                 .map(|p| bytes::Bytes::from(p.clone().into_bytes())),
-            properties: connect_properties(o, None),
+            properties: connect_properties(o, session_expiry),
         };
         conn.send(&Packet::Connect(Box::new(connect))).await?;
         match conn.next_packet_within(o.timeout, "CONNACK").await? {

@@ -151,6 +151,9 @@ async fn executor(
         urls: args.urls.clone(),
         hold: args.scenario == Scenario::Idle,
         prefix: args.client_id_prefix(),
+        session: args
+            .keep_session
+            .then(|| args.protocol.version().is_v5().then_some(args.session_expiry)),
     });
     let mine = (thread as u64..args.connections).step_by(args.threads);
     let mut tasks = Vec::new();
@@ -209,6 +212,9 @@ struct Client {
     /// `idle`: connections are held after CONNACK.
     hold: bool,
     prefix: String,
+    /// `--keep-session`: Clean Start 0, with on MQTT 5 a Session Expiry
+    /// Interval (`Some(None)` on 3.1.1, which has none).
+    session: Option<Option<u32>>,
 }
 
 impl Client {
@@ -216,7 +222,12 @@ impl Client {
     /// `since` (ns); `None` when it failed (counted too).
     async fn connect(&self, c: u64, since: u64) -> Option<Conn> {
         let url = &self.urls[c as usize % self.urls.len()];
-        match Conn::connect(url, &format!("{}-c{c}", self.prefix), &self.opts).await {
+        let id = format!("{}-c{c}", self.prefix);
+        let connected = match self.session {
+            Some(expiry) => Conn::connect_session(url, &id, &self.opts, false, expiry).await,
+            None => Conn::connect(url, &id, &self.opts).await,
+        };
+        match connected {
             Ok(conn) => {
                 self.latency.borrow_mut().record_ns(now_ns().saturating_sub(since));
                 self.shared.connected.fetch_add(1, Ordering::AcqRel);

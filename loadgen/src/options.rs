@@ -291,8 +291,15 @@ pub struct RunArgs {
     #[serde(serialize_with = "serialize_duration")]
     pub offline_for: Duration,
     /// persistent, MQTT 5: Session Expiry Interval in seconds (> 0).
+    /// connect-storm and idle with `--keep-session` on MQTT 5: the same.
     #[arg(long, default_value_t = 300)]
     pub session_expiry: u32,
+    /// connect-storm and idle: CONNECT with Clean Start 0 (MQTT 3.1.1:
+    /// Clean Session 0), a session the broker keeps after the connection
+    /// (MQTT 5: for `--session-expiry` seconds). Without it every CONNECT
+    /// asks for a clean session.
+    #[arg(long)]
+    pub keep_session: bool,
     /// shared: the group name in `$share/{group}/...`.
     #[arg(long, default_value = "loadgen")]
     pub share_group: String,

@@ -329,6 +329,9 @@ pub(crate) struct Shared {
     /// gone, stopped or replaced, an epoch moved on): the ownership sweep
     /// runs again when it moved.
     pub(crate) handovers: std::sync::atomic::AtomicU64,
+    /// The revisions of `mqtt-sessions` keys last seen, so a claim can
+    /// skip its read.
+    known: Mutex<crate::ownership::KnownRevisions>,
     pub(crate) mailboxes: Vec<Arc<Mailbox<Event>>>,
     /// Live peers (not taken for gone): replica → (process instance,
     /// epoch).
@@ -373,6 +376,12 @@ impl Shared {
     pub(crate) fn decides_for_others(&self) -> bool {
         let until = self.decides_until.lock().ok().and_then(|u| *u);
         until.is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    /// The revisions of `mqtt-sessions` keys last seen (only the bridge
+    /// thread locks it).
+    pub(crate) fn known_revisions(&self) -> std::sync::MutexGuard<'_, crate::ownership::KnownRevisions> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Offer `event` to `shard`'s mailbox, holding it when full.
@@ -643,6 +652,7 @@ async fn start(
         sessions,
         wills,
         handovers: std::sync::atomic::AtomicU64::new(0),
+        known: Mutex::new(crate::ownership::KnownRevisions::default()),
         mailboxes,
         live: Mutex::new(std::collections::HashMap::new()),
         gone: Mutex::new(std::collections::HashMap::new()),

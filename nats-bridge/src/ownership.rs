@@ -35,8 +35,52 @@ fn is_conflict(e: &async_nats::jetstream::context::PublishError) -> bool {
     e.kind() == PublishErrorKind::WrongLastSequence || e.to_string().contains("10164")
 }
 
-/// Claim `client_id` for connection `conn`: read the key, then write this
-/// replica's record expecting the revision read; repeat on a conflict.
+/// Client identifier keys' latest revisions in `mqtt-sessions` as this
+/// replica last saw them (its own claims and releases, and every entry the
+/// watch delivers), so that a claim is one compare-and-set instead of a
+/// read and a compare-and-set (DESIGN.md §8). Only a guess: a stale or
+/// missing revision costs a conflict, after which the claim reads the key
+/// as before. Keyed by a 64-bit hash of the key (a collision is a stale
+/// guess too); at most [`KNOWN_MAX`] entries (16 bytes each plus the
+/// table's), forgotten all at once when full.
+#[derive(Debug, Default)]
+pub(crate) struct KnownRevisions {
+    revisions: std::collections::HashMap<u64, u64>,
+}
+
+/// Revisions [`KnownRevisions`] holds at most (about 8 MiB).
+const KNOWN_MAX: usize = 1 << 18;
+
+impl KnownRevisions {
+    fn hash(key: &str) -> u64 {
+        use std::hash::Hasher as _;
+        // Only this process compares these hashes: any stable-in-process
+        // hash does.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        h.write(key.as_bytes());
+        h.finish()
+    }
+
+    /// The revision to expect for `key`: the latest seen, 0 (create) when
+    /// none was.
+    pub(crate) fn expect(&self, key: &str) -> u64 {
+        self.revisions.get(&Self::hash(key)).copied().unwrap_or(0)
+    }
+
+    /// `key` was seen at `revision` (kept if newer than what is known).
+    pub(crate) fn saw(&mut self, key: &str, revision: u64) {
+        if self.revisions.len() >= KNOWN_MAX {
+            self.revisions.clear();
+        }
+        let known = self.revisions.entry(Self::hash(key)).or_insert(0);
+        *known = (*known).max(revision);
+    }
+}
+
+/// Claim `client_id` for connection `conn`: write this replica's record
+/// expecting the revision this replica last saw for the key (none seen:
+/// create), one round trip; on a conflict, read the key and write
+/// expecting the revision read, until a write lands.
 ///
 /// # Errors
 /// [`ClaimError::Unavailable`] when JetStream does not answer or keeps
@@ -54,19 +98,11 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64) -> Result
         epoch: shared.status.epoch(),
     };
     let payload: bytes::Bytes = record.encode().into();
-    let kv = &shared.sessions;
+    let mut guess = Some(shared.known_revisions().expect(&key));
     for _ in 0..CLAIM_ATTEMPTS {
-        let entry = kv.entry(&key).await.map_err(|e| ClaimError::Unavailable(e.to_string()))?;
-        let (expected, previous) = match &entry {
-            None => (0, None),
-            Some(e) => {
-                let previous = (e.operation == Operation::Put)
-                    .then(|| OwnerRecord::decode(&e.value).ok())
-                    .flatten()
-                    .filter(|r| r.instance != shared.config.instance)
-                    .map(|r| r.replica);
-                (e.revision, previous)
-            }
+        let (expected, previous) = match guess.take() {
+            Some(expected) => (expected, None),
+            None => read(shared, &key).await?,
         };
         let publish = PublishMessage::build().payload(payload.clone()).expected_last_subject_sequence(expected);
         let outcome = match shared.state.send_publish(subject(&key), publish).await {
@@ -75,6 +111,7 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64) -> Result
         };
         match outcome {
             Ok(ack) => {
+                shared.known_revisions().saw(&key, ack.sequence);
                 shared.status.stats.record(OpKind::Claim, started.elapsed());
                 return Ok(Claimed { revision: ack.sequence, previous });
             }
@@ -85,6 +122,23 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64) -> Result
     Err(ClaimError::Unavailable(format!("{CLAIM_ATTEMPTS} conflicting claims in a row")))
 }
 
+/// Read `key`: the revision to expect (0: no entry) and the replica that
+/// holds it when another process does.
+async fn read(shared: &Shared, key: &str) -> Result<(u64, Option<String>), ClaimError> {
+    let entry = shared.sessions.entry(key).await.map_err(|e| ClaimError::Unavailable(e.to_string()))?;
+    Ok(match &entry {
+        None => (0, None),
+        Some(e) => {
+            let previous = (e.operation == Operation::Put)
+                .then(|| OwnerRecord::decode(&e.value).ok())
+                .flatten()
+                .filter(|r| r.instance != shared.config.instance)
+                .map(|r| r.replica);
+            (e.revision, previous)
+        }
+    })
+}
+
 /// Delete the claim on `client_id` if `revision` is still the latest (a
 /// delete marker expecting that revision); a later claim elsewhere stays.
 pub(crate) async fn release(shared: &Shared, client_id: &str, revision: u64) {
@@ -92,8 +146,9 @@ pub(crate) async fn release(shared: &Shared, client_id: &str, revision: u64) {
     let publish = PublishMessage::build()
         .header("KV-Operation", "DEL")
         .expected_last_subject_sequence(revision);
-    let outcome = match shared.state.send_publish(subject(&client_key(client_id)), publish).await {
-        Ok(ack) => ack.await.map(|_| ()),
+    let key = client_key(client_id);
+    let outcome = match shared.state.send_publish(subject(&key), publish).await {
+        Ok(ack) => ack.await.map(|ack| shared.known_revisions().saw(&key, ack.sequence)),
         Err(e) => Err(e),
     };
     shared.status.stats.record(OpKind::Release, started.elapsed());
@@ -108,6 +163,7 @@ pub(crate) async fn release(shared: &Shared, client_id: &str, revision: u64) {
 pub(crate) async fn watch(shared: Arc<Shared>) {
     follow(&shared, bucket::SESSIONS, Start::New, None, |seen| {
         let Seen::Entry(entry) = seen else { return };
+        shared.known_revisions().saw(&entry.key, entry.revision);
         if entry.operation != Operation::Put {
             return;
         }

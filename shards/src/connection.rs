@@ -359,6 +359,13 @@ pub(crate) async fn accepted(
             return refused(&shard, &settings, RefuseReason::ConnectRefused);
         }
     };
+    // The CONNECT is complete and signed in: from here the connection is
+    // bounded by its credential's and source's slots and by
+    // `cluster.connect_budget`, not by `max_pending_connections`. Held
+    // through the cluster claim, a storm of signed-in CONNECTs waiting on
+    // JetStream filled the pending limit, and the connections behind them
+    // were refused or evicted (perf/RESULTS.md, issue 23).
+    drop(pending);
     let claim = match &settings.cluster {
         Some(node) => match Box::pin(node.admit(&negotiated.client_id, connect_at, &connect, negotiated.session_expiry, &identity)).await {
             Ok(claim) => Some(Box::new(claim)),
@@ -371,7 +378,6 @@ pub(crate) async fn accepted(
         },
         None => None,
     };
-    drop(pending);
     let admission = Admission { identity, slots, claim };
     let owner = owner_of(&negotiated.client_id, shard.shards);
     let handoff = Connecting {
