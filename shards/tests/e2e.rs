@@ -142,6 +142,11 @@ mod cluster;
 #[path = "e2e/cluster_retained.rs"]
 mod cluster_retained;
 
+/// Cluster mode: CONNECTs waiting for their client identifier claim do
+/// not hold the pending-connection limit.
+#[path = "e2e/cluster_connect.rs"]
+mod cluster_connect;
+
 /// Cluster hand-over: delayed wills of a killed or fenced replica, gone
 /// replicas' client identifier ownership, a clean stop, NATS slow.
 #[path = "e2e/cluster_handover.rs"]
