@@ -53,30 +53,15 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# Three NATS servers: client, route, MQTT and monitor ports of their own.
-declare -a CPORT RPORT MPORT
-for i in 0 1 2; do CPORT[$i]=$(free_port); RPORT[$i]=$(free_port); MPORT[$i]=$(free_port); done
-routes=""
-for i in 0 1 2; do routes+="nats-route://127.0.0.1:${RPORT[$i]},"; done
-for i in 0 1 2; do
-    mkdir -p "$WORK/n$i"
-    cat >"$WORK/n$i.conf" <<EOF
-server_name: n$i
-listen: 127.0.0.1:${CPORT[$i]}
-jetstream { store_dir: "$WORK/n$i" }
-cluster { name: perf, listen: 127.0.0.1:${RPORT[$i]}, routes: [${routes%,}] }
-mqtt { listen: 127.0.0.1:${MPORT[$i]} }
-EOF
-    pin "$NATS_CPUS" "$NATS" -c "$WORK/n$i.conf" >"$WORK/n$i.log" 2>&1 &
-    PIDS+=($!)
-done
-sleep 3
+# Three NATS servers (client, route and MQTT ports of their own).
+source perf/nats-cluster.sh
+start_nats_cluster
 
 MQTT_PORT=$(free_port)
 ADMIN_PORT=$(free_port)
 pin "$FLEETMQ_CPUS" "$FLEETMQ" serve --listen "127.0.0.1:$MQTT_PORT" --admin "127.0.0.1:$ADMIN_PORT" \
     --set cluster.replica_id=perf1 \
-    --set "cluster.nats_urls=[\"nats://127.0.0.1:${CPORT[0]}\",\"nats://127.0.0.1:${CPORT[1]}\",\"nats://127.0.0.1:${CPORT[2]}\"]" \
+    --set "cluster.nats_urls=$URLS" \
     --set cluster.nats_replicas=3 --set limits.max_connections_per_credential=1000000 \
     >"$WORK/fleetmq.out" 2>"$WORK/fleetmq.log" &
 FLEETMQ_PID=$!

@@ -32,23 +32,9 @@ mkdir -p "$OUT_DIR"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-declare -a CPORT RPORT
-for i in 0 1 2; do CPORT[$i]=$(free_port); RPORT[$i]=$(free_port); done
-routes=""
-for i in 0 1 2; do routes+="nats-route://127.0.0.1:${RPORT[$i]},"; done
-for i in 0 1 2; do
-    mkdir -p "$WORK/n$i"
-    cat >"$WORK/n$i.conf" <<EOF
-server_name: n$i
-listen: 127.0.0.1:${CPORT[$i]}
-jetstream { store_dir: "$WORK/n$i" }
-cluster { name: perf, listen: 127.0.0.1:${RPORT[$i]}, routes: [${routes%,}] }
-EOF
-    "$NATS" -c "$WORK/n$i.conf" >"$WORK/n$i.log" 2>&1 &
-    PIDS+=($!)
-done
-sleep 3
-URLS="[\"nats://127.0.0.1:${CPORT[0]}\",\"nats://127.0.0.1:${CPORT[1]}\",\"nats://127.0.0.1:${CPORT[2]}\"]"
+# Three NATS servers (client, route and MQTT ports of their own).
+source perf/nats-cluster.sh
+start_nats_cluster
 
 run() { # label binary round
     local label=$1 bin=$2 round=$3 port admin pid
