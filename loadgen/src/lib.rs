@@ -6,7 +6,8 @@
 //! MQTT client), [`transport`] (TCP, TLS and WebSocket streams under it),
 //! [`runtime`] (executors, shared counters, signals),
 //! [`flow`] and [`connections`] (the scenarios), [`scenario`] (the
-//! coordinating thread), [`report`] (summary and JSON), [`compare`].
+//! coordinating thread), [`report`] (summary and JSON), [`compare`], [`retained`] (many retained messages and a
+//! subscriber that wants them all).
 
 pub mod client;
 pub mod compare;
@@ -16,6 +17,7 @@ pub mod latency;
 pub mod options;
 pub mod proxy;
 pub mod report;
+pub mod retained;
 pub mod runtime;
 pub mod scenario;
 pub mod schedule;

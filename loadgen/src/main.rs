@@ -55,6 +55,9 @@ enum Command {
     /// TCP fault-injection proxy: --delay, --bandwidth, --hold-upstream
     /// (SIGUSR2 toggles), --cut-after, SIGUSR1 cuts every connection.
     Proxy(Box<fleetmq_loadgen::proxy::ProxyArgs>),
+    /// Store --store retained messages (QoS 1), and/or subscribe to a
+    /// filter and time the SUBACK and the last retained message.
+    Retained(Box<fleetmq_loadgen::retained::RetainedArgs>),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
             compare_command(&baseline, &candidate, &t)
         }
         Command::Soak(args) => soak_command(&args),
+        Command::Retained(args) => retained_command(&args),
         Command::Proxy(args) => match fleetmq_loadgen::proxy::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -81,6 +85,26 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+fn retained_command(args: &fleetmq_loadgen::retained::RetainedArgs) -> ExitCode {
+    let report = match fleetmq_loadgen::retained::run(args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fleetmq-loadgen: retained: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let json = serde_json::to_string(&report).expect("a report serializes");
+    println!("{json}");
+    if let Some(path) = &args.json {
+        if let Err(e) = std::fs::write(path, format!("{json}\n")) {
+            eprintln!("fleetmq-loadgen: --json: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let complete = report.distinct == report.expected && report.mismatched == 0;
+    if complete { ExitCode::SUCCESS } else { ExitCode::from(1) }
 }
 
 fn soak_command(args: &SoakArgs) -> ExitCode {

@@ -218,6 +218,9 @@ pub struct ClusterStatus {
     members: Mutex<Vec<String>>,
     /// Retained messages of the initial load, once it is complete.
     retained_loaded: std::sync::atomic::AtomicU64,
+    /// Per shard, the retained changes it applied (see
+    /// [`ClusterStatus::applied_retained`]).
+    retained_applied: Vec<std::sync::atomic::AtomicU64>,
     /// The cluster's format floor, read at start.
     floor: std::sync::atomic::AtomicU16,
     /// How many times this process came back from a fence.
@@ -229,7 +232,7 @@ pub struct ClusterStatus {
 }
 
 impl ClusterStatus {
-    fn new(replica_id: String, instance: String) -> ClusterStatus {
+    fn new(replica_id: String, instance: String, shards: usize) -> ClusterStatus {
         ClusterStatus {
             replica_id,
             instance,
@@ -237,6 +240,7 @@ impl ClusterStatus {
             reason: Mutex::new(Some(FenceReason::Starting.as_str().to_owned())),
             members: Mutex::new(Vec::new()),
             retained_loaded: std::sync::atomic::AtomicU64::new(u64::MAX),
+            retained_applied: (0..shards).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
             floor: std::sync::atomic::AtomicU16::new(*fleetmq_core::cluster::records::FORMATS_READ.start()),
             epoch: std::sync::atomic::AtomicU64::new(0),
             duplicate: AtomicBool::new(false),
@@ -251,10 +255,27 @@ impl ClusterStatus {
     }
 
     /// Why the replica is not ready, `None` when it is: fenced, starting,
-    /// a duplicate replica ID, or the retained messages still loading.
+    /// a duplicate replica ID, or the retained messages still loading
+    /// (until every shard applied the initial load).
     pub fn not_ready(&self) -> Option<String> {
         let reason = self.reason.lock().ok().and_then(|r| r.clone());
-        reason.or_else(|| (!self.retained_loaded()).then(|| "loading retained messages".to_owned()))
+        reason.or_else(|| (!self.retained_applied()).then(|| "loading retained messages".to_owned()))
+    }
+
+    /// Shard `shard` applied `n` more retained changes ([`Event::Retained`]).
+    pub fn applied_retained(&self, shard: usize, n: u64) {
+        if let Some(applied) = self.retained_applied.get(shard) {
+            applied.fetch_add(n, Ordering::Release);
+        }
+    }
+
+    /// Whether every shard applied the initial load of `mqtt-retained`: a
+    /// SUBSCRIBE on any shard is answered from all of it. Changes reach
+    /// each shard in order, the load first, so a shard that applied as
+    /// many changes as the load held has applied the load.
+    pub fn retained_applied(&self) -> bool {
+        let loaded = self.retained_loaded.load(Ordering::Acquire);
+        loaded != u64::MAX && self.retained_applied.iter().all(|a| a.load(Ordering::Acquire) >= loaded)
     }
 
     /// The record format to write: the cluster's format floor, which every
@@ -447,7 +468,7 @@ impl Bridge {
     pub fn start(config: BridgeConfig) -> Result<Bridge, StartError> {
         let (tx, rx) = bounded(REQUEST_QUEUE);
         let wake = Arc::new(Notify::new());
-        let status = Arc::new(ClusterStatus::new(config.replica_id.clone(), config.instance.clone()));
+        let status = Arc::new(ClusterStatus::new(config.replica_id.clone(), config.instance.clone(), config.shards));
         let mailboxes: Vec<_> = (0..config.shards).map(|_| Arc::new(Mailbox::new(EVENT_QUEUE))).collect();
         let (started_tx, started_rx) = std::sync::mpsc::channel::<Result<Arc<Shared>, StartError>>();
         let thread = {

@@ -142,6 +142,11 @@ mod cluster;
 #[path = "e2e/cluster_retained.rs"]
 mod cluster_retained;
 
+/// Cluster mode: 20,000 retained values reach a wildcard subscription on
+/// every replica, and on one started after they exist.
+#[path = "e2e/cluster_retained_many.rs"]
+mod cluster_retained_many;
+
 /// Cluster mode: CONNECTs waiting for their client identifier claim do
 /// not hold the pending-connection limit.
 #[path = "e2e/cluster_connect.rs"]

@@ -43,6 +43,11 @@ const FLAP_DELAY: Duration = Duration::from_secs(1);
 /// when no event wakes it.
 const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long the start waits for the shards to apply the initial retained
+/// load before it prints `fleetmq: ready` anyway (`/health/ready` says
+/// "loading retained messages" until they have).
+const RETAINED_APPLY_WAIT: Duration = Duration::from_secs(15);
+
 /// Lost client identifiers remembered per shard at most.
 const LOST_MAX: usize = 100_000;
 
@@ -157,6 +162,12 @@ impl Node {
 /// process is gone (DESIGN.md §12).
 pub(crate) fn announce_when_ready(node: &Arc<Node>) {
     let status = node.status().clone();
+    // The shards apply the initial retained load from their mailboxes
+    // (the bridge has all of it by now): ready once every shard has it.
+    let applied_by = Instant::now() + RETAINED_APPLY_WAIT;
+    while !status.retained_applied() && Instant::now() < applied_by {
+        std::thread::sleep(Duration::from_millis(2));
+    }
     if !status.is_duplicate() {
         crate::server::announce(format_args!("fleetmq: ready"));
         return;
@@ -463,6 +474,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
             }
             mailbox.drain(&mut events);
             let now = Instant::now();
+            let mut retained = 0;
             for event in events.drain(..) {
                 match event {
                     Event::Fenced(_) => {
@@ -472,7 +484,10 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                     }
                     Event::Unfenced => shard_state(|sc| sc.handing_over.set(false)),
                     Event::PublishWill { will } => shard.publish_cluster_will(will, now),
-                    Event::Retained { revision, message } => shard.apply_retained(revision, message, now),
+                    Event::Retained { revision, message } => {
+                        shard.apply_retained(revision, message, now);
+                        retained += 1;
+                    }
                     Event::TakenOver { client_id, revision, replica }
                         if shard_state(|sc| sc.lost_to(&client_id, revision, now)) =>
                     {
@@ -481,6 +496,9 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                     }
                     _ => {}
                 }
+            }
+            if retained > 0 {
+                node.status().applied_retained(shard.id, retained);
             }
             wills::reconcile(&node, &shard);
             shard.try_flush();
