@@ -114,6 +114,11 @@ mod nats;
 #[path = "e2e/store.rs"]
 mod store;
 
+/// A QoS 2 packet identifier whose PUBREC was refused is free again:
+/// its reuse is stored and forwarded once (full disk, restart, 3.1.1).
+#[path = "e2e/qos2_refused.rs"]
+mod qos2_refused;
+
 /// The local store compacted while serving: the log stays near what is
 /// live, `store.max_bytes` refuses publishes and recovers by itself, and
 /// SIGKILL in a loop during compactions loses nothing acknowledged.

@@ -437,6 +437,23 @@ impl Session {
         self.store_refusing = refusing;
     }
 
+    /// The MQTT 5 PUBREC of the inbound QoS 2 `packet_id` was refused
+    /// after this session opened it (reason 0x80 or above: the store or the
+    /// cluster did not take the value): the identifier is free again, so a PUBLISH that reuses it
+    /// is a new message, stored and forwarded (MQTT 5 §4.3.3: "available
+    /// for reuse once the sender has received ... a PUBREC with a Reason
+    /// Code of 0x80 or greater"). A logged session returns the release as
+    /// [`Output::Log`], so a restart does not find it open. Returns
+    /// whether the identifier was open.
+    pub fn forget_inbound_qos2(&mut self, packet_id: u16, out: &mut Vec<Output>) -> bool {
+        let Some(fl) = self.flight.as_deref_mut() else { return false };
+        let known = fl.inbound_qos2.remove(&packet_id);
+        if known && self.logged {
+            out.push(Output::Log(SessionChange::InboundQos2 { packet_id, open: false }));
+        }
+        known
+    }
+
     /// Return changes of this session's durable state as [`Output::Log`]
     /// from now on (a persistent session with a durable store), or stop.
     pub fn set_logged(&mut self, logged: bool) {

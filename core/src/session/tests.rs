@@ -167,6 +167,31 @@ fn inbound_qos2_is_forwarded_once_even_when_the_publish_is_resent() {
 }
 
 #[test]
+fn a_qos2_identifier_whose_pubrec_was_refused_is_free_and_its_reuse_is_a_new_message() {
+    // MQTT 5 §4.3.3: the identifier is available for reuse once the sender
+    // has received a PUBREC with a reason code of 0x80 or greater; the
+    // refusal came after the session opened it (the store failed later).
+    let t0 = Instant::now();
+    for logged in [false, true] {
+        let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());
+        s.set_logged(logged);
+        let mut out = vec![];
+        s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
+        out.clear();
+        assert!(s.forget_inbound_qos2(9, &mut out));
+        let released = vec![Output::Log(SessionChange::InboundQos2 { packet_id: 9, open: false })];
+        assert_eq!(out, if logged { released } else { vec![] }, "logged: {logged}");
+        // Forgetting twice (or an identifier never opened) changes nothing.
+        out.clear();
+        assert!(!s.forget_inbound_qos2(9, &mut out) && !s.forget_inbound_qos2(10, &mut out));
+        assert!(out.is_empty());
+        s.handle(publish("a/b", QoS::ExactlyOnce, Some(9)), t0, &mut out);
+        let forwarded = out.iter().filter(|o| matches!(o, Output::Publish(_))).count();
+        assert_eq!(forwarded, 1, "the reused identifier carries a new message");
+    }
+}
+
+#[test]
 fn a_publish_the_store_refuses_is_not_forwarded_and_keeps_no_qos2_packet_id() {
     // DESIGN.md §7: refused, never acknowledged and then lost. MQTT 5: the
     // flow ends at an error PUBREC, so the identifier is free again.

@@ -8,10 +8,11 @@ use std::rc::Rc;
 
 use bytestring::ByteString;
 use fleetmq_core::packet::Packet;
-use fleetmq_core::session::{Session, Subscription};
+use fleetmq_core::session::{Output, Session, Subscription};
 use fleetmq_core::store::Record;
 
 use super::{ConnShared, Shard, Slot, State};
+use crate::store::Answering;
 
 impl Shard {
     /// Log the session on `slot` as attached (persistent, or persistent
@@ -46,6 +47,26 @@ impl Shard {
         let session = &st.clients[slot as usize].session;
         if session.is_logged() {
             self.store.log_subscription(session.client_id(), filter, subscription);
+        }
+    }
+
+    /// Free in their sessions the inbound QoS 2 identifiers whose MQTT 5
+    /// PUBREC was refused (MQTT 5 §4.3.3),
+    /// logging the release of a logged session, so that a PUBLISH reusing
+    /// one is stored and forwarded as a new message. Called before a
+    /// packet is handled and when a connection ends: a refusal reaches the
+    /// client before it can reuse the identifier.
+    pub(super) fn forget_refused_qos2(&self, st: &mut State) {
+        for forgotten in self.store.take_forgotten() {
+            let Answering { slot, client } = forgotten.session;
+            let Some(c) = st.clients.get_mut(slot as usize).filter(|c| c.key == client) else { continue };
+            let mut out = Vec::new();
+            c.session.forget_inbound_qos2(forgotten.packet_id, &mut out);
+            for output in out {
+                if let Output::Log(change) = output {
+                    self.store.log_change(c.session.client_id(), change);
+                }
+            }
         }
     }
 

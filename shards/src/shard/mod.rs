@@ -56,6 +56,7 @@ use slab::Slab;
 use crate::metrics::{DropReason, ShardMetrics};
 use crate::outbound::{frame_for, FrameCache};
 use crate::signal::Signal;
+use crate::store::Answering;
 use inbox::{Control, Inbox};
 pub(crate) use retained::Feeding;
 use retained::{Feeds, Retained};
@@ -695,10 +696,8 @@ impl Shard {
 
     /// Push a change into every other shard's inbox.
     fn broadcast(&self, change: Control) {
-        for (peer, inbox) in self.global.inboxes.iter().enumerate() {
-            if peer != self.id {
-                inbox.push(change.clone());
-            }
+        for (_, inbox) in self.global.inboxes.iter().enumerate().filter(|(peer, _)| *peer != self.id) {
+            inbox.push(change.clone());
         }
     }
 
@@ -738,9 +737,7 @@ impl Shard {
     pub(crate) fn detach(&self, slot: Slot, conn: &ConnShared, publish_will: bool, now: Instant) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
-        let Some(client) = st.clients.get_mut(slot as usize) else {
-            return;
-        };
+        let Some(client) = st.clients.get_mut(slot as usize) else { return };
         if client.conn.as_ref().is_none_or(|c| c.key != conn.key) {
             return;
         }
@@ -749,6 +746,7 @@ impl Shard {
     }
 
     fn connection_ended(&self, st: &mut State, slot: Slot, publish_will: bool, now: Instant) {
+        self.forget_refused_qos2(st);
         self.global.connected.fetch_sub(1, Ordering::Relaxed);
         st.clients[slot as usize].session.go_offline();
         self.shared_presence(st, slot, false);
@@ -796,6 +794,7 @@ impl Shard {
             conn.request_close(None, false);
             return 0;
         }
+        self.forget_refused_qos2(st);
         let is_publish = matches!(packet, Packet::Publish(_));
         let since = self.store.begin_packet();
         let mut outputs = std::mem::take(&mut st.outputs);
@@ -871,8 +870,8 @@ impl Shard {
         st.outputs = outputs;
         if !acks.is_empty() {
             // After every output of the packet: the store covers them all.
-            if let Some((key, conn)) = st.clients.get(slot as usize).and_then(|c| Some((c.key, c.conn.clone()?))) {
-                self.store.acknowledge(&conn, &mut acks, since, Some(key));
+            if let Some((client, conn)) = st.clients.get(slot as usize).and_then(|c| Some((c.key, c.conn.clone()?))) {
+                self.store.acknowledge(&conn, &mut acks, since, Some(Answering { slot, client }));
             }
         }
         if !deliveries.is_empty() {

@@ -22,7 +22,30 @@ use fleetmq_core::packet::{Packet, ReasonCode};
 
 use super::watermark::Watermark;
 use super::Token;
-use crate::shard::ConnShared;
+use crate::shard::{ConnShared, Slot};
+
+/// The session an acknowledgement answers a packet of: the shard's slot
+/// and the [`crate::shard`] client key of its identifier (a slot is
+/// reused once its session ends; the key tells them apart). A refused
+/// PUBREC frees its packet identifier there (see [`AckQueue::take_forgotten`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Answering {
+    /// The session's slot on the shard.
+    pub(crate) slot: Slot,
+    /// The client key of its client identifier.
+    pub(crate) client: u64,
+}
+
+/// An inbound QoS 2 packet identifier whose MQTT 5 PUBREC was refused
+/// (reason 0x80 or above): the session must forget it (MQTT 5 §4.3.3), see
+/// `Session::forget_inbound_qos2`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Forgotten {
+    /// The session that opened it.
+    pub(crate) session: Answering,
+    /// The packet identifier.
+    pub(crate) packet_id: u16,
+}
 
 /// How a [`Write`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +112,8 @@ struct Parked {
     lsn: u64,
     conn: Rc<ConnShared>,
     what: Waiting,
+    /// The session whose packet it answers (for a PUBREC).
+    answering: Option<Answering>,
 }
 
 /// What a [`Parked`] entry writes.
@@ -116,14 +141,18 @@ impl Parked {
     }
 
     /// Write it, or its refusal; `true` when the refusal closes the
-    /// connection (nothing after it may be acknowledged).
-    fn release(self) -> bool {
+    /// connection (nothing after it may be acknowledged). A refused PUBREC
+    /// goes to `queue`'s forgotten identifiers.
+    fn release(self, queue: &AckQueue) -> bool {
         let refused = self.refused.or(match self.write.as_ref().map(|w| w.outcome.get()) {
             Some(Outcome::Refused(reason)) => Some(reason),
             _ => None,
         });
         match (self.what, refused) {
-            (Waiting::Ack(packet), Some(reason)) => refuse(&self.conn, packet, reason),
+            (Waiting::Ack(packet), Some(reason)) => {
+                queue.forget(self.answering, &self.conn, &packet);
+                refuse(&self.conn, packet, reason)
+            }
             (Waiting::Ack(packet), None) => {
                 self.conn.send(&packet);
                 false
@@ -164,6 +193,9 @@ pub(crate) struct AckQueue {
     chains: RefCell<HashMap<u64, VecDeque<Parked>>>,
     /// Connection key → how many of its acknowledgements are in `parked`.
     per_conn: RefCell<HashMap<u64, u32>>,
+    /// Inbound QoS 2 identifiers whose PUBREC was refused, for the shard
+    /// to free in their sessions.
+    forgotten: RefCell<Vec<Forgotten>>,
 }
 
 impl AckQueue {
@@ -194,25 +226,27 @@ impl AckQueue {
     /// Park `packet` for `conn` until the store is durable up to `token`
     /// (not below any token parked before), behind the connection's
     /// chain if it has one.
-    pub(crate) fn park(&self, token: Token, conn: &Rc<ConnShared>, packet: Packet) {
-        self.push(token, 0, conn, Waiting::Ack(packet));
+    /// `answering`: the session whose packet it answers (see
+    /// [`Answering`]).
+    pub(crate) fn park(&self, token: Token, conn: &Rc<ConnShared>, packet: Packet, answering: Option<Answering>) {
+        self.push(token, 0, conn, Waiting::Ack(packet), answering);
     }
 
     /// Park the encoded PUBLISH `frame` for `conn` until the store is
     /// durable up to `token` and every shard up to `lsn`.
     pub(crate) fn park_publish(&self, token: Token, lsn: u64, conn: &Rc<ConnShared>, frame: Bytes) {
-        self.push(token, lsn, conn, Waiting::Publish(frame));
+        self.push(token, lsn, conn, Waiting::Publish(frame), None);
     }
 
     /// Hold `conn`'s writes, which start with its CONNACK, until the store
     /// is durable up to `token`.
     pub(crate) fn park_release(&self, token: Token, conn: &Rc<ConnShared>) {
         conn.held.set(true);
-        self.push(token, 0, conn, Waiting::Release);
+        self.push(token, 0, conn, Waiting::Release, None);
     }
 
-    fn push(&self, token: Token, lsn: u64, conn: &Rc<ConnShared>, what: Waiting) {
-        let parked = Parked { token, write: None, refused: None, lsn, conn: conn.clone(), what };
+    fn push(&self, token: Token, lsn: u64, conn: &Rc<ConnShared>, what: Waiting, answering: Option<Answering>) {
+        let parked = Parked { token, write: None, refused: None, lsn, conn: conn.clone(), what, answering };
         if self.is_held(conn.key) {
             self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
             return self.release_chain(conn.key);
@@ -238,16 +272,17 @@ impl AckQueue {
     /// Queue `packet` in `conn`'s chain: written once the store is
     /// durable up to `token` (or refused with `refused` when the store
     /// already failed it) and `write` is resolved, after everything
-    /// queued for `conn` before it.
+    /// queued for `conn` before it. `answering` as for [`AckQueue::park`].
     pub(crate) fn hold(
         &self,
         token: Token,
         conn: &Rc<ConnShared>,
-        packet: Packet,
+        (packet, answering): (Packet, Option<Answering>),
         write: Option<Rc<Write>>,
         refused: Option<ReasonCode>,
     ) {
-        let parked = Parked { token, write, refused, lsn: 0, conn: conn.clone(), what: Waiting::Ack(packet) };
+        let what = Waiting::Ack(packet);
+        let parked = Parked { token, write, refused, lsn: 0, conn: conn.clone(), what, answering };
         self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
         self.release_chain(conn.key);
     }
@@ -271,7 +306,7 @@ impl AckQueue {
         self.durable.set(self.durable.get().max(token));
         let (durable, durable_lsn) = (self.durable.get(), self.durable_lsn());
         while let Some(p) = self.pop_upto(durable, durable_lsn) {
-            p.release();
+            p.release(self);
         }
         self.release_chains();
         let waits = |p: Option<&Parked>| p.is_some_and(|p| p.waits_for_others(durable, durable_lsn));
@@ -290,7 +325,7 @@ impl AckQueue {
     pub(crate) fn fail(&self, token: Token) {
         while let Some(mut p) = self.pop_upto(token, u64::MAX) {
             p.refused = Some(ReasonCode::QUOTA_EXCEEDED);
-            let _ = p.release();
+            let _ = p.release(self);
         }
         let durable = self.durable.get();
         for chain in self.chains.borrow_mut().values_mut() {
@@ -299,6 +334,36 @@ impl AckQueue {
             }
         }
         self.release_chains();
+    }
+
+    /// `packet`, for `conn`, went out refused: if it is an MQTT 5 PUBREC
+    /// answering `answering`, its identifier is forgotten there (see
+    /// [`AckQueue::take_forgotten`]).
+    ///
+    /// MQTT 3.1.1 has no refusing PUBREC: the connection closes and the
+    /// client sends the same message again, with DUP, after it reconnects.
+    /// The identifier stays open then: the value was already forwarded
+    /// and its records are written once the store can (see
+    /// `ShardLog::failed`), and the resend's PUBREC waits for them, so it
+    /// is stored and delivered once.
+    pub(crate) fn forget(&self, answering: Option<Answering>, conn: &ConnShared, packet: &Packet) {
+        if !conn.protocol.is_v5() {
+            return;
+        }
+        if let (Some(session), Packet::PubRec(rec)) = (answering, packet) {
+            self.forgotten.borrow_mut().push(Forgotten { session, packet_id: rec.packet_id.get() });
+        }
+    }
+
+    /// Take the inbound QoS 2 identifiers whose PUBREC was refused since
+    /// the last call (see [`Forgotten`]); the shard frees them before it
+    /// handles the next packet, so a PUBLISH that reuses one after the
+    /// refusal is a new message.
+    pub(crate) fn take_forgotten(&self) -> Vec<Forgotten> {
+        if self.forgotten.borrow().is_empty() {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.forgotten.borrow_mut())
     }
 
     fn pop_upto(&self, token: Token, durable_lsn: u64) -> Option<Parked> {
@@ -349,7 +414,7 @@ impl AckQueue {
             // connection, which may come back here. After a refusal that
             // closes it, nothing more is acknowledged: the client sends
             // the rest again.
-            if next.is_some_and(Parked::release) {
+            if next.is_some_and(|p| p.release(self)) {
                 self.chains.borrow_mut().remove(&conn);
                 return;
             }
@@ -443,10 +508,10 @@ mod tests {
     fn acknowledgements_wait_for_their_token_and_leave_in_order() {
         let q = AckQueue::default();
         let c = conn(ProtocolVersion::V5);
-        q.park(1, &c, puback(1));
-        q.park(2, &c, puback(2));
-        q.park(2, &c, puback(3));
-        q.park(5, &c, puback(4));
+        q.park(1, &c, puback(1), None);
+        q.park(2, &c, puback(2), None);
+        q.park(2, &c, puback(3), None);
+        q.park(5, &c, puback(4), None);
         assert!(written(&c).is_empty());
         q.complete(2);
         assert_eq!(written(&c), vec![puback(1), puback(2), puback(3)]);
@@ -469,7 +534,7 @@ mod tests {
             out.freeze()
         };
         q.park_publish(1, 50, &c, frame);
-        q.park(1, &c, puback(1));
+        q.park(1, &c, puback(1), None);
         watermark.set_oldest(1, Some(50));
         assert!(q.complete(1), "waits for another shard");
         assert!(written(&c).is_empty());
@@ -483,8 +548,8 @@ mod tests {
     fn a_failed_store_refuses_with_quota_exceeded_on_mqtt5() {
         let q = AckQueue::default();
         let c = conn(ProtocolVersion::V5);
-        q.park(1, &c, puback(1));
-        q.park(2, &c, puback(2));
+        q.park(1, &c, puback(1), None);
+        q.park(2, &c, puback(2), None);
         q.complete(1);
         q.fail(2);
         let mut refused = PubResponse::success(std::num::NonZeroU16::new(2).unwrap());
@@ -497,8 +562,8 @@ mod tests {
     fn a_failed_store_closes_a_3_1_1_connection_after_what_was_acknowledged() {
         let q = AckQueue::default();
         let c = conn(ProtocolVersion::V3_1_1);
-        q.park(1, &c, puback(1));
-        q.park(2, &c, puback(2));
+        q.park(1, &c, puback(1), None);
+        q.park(2, &c, puback(2), None);
         q.complete(1);
         q.fail(2);
         assert_eq!(written(&c), vec![puback(1)]);
@@ -514,7 +579,7 @@ mod tests {
     fn held(q: &Rc<AckQueue>, conn: &Rc<ConnShared>, token: Token, packet: Packet) -> Rc<Write> {
         let write = q.write(10);
         write.attach(conn.key);
-        q.hold(token, conn, packet, Some(write.clone()), None);
+        q.hold(token, conn, (packet, None), Some(write.clone()), None);
         write
     }
 
@@ -530,8 +595,8 @@ mod tests {
         let q = Rc::new(AckQueue::default());
         let (a, b) = (conn_keyed(1, ProtocolVersion::V5), conn_keyed(2, ProtocolVersion::V5));
         let write = held(&q, &a, 0, puback(1));
-        q.park(0, &a, puback(2));
-        q.park(0, &b, puback(7));
+        q.park(0, &a, puback(2), None);
+        q.park(0, &b, puback(7), None);
         q.complete(0);
         assert!(written(&a).is_empty(), "behind the pending write");
         assert_eq!(written(&b), vec![puback(7)], "another connection does not wait");
@@ -546,7 +611,7 @@ mod tests {
         let q = Rc::new(AckQueue::default());
         let a = conn_keyed(1, ProtocolVersion::V5);
         let write = held(&q, &a, 0, puback(1));
-        q.park(0, &a, puback(2));
+        q.park(0, &a, puback(2), None);
         write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
         assert_eq!(written(&a), vec![refused(1, ReasonCode::UNSPECIFIED_ERROR), puback(2)]);
         assert!(!a.is_closing());
@@ -556,9 +621,9 @@ mod tests {
     fn a_refused_write_closes_a_3_1_1_connection_and_acknowledges_nothing_after_it() {
         let q = Rc::new(AckQueue::default());
         let a = conn_keyed(1, ProtocolVersion::V3_1_1);
-        q.park(5, &a, puback(1));
+        q.park(5, &a, puback(1), None);
         let write = held(&q, &a, 5, puback(2));
-        q.park(5, &a, puback(3));
+        q.park(5, &a, puback(3), None);
         q.complete(5);
         assert_eq!(written(&a), vec![puback(1)], "what came before is acknowledged");
         write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
@@ -594,5 +659,40 @@ mod tests {
         assert!(written(&a).is_empty(), "still waits for its write");
         write.resolve(Outcome::Done);
         assert_eq!(written(&a), vec![refused(1, ReasonCode::QUOTA_EXCEEDED)]);
+    }
+
+    fn pubrec(id: u16) -> Packet {
+        Packet::PubRec(PubResponse::success(std::num::NonZeroU16::new(id).unwrap()))
+    }
+
+    #[test]
+    fn a_refused_pubrec_frees_its_identifier_and_an_accepted_one_does_not() {
+        // MQTT 5 §4.3.3: a PUBREC of 0x80 or above makes the identifier
+        // available again; the session must learn which.
+        let q = Rc::new(AckQueue::default());
+        let a = conn_keyed(1, ProtocolVersion::V5);
+        let session = Answering { slot: 3, client: 77 };
+        q.park(1, &a, pubrec(5), Some(session));
+        q.complete(1);
+        assert_eq!(written(&a), vec![pubrec(5)]);
+        assert!(q.take_forgotten().is_empty(), "accepted: still open until PUBREL");
+        q.park(2, &a, pubrec(6), Some(session));
+        q.park(2, &a, puback(7), Some(session));
+        q.fail(2);
+        assert_eq!(q.take_forgotten(), vec![Forgotten { session, packet_id: 6 }]);
+        assert!(q.take_forgotten().is_empty(), "taken once");
+        // A refused cluster write; a 3.1.1 connection is closed instead and
+        // keeps the identifier for the resend that follows its reconnect.
+        for protocol in [ProtocolVersion::V5, ProtocolVersion::V3_1_1] {
+            let c = conn_keyed(2, protocol);
+            let write = q.write(10);
+            write.attach(c.key);
+            q.hold(0, &c, (pubrec(8), Some(session)), Some(write.clone()), None);
+            write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
+            let v5 = protocol == ProtocolVersion::V5;
+            let expected = if v5 { vec![Forgotten { session, packet_id: 8 }] } else { vec![] };
+            assert_eq!(q.take_forgotten(), expected, "{protocol:?}");
+            assert_eq!(c.is_closing(), !v5);
+        }
     }
 }

@@ -35,7 +35,7 @@ use fleetmq_core::session::{Message, SessionChange, Subscription};
 use fleetmq_core::store::{Record, StoredMessage};
 
 use crate::shard::ConnShared;
-pub(crate) use acks::{Outcome, Write};
+pub(crate) use acks::{Answering, Outcome, Write};
 pub(crate) use compact::Compactor;
 pub(crate) use log::ShardLog;
 pub(crate) use open::{open, unix_ms, Opened};
@@ -184,18 +184,20 @@ impl ShardStore {
 
     /// Write `packets`, the acknowledgements of one packet from `conn`,
     /// once everything appended so far is durable and the write the
-    /// packet caused (if any: [`ShardStore::expect_write`] for `origin`,
-    /// the client's key) is done, in order with the connection's earlier
-    /// acknowledgements. While the store refuses (failing, or full:
+    /// packet caused (if any: [`ShardStore::expect_write`] for the client
+    /// key in `origin`) is done, in order with the connection's earlier
+    /// acknowledgements. `origin` names the session whose packet they
+    /// answer: a refused PUBREC frees its identifier there (see
+    /// [`ShardStore::take_forgotten`]). While the store refuses (failing, or full:
     /// `store.max_bytes`), PUBACK and PUBREC are refused (see
     /// `AckQueue::fail`), MQTT 5 in order too. While it fails, the others
     /// are written if the packet appended nothing since `since`
     /// ([`ShardStore::begin_packet`]), else refused too; while it is only
     /// full they wait for their records as usual (sessions can still
     /// resume and take their values, which frees space).
-    pub(crate) fn acknowledge(&self, conn: &Rc<ConnShared>, packets: &mut Vec<Packet>, since: Token, origin: Option<u64>) {
+    pub(crate) fn acknowledge(&self, conn: &Rc<ConnShared>, packets: &mut Vec<Packet>, since: Token, origin: Option<Answering>) {
         let write = match origin {
-            Some(origin) => self.next_write.borrow_mut().take_if(|w| w.origin() == origin),
+            Some(origin) => self.next_write.borrow_mut().take_if(|w| w.origin() == origin.client),
             None => None,
         };
         if let Some(write) = &write {
@@ -205,7 +207,7 @@ impl ShardStore {
         let Some(log) = &self.log else {
             for packet in packets.drain(..) {
                 if held {
-                    self.acks.hold(0, conn, packet, write.clone(), None);
+                    self.acks.hold(0, conn, (packet, origin), write.clone(), None);
                 } else {
                     conn.send(&packet);
                 }
@@ -226,18 +228,19 @@ impl ShardStore {
             let token = if failing && !refused { 0 } else { appended };
             if held {
                 let refused = refused.then_some(ReasonCode::QUOTA_EXCEEDED);
-                self.acks.hold(token, conn, packet, write.clone(), refused);
+                self.acks.hold(token, conn, (packet, origin), write.clone(), refused);
             } else if refused {
                 // MQTT 5: the refusal leaves behind what waits before it.
+                self.acks.forget(origin, conn, &packet);
                 match acks::refusal(conn, packet, ReasonCode::QUOTA_EXCEEDED) {
-                    Ok(refusal) if self.acks.waiting_for(conn.key) => self.acks.park(appended, conn, refusal),
+                    Ok(refusal) if self.acks.waiting_for(conn.key) => self.acks.park(appended, conn, refusal, None),
                     Ok(refusal) => conn.send(&refusal),
                     Err(packet) => drop(acks::refuse(conn, packet, ReasonCode::QUOTA_EXCEEDED)),
                 }
             } else if failing || (log.all_durable() && self.acks.is_empty()) {
                 conn.send(&packet);
             } else {
-                self.acks.park(token, conn, packet);
+                self.acks.park(token, conn, packet, origin);
             }
         }
     }
@@ -259,7 +262,7 @@ impl ShardStore {
                 conn.request_close(None, publish_will);
                 if let (Some(reason), true) = (reason, conn.protocol.is_v5()) {
                     let disconnect = Disconnect { reason, properties: Props::default() };
-                    self.acks.park(self.appended(), attached, Packet::Disconnect(disconnect));
+                    self.acks.park(self.appended(), attached, Packet::Disconnect(disconnect), None);
                 }
             }
             _ => conn.request_close(reason, publish_will),
@@ -337,6 +340,12 @@ impl ShardStore {
         if let Some(log) = &self.log {
             self.acks.park_publish(log.appended(), log.last_lsn().max(value), conn, frame);
         }
+    }
+
+    /// Inbound QoS 2 identifiers whose PUBREC was refused since the last
+    /// call, for their sessions to forget (see [`acks::Forgotten`]).
+    pub(crate) fn take_forgotten(&self) -> Vec<acks::Forgotten> {
+        self.acks.take_forgotten()
     }
 
     /// Log a record about a persistent session.

@@ -199,13 +199,19 @@ fn set_retained(s: &Setup, publisher: &mut RawClient, topic: &str, payload: &[u8
 /// over. Then releases them and waits until A undid the write, which
 /// landed (only NATS' answer was held).
 fn refused_while_held(s: &Setup, publisher: &mut RawClient, topic: &str, payload: &[u8], pid: u16) {
+    refused_while_held_at(s, publisher, (topic, payload), 1, pid);
+}
+
+/// [`refused_while_held`] at `qos` (1: PUBACK, 2: PUBREC 0x80).
+fn refused_while_held_at(s: &Setup, publisher: &mut RawClient, (topic, payload): (&str, &[u8]), qos: u8, pid: u16) {
     let undone = s.a.metric_sum("fleetmq_cluster_retained_undone_total");
     s.proxy.set_hold(true);
     let sent = Instant::now();
-    publisher.send(&publish(topic, payload, 1, true, pid, true));
+    publisher.send(&publish(topic, payload, qos, true, pid, true));
+    let ack = if qos == 2 { 0x50 } else { 0x40 };
     assert_eq!(
         next_ack(publisher, Duration::from_secs(8)),
-        (0x40, pid, 0x80)
+        (ack, pid, 0x80)
     );
     let took = sent.elapsed();
     assert!(
@@ -291,6 +297,46 @@ fn a_retained_publish_nats_does_not_take_in_time_is_refused_with_0x80_and_retain
         (0x40, 3, 0)
     );
     wait_retained(&s.b, "plant/valve", Some(b"shut"), Duration::from_secs(5));
+}
+
+/// MQTT 5 §4.3.3: once the publisher has the PUBREC 0x80 (NATS did not
+/// take the retained QoS 2 value within the wait), its packet identifier
+/// is free: a PUBLISH reusing it is a new message, acknowledged PUBREC
+/// 0x00 only once `mqtt-retained` has it, and forwarded exactly once (it
+/// was answered 0x00 and dropped before).
+#[test]
+fn a_qos2_identifier_refused_with_0x80_is_free_and_its_reuse_is_retained_and_forwarded_once() {
+    let s = setup(&WAIT_5S);
+    let mut watcher = client(&s.a, "q2watcher", true);
+    watcher.send(&build::subscribe(1, "line/#", 2, true));
+    assert!(matches!(watcher.read(Duration::from_secs(2)), Incoming::Packet { header: 0x90, .. }));
+    let mut publisher = client(&s.a, "q2publisher", true);
+    set_retained(&s, &mut publisher, "line/speed", b"10");
+    refused_while_held_at(&s, &mut publisher, ("line/speed", b"20"), 2, 7);
+    wait_retained(&s.b, "line/speed", Some(b"10"), Duration::from_secs(5));
+    while watcher.read(Duration::from_millis(500)) != Incoming::TimedOut {}
+
+    s.proxy.set_hold(true);
+    publisher.send(&publish("line/speed", b"30", 2, true, 7, true));
+    let early = publisher.read(Duration::from_secs(1));
+    assert_eq!(early, Incoming::TimedOut, "PUBREC before NATS has it: {}", short(&early));
+    s.proxy.set_hold(false);
+    assert_eq!(next_ack(&mut publisher, Duration::from_secs(5)), (0x50, 7, 0));
+    publisher.send(&build::pubrel(7));
+    assert!(matches!(publisher.read(Duration::from_secs(5)), Incoming::Packet { header: 0x70, .. }));
+    wait_retained(&s.b, "line/speed", Some(b"30"), Duration::from_secs(5));
+    let mut forwarded = 0;
+    while let Incoming::Packet { header, body } = watcher.read(Duration::from_secs(1)) {
+        if header & 0xf0 == 0x30 && body.ends_with(b"30") {
+            forwarded += 1;
+            // Complete the QoS 2 delivery: PUBREC, then PUBCOMP on PUBREL.
+            let pid = u16::from_be_bytes([body[2 + 10], body[2 + 11]]);
+            watcher.send(&build::packet(0x50, &pid.to_be_bytes()));
+        } else if header == 0x62 {
+            watcher.send(&build::packet(0x70, &body[..2]));
+        }
+    }
+    assert_eq!(forwarded, 1, "the reuse forwarded exactly once");
 }
 
 #[test]

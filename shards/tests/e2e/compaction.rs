@@ -223,15 +223,7 @@ async fn a_store_full_of_live_values_refuses_publishes_until_they_are_taken() {
     for i in &accepted {
         assert!(got.contains(i), "value {i} was acknowledged and is lost");
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while broker.admin_get("/health/ready").0 != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "not ready again: {:?}",
-            broker.admin_get("/health/ready")
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::store::ready_again(&broker).await;
     publisher
         .client
         .publish(&topic, v5::QoS::AtLeastOnce, false, "after")

@@ -290,6 +290,23 @@ pub(crate) mod wire {
         packet(0x30, &body)
     }
 
+    /// PUBLISH at QoS 1 or 2 with `packet_id` (flags: DUP, RETAIN).
+    pub(crate) fn publish(topic: &str, qos: u8, packet_id: u16, (dup, retain): (bool, bool), payload: &[u8], v5: bool) -> Vec<u8> {
+        let mut body = string(topic.as_bytes());
+        body.extend_from_slice(&packet_id.to_be_bytes());
+        if v5 {
+            body.push(0);
+        }
+        body.extend_from_slice(payload);
+        packet(0x30 | (u8::from(dup) << 3) | (qos << 1) | u8::from(retain), &body)
+    }
+
+    /// PUBREL (MQTT 5: reason 0 and no properties, the short form).
+    pub(crate) fn pubrel(packet_id: u16) -> Vec<u8> {
+        let [hi, lo] = packet_id.to_be_bytes();
+        packet(0x62, &[hi, lo])
+    }
+
     /// MQTT 5 DISCONNECT with `reason`.
     pub(crate) fn disconnect_v5(reason: u8) -> Vec<u8> {
         packet(0xE0, &[reason, 0])

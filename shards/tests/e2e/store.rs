@@ -339,19 +339,19 @@ async fn a_second_process_on_one_store_dir_is_refused_naming_the_holder() {
 }
 
 /// How long a sync on the loop device may take on a busy machine.
-const SLOW_DISK: Duration = Duration::from_secs(30);
+pub(crate) const SLOW_DISK: Duration = Duration::from_secs(30);
 
 /// A small ext4 file system on a loop device, mounted for one test and
 /// unmounted (and its image removed) when dropped, also when it fails.
-struct SmallDisk {
-    mount: TempDir,
+pub(crate) struct SmallDisk {
+    pub(crate) mount: TempDir,
     image: PathBuf,
 }
 
 impl SmallDisk {
     /// An 8 MiB ext4 (which keeps `O_DIRECT`); `Err` says why it cannot be
     /// made here (not root, no loop devices).
-    fn mount() -> Result<SmallDisk, String> {
+    pub(crate) fn mount() -> Result<SmallDisk, String> {
         let mount = TempDir::new("disk");
         let image = mount.0.with_extension("img");
         let run = |cmd: &mut Command| -> Result<(), String> {
@@ -365,6 +365,12 @@ impl SmallDisk {
             return Err(e);
         }
         Ok(SmallDisk { mount, image })
+    }
+
+    /// [`SmallDisk::mount`], or `None` with a SKIPPED line saying why
+    /// (it needs root and loop devices; the CI machines have both).
+    pub(crate) fn mount_or_skip() -> Option<SmallDisk> {
+        SmallDisk::mount().map_err(|why| eprintln!("SKIPPED: cannot mount a small ext4 here: {why}")).ok()
     }
 }
 
@@ -382,14 +388,7 @@ impl Drop for SmallDisk {
 /// §7: never acknowledged and then lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_publishes_and_service_resumes_when_space_returns() {
-    let disk = match SmallDisk::mount() {
-        Ok(disk) => disk,
-        Err(why) => {
-            // Needs root and loop devices (the CI machines have both).
-            eprintln!("SKIPPED: cannot mount a small ext4 here: {why}");
-            return;
-        }
-    };
+    let Some(disk) = SmallDisk::mount_or_skip() else { return };
     let dir = disk.mount.0.join("data");
     let broker = local(&dir, &["--set", "limits.max_subscriber_queue=1000000"]);
     let port = broker.mqtt_port();
@@ -434,11 +433,7 @@ async fn a_full_disk_refuses_publishes_and_service_resumes_when_space_returns() 
     assert!(old.closed_with(WAIT).await.is_some());
 
     std::fs::remove_file(&filler).unwrap();
-    let deadline = Instant::now() + SLOW_DISK;
-    while broker.admin_get("/health/ready").0 != 200 {
-        assert!(Instant::now() < deadline, "not ready again: {:?}", broker.admin_get("/health/ready"));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    ready_again(&broker).await;
     publisher.client.publish(&topic, v5::QoS::AtLeastOnce, false, "after").await.unwrap();
     match publisher.wait_for_within("PUBACK", SLOW_DISK, |p| matches!(p, v5::Packet::PubAck(_))).await {
         v5::Packet::PubAck(ack) => assert_eq!(ack.reason, rumqttc::v5::mqttbytes::v5::PubAckReason::Success),
@@ -460,8 +455,22 @@ async fn a_full_disk_refuses_publishes_and_service_resumes_when_space_returns() 
     kill(broker);
 }
 
+/// Wait until the broker is ready again (at most [`SLOW_DISK`]) after
+/// the disk got space back.
+pub(crate) async fn ready_again(broker: &crate::harness::Broker) {
+    let deadline = Instant::now() + SLOW_DISK;
+    while broker.admin_get("/health/ready").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "not ready again: {:?}",
+            broker.admin_get("/health/ready")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Bytes free on the file system of `path`.
-fn nix_free_bytes(path: &Path) -> u64 {
+pub(crate) fn nix_free_bytes(path: &Path) -> u64 {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: statvfs on a NUL-terminated path into a zeroed struct.
