@@ -83,7 +83,7 @@ async fn run(bridge: std::sync::Arc<Bridge>, ops: usize) {
                     }
                     _ => {
                         let (reply, answer) = tokio::sync::oneshot::channel();
-                        bridge.send(Request::Claim { client_id: format!("bench-{i}"), conn: i as u64, reply }).ok();
+                        bridge.send(Request::Claim { client_id: format!("bench-{i}"), conn: i as u64, clean_start: true, reply }).ok();
                         let _ = answer.await;
                     }
                 }

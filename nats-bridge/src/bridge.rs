@@ -56,6 +56,10 @@ pub enum Request {
         client_id: String,
         /// The connection, unique for this process's life.
         conn: u64,
+        /// The CONNECT has Clean Start 1 (see [`OwnerRecord::clean_start`]).
+        ///
+        /// [`OwnerRecord::clean_start`]: fleetmq_core::cluster::records::OwnerRecord::clean_start
+        clean_start: bool,
         /// The outcome.
         reply: oneshot::Sender<Result<Claimed, ClaimError>>,
     },
@@ -203,6 +207,11 @@ pub enum Event {
         revision: u64,
         /// The replica that claimed it.
         replica: String,
+        /// The claim's CONNECT had Clean Start 1: the session ended here,
+        /// and a delayed will waiting here is sent at once (MQTT 5
+        /// §3.1.2.5); else the session goes on there and the will is not
+        /// sent `[MQTT-3.1.3-9]`.
+        clean_start: bool,
     },
 }
 
@@ -221,7 +230,7 @@ pub struct ClusterStatus {
     /// Per shard, the retained changes it applied (see
     /// [`ClusterStatus::applied_retained`]).
     retained_applied: Vec<std::sync::atomic::AtomicU64>,
-    /// The cluster's format floor, read at start.
+    /// The cluster's format floor, read at start and followed since.
     floor: std::sync::atomic::AtomicU16,
     /// How many times this process came back from a fence.
     epoch: std::sync::atomic::AtomicU64,
@@ -276,6 +285,17 @@ impl ClusterStatus {
     pub fn retained_applied(&self) -> bool {
         let loaded = self.retained_loaded.load(Ordering::Acquire);
         loaded != u64::MAX && self.retained_applied.iter().all(|a| a.load(Ordering::Acquire) >= loaded)
+    }
+
+    /// The cluster's format floor as this replica last read it.
+    pub fn floor(&self) -> u16 {
+        self.floor.load(Ordering::Acquire)
+    }
+
+    /// The floor is `floor` now: raise this replica's to it (never lower);
+    /// true when it moved.
+    pub(crate) fn raise_floor(&self, floor: u16) -> bool {
+        self.floor.fetch_max(floor, Ordering::AcqRel) < floor
     }
 
     /// The record format to write: the cluster's format floor, which every
@@ -365,6 +385,12 @@ pub(crate) struct Shared {
     pub(crate) decides_until: Mutex<Option<std::time::Instant>>,
     /// Events a full mailbox handed back, per shard.
     held: Mutex<Vec<Vec<Event>>>,
+    /// The record formats each live peer reads (oldest, newest), by
+    /// replica ID, from its `mqtt-members` entry (see [`crate::floor`]).
+    pub(crate) member_reads: Mutex<std::collections::HashMap<String, [u16; 2]>>,
+    /// Claims made with Clean Start 1 that the ownership watch saw, by
+    /// client identifier (see [`crate::sweeper::clean_start_seen`]).
+    pub(crate) clean_starts: Mutex<std::collections::HashMap<String, fleetmq_core::cluster::records::OwnerRecord>>,
     pub(crate) stop: Notify,
     pub(crate) stopping: AtomicBool,
     /// Numbers this process's retained writes (their `Fleetmq-Write`
@@ -581,6 +607,7 @@ async fn run(
             tokio::task::spawn_local(ownership::watch(shared.clone()));
             tokio::task::spawn_local(retained::watch(shared.clone()));
             tokio::task::spawn_local(sweeper::run(shared.clone()));
+            tokio::task::spawn_local(crate::floor::watch(shared.clone()));
             // Ready to serve once the first membership write landed, or
             // fenced after the wait (membership keeps trying).
             let _ = tokio::time::timeout(START_WAIT / 2, first_write_rx).await;
@@ -679,6 +706,8 @@ async fn start(
         gone: Mutex::new(std::collections::HashMap::new()),
         decides_until: Mutex::new(None),
         held: Mutex::new(vec![Vec::new(); shards]),
+        clean_starts: Mutex::new(std::collections::HashMap::new()),
+        member_reads: Mutex::new(std::collections::HashMap::new()),
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
         duplicate: AtomicBool::new(false),
@@ -689,11 +718,11 @@ async fn start(
 
 async fn handle(shared: Arc<Shared>, request: Request) {
     match request {
-        Request::Claim { client_id, conn, reply } => {
+        Request::Claim { client_id, conn, clean_start, reply } => {
             let outcome = if shared.status.is_fenced() {
                 Err(ClaimError::Fenced)
             } else {
-                ownership::claim(&shared, &client_id, conn).await
+                ownership::claim(&shared, &client_id, conn, clean_start).await
             };
             // Nobody waits any more (the CONNECT was refused past its
             // budget): the claim that landed is given up again.

@@ -19,6 +19,7 @@
 
 mod bridge;
 mod config;
+mod floor;
 mod mailbox;
 mod membership;
 mod ownership;

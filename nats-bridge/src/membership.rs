@@ -217,6 +217,9 @@ fn handle(
             }
             let leaving = record.as_ref().is_some_and(|r| r.leaving);
             if let Some(r) = &record {
+                if let Ok(mut reads) = shared.member_reads.lock() {
+                    reads.insert(replica.clone(), r.reads);
+                }
                 // Seen alive: not gone (whatever this replica concluded).
                 if let Ok(mut gone) = shared.gone.lock() {
                     gone.remove(&r.instance);
@@ -298,6 +301,9 @@ fn apply(shared: &Shared, change: &Change, fenced_reason: &mut Option<FenceReaso
 /// sweeper's from now on.
 fn peer_out(shared: &Shared, peer: &str) {
     let instance = shared.live.lock().ok().and_then(|mut live| live.remove(peer));
+    if let Ok(mut reads) = shared.member_reads.lock() {
+        reads.remove(peer);
+    }
     if let Some((instance, _)) = instance {
         mark_gone(shared, &instance, Instant::now());
     }

@@ -85,7 +85,9 @@ impl KnownRevisions {
 /// # Errors
 /// [`ClaimError::Unavailable`] when JetStream does not answer or keeps
 /// conflicting.
-pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64) -> Result<Claimed, ClaimError> {
+/// `clean_start`: the CONNECT's Clean Start flag, recorded in the entry
+/// ([`OwnerRecord::clean_start`]).
+pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_start: bool) -> Result<Claimed, ClaimError> {
     let started = Instant::now();
     let key = client_key(client_id);
     let record = OwnerRecord {
@@ -96,6 +98,7 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64) -> Result
         conn,
         claimed_at_ms: unix_ms(),
         epoch: shared.status.epoch(),
+        clean_start,
     };
     let payload: bytes::Bytes = record.encode().into();
     let mut guess = Some(shared.known_revisions().expect(&key));
@@ -168,12 +171,14 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
             return;
         }
         let Ok(record) = OwnerRecord::decode(&entry.value) else { return };
+        crate::sweeper::clean_start_seen(&shared, &record);
         if record.instance == shared.config.instance {
             return;
         }
         let Some(client_id) = client_id_of_key(&entry.key) else { return };
         let shard = (shared.config.owner_of)(&client_id, shared.mailboxes.len());
-        shared.send_event(shard, Event::TakenOver { client_id, revision: entry.revision, replica: record.replica });
+        let (revision, replica, clean_start) = (entry.revision, record.replica, record.clean_start);
+        shared.send_event(shard, Event::TakenOver { client_id, revision, replica, clean_start });
     })
     .await;
 }

@@ -31,7 +31,7 @@ use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use fleetmq_core::cluster::records::{bucket, client_key, OwnerRecord, Record};
-use fleetmq_core::cluster::wills::WillRecord;
+use fleetmq_core::cluster::wills::{Reconnected, WillRecord};
 use tracing::{debug, info, warn};
 
 use crate::bridge::{Event, Shared};
@@ -113,6 +113,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             serving_since = Instant::now();
         }
         was_fenced = fenced;
+        forget_clean_starts(&shared, &wills);
         if lease.revision.is_none() {
             // A new holder of the lock scans everything once.
             owners = OwnerSweep::default();
@@ -121,6 +122,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             last_sweep = Instant::now();
             sweep(&shared, &wills, &mut orphaned, grace, serving_since).await;
             crate::ownership::sweep(&shared, &mut owners).await;
+            crate::floor::raise(&shared).await;
         }
         tokio::select! {
             () = tokio::time::sleep(ttl / 6) => {}
@@ -230,7 +232,8 @@ async fn sweep(
                     Orphaned { since, since_ms: now_ms.saturating_sub(ago) }
                 });
                 let wait = record.sweep_wait(orphan.since_ms, grace);
-                (now.saturating_duration_since(orphan.since) >= wait).then(|| (key.clone(), *revision, record.clone()))
+                let over = now.saturating_duration_since(orphan.since) >= wait;
+                (over || session_ended(shared, record)).then(|| (key.clone(), *revision, record.clone()))
             })
             .collect()
     };
@@ -247,7 +250,7 @@ async fn sweep(
         if delete_will(shared, &record.client_id, revision).await.is_err() {
             continue;
         }
-        if back {
+        if back == Reconnected::Resumed {
             shared.status.stats.wills_withheld.fetch_add(1, Ordering::Relaxed);
             debug!(target: "cluster", client_id = %record.client_id, "cluster: will withheld, the client is back");
             continue;
@@ -260,17 +263,51 @@ async fn sweep(
     }
 }
 
-/// Whether the will's client connected again since (anywhere): its client
-/// identifier is claimed by another process, or by its own after it came
-/// back from a fence.
-async fn client_back(shared: &Shared, record: &WillRecord) -> Result<bool, String> {
+/// Whether the will's client connected again since (anywhere), and how
+/// ([`WillRecord::after_claim`]): its client identifier is claimed by
+/// another process, or by its own after it came back from a fence.
+async fn client_back(shared: &Shared, record: &WillRecord) -> Result<Reconnected, String> {
     let entry = shared.sessions.entry(client_key(&record.client_id)).await.map_err(|e| e.to_string())?;
     Ok(match entry {
-        Some(e) if e.operation == Operation::Put => OwnerRecord::decode(&e.value)
-            .map(|owner| owner.instance != record.instance || owner.epoch > record.epoch)
-            .unwrap_or(false),
-        _ => false,
+        Some(e) if e.operation == Operation::Put => {
+            OwnerRecord::decode(&e.value).map_or(Reconnected::No, |owner| record.after_claim(&owner))
+        }
+        _ => Reconnected::No,
     })
+}
+
+/// The ownership watch saw the claim `owner` (in revision order): the
+/// latest claim of a client identifier, when made with Clean Start 1, is
+/// remembered (while a will of its client identifier is in the bucket,
+/// see [`forget_clean_starts`]), so that the sweeper sends a handed-over
+/// delayed will whose session it ended at once rather than when its wait
+/// is over.
+pub(crate) fn clean_start_seen(shared: &Shared, owner: &OwnerRecord) {
+    if let Ok(mut seen) = shared.clean_starts.lock() {
+        if owner.clean_start {
+            seen.insert(owner.client_id.clone(), owner.clone());
+        } else {
+            seen.remove(&owner.client_id);
+        }
+    }
+}
+
+/// Whether a claim with Clean Start 1 ended the session of `record`'s
+/// delayed will since it was declared (MQTT 5 §3.1.2.5).
+fn session_ended(shared: &Shared, record: &WillRecord) -> bool {
+    let seen = shared.clean_starts.lock();
+    seen.ok()
+        .and_then(|seen| seen.get(&record.client_id).map(|owner| record.after_claim(owner)))
+        .is_some_and(|back| back == Reconnected::SessionEnded)
+}
+
+/// Forget the Clean Start claims of client identifiers that have no will
+/// in the bucket (bounded by the claims made between two calls).
+fn forget_clean_starts(shared: &Shared, wills: &Wills) {
+    let wills = wills.borrow();
+    if let Ok(mut seen) = shared.clean_starts.lock() {
+        seen.retain(|client_id, _| wills.contains_key(&client_key(client_id)));
+    }
 }
 
 /// Keep `wills` current from a watch on `mqtt-session-will`.

@@ -141,6 +141,16 @@ mod retained_paced;
 #[path = "e2e/cluster.rs"]
 mod cluster;
 
+/// A delayed will and a new connection with Clean Start 1 or 0, on one
+/// node and across replicas (the serving replica, a take-over, the
+/// sweeper).
+#[path = "e2e/cluster_wills.rs"]
+mod cluster_wills;
+
+/// The format floor raised by the leader once the last old member is gone.
+#[path = "e2e/cluster_floor.rs"]
+mod cluster_floor;
+
 /// Cluster mode: a retained value is acknowledged only once it is in
 /// JetStream, refused when it cannot be, and carried byte-exact up to
 /// NATS max_payload.

@@ -170,6 +170,13 @@ pub struct OwnerRecord {
     /// The owning process's [`MemberRecord::epoch`] when it claimed.
     #[serde(default)]
     pub epoch: u64,
+    /// The claim was made by a CONNECT with Clean Start 1 (MQTT 3.1.1:
+    /// Clean Session 1): it ended the client identifier's earlier session,
+    /// and with it the wait of that session's delayed will, which is then
+    /// sent at once (MQTT 5 §3.1.2.5). Absent (false) in entries written
+    /// before this field existed: taken as a resumed session.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clean_start: bool,
 }
 
 impl Record for OwnerRecord {
@@ -204,6 +211,19 @@ impl Record for FloorRecord {
 /// floor is `floor`.
 pub fn floor_readable(floor: u16) -> bool {
     FORMATS_READ.contains(&floor)
+}
+
+/// The floor the leader raises the cluster to (DESIGN.md §6, rolling
+/// upgrade: "raise the format floor when the last old one is gone"): the
+/// newest format every live member reads, given each member's
+/// [`MemberRecord::reads`] (the leader's own included), when it is above
+/// `floor` and every member reads it; `None` otherwise, and for no members.
+/// The floor is never lowered: a replica that cannot read it refuses to
+/// start.
+pub fn raised_floor(floor: u16, members: &[[u16; 2]]) -> Option<u16> {
+    let target = members.iter().map(|[_, newest]| *newest).min()?;
+    let every_member_reads = members.iter().all(|[oldest, newest]| (*oldest..=*newest).contains(&target));
+    (target > floor && every_member_reads).then_some(target)
 }
 
 /// The KV key of a client identifier: `c.` and its UTF-8 bytes in
@@ -278,7 +298,33 @@ mod tests {
         assert_eq!(FloorRecord::decode(&f.encode()).unwrap().floor, 2);
     }
 
+    #[test]
+    fn the_floor_rises_to_the_newest_format_every_member_reads_once_the_last_old_one_is_gone() {
+        // An old member (reads 1 only) holds the floor at 1.
+        assert_eq!(raised_floor(1, &[[1, 2], [1, 1], [1, 2]]), None);
+        // Gone: every member reads 2.
+        assert_eq!(raised_floor(1, &[[1, 2], [1, 2]]), Some(2));
+        // Already there, never lowered, nothing to decide without members.
+        assert_eq!(raised_floor(2, &[[1, 2], [1, 2]]), None);
+        assert_eq!(raised_floor(2, &[[1, 1]]), None);
+        assert_eq!(raised_floor(1, &[]), None);
+        // A newer build reading 2..=3 beside this one: 2, which both read.
+        assert_eq!(raised_floor(1, &[[1, 2], [2, 3]]), Some(2));
+    }
+
     proptest! {
+        #[test]
+        fn a_raised_floor_is_read_by_every_member_and_above_the_old_one(
+            floor in 1u16..4,
+            members in proptest::collection::vec((1u16..5, 0u16..3), 0..6),
+        ) {
+            let members: Vec<[u16; 2]> = members.into_iter().map(|(lo, span)| [lo, lo + span]).collect();
+            if let Some(raised) = raised_floor(floor, &members) {
+                prop_assert!(raised > floor);
+                prop_assert!(members.iter().all(|[lo, hi]| (*lo..=*hi).contains(&raised)));
+            }
+        }
+
         #[test]
         fn any_client_id_maps_to_a_valid_key_and_back(id in ".{0,200}") {
             let key = client_key(&id);

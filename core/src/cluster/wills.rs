@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::records::{Record, FORMAT};
+use crate::cluster::records::{OwnerRecord, Record, FORMAT};
 use crate::cluster::retained::RetainedRecord;
 use crate::packet::Will;
 use crate::session::Message;
@@ -57,6 +57,23 @@ pub struct WillRecord {
     /// [`MemberRecord::epoch`]: crate::cluster::records::MemberRecord::epoch
     #[serde(default)]
     pub epoch: u64,
+}
+
+/// Whether a will's client connected again since the will was handed
+/// over, and how (see [`WillRecord::after_claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconnected {
+    /// Not connected again: the will goes once its wait is over.
+    No,
+    /// Connected again within the wait, its session going on (Clean
+    /// Start 0), or a will without a delay whose client is back within
+    /// the grace (DESIGN.md §5): not sent `[MQTT-3.1.3-9]`.
+    Resumed,
+    /// Connected again with Clean Start 1 while the will's delay ran: that
+    /// ended the session, and the will goes now (MQTT 5 §3.1.2.5: "until
+    /// the Will Delay Interval has passed or the Session ends, whichever
+    /// happens first").
+    SessionEnded,
 }
 
 impl Record for WillRecord {
@@ -126,6 +143,20 @@ impl WillRecord {
             None => Duration::from_secs(u64::from(self.delay_s.min(self.session_expiry_s))),
         };
         left.max(grace)
+    }
+
+    /// What the claim `owner` on this will's client identifier (its entry
+    /// in `mqtt-sessions`, read when the sweeper is about to send the will
+    /// of a handed-over connection) means for the will.
+    pub fn after_claim(&self, owner: &OwnerRecord) -> Reconnected {
+        // A claim of another process, or of the will's own after it came
+        // back from a fence: the client connected again since.
+        let again = owner.instance != self.instance || owner.epoch > self.epoch;
+        match (again, owner.clean_start && self.delay_s > 0) {
+            (false, _) => Reconnected::No,
+            (true, true) => Reconnected::SessionEnded,
+            (true, false) => Reconnected::Resumed,
+        }
     }
 
     /// The will to publish now; `None` when its bytes are not valid.
@@ -209,6 +240,40 @@ mod tests {
         assert_eq!(record.sweep_wait(40_000, grace), grace);
         let back = WillRecord::decode(&record.encode()).unwrap();
         assert_eq!(back.due_at_ms, Some(30_000));
+    }
+
+    fn owner(instance: &str, epoch: u64, clean_start: bool) -> OwnerRecord {
+        OwnerRecord {
+            format: FORMAT,
+            client_id: "7".into(),
+            replica: "r2".into(),
+            instance: instance.into(),
+            conn: 1,
+            claimed_at_ms: 0,
+            epoch,
+            clean_start,
+        }
+    }
+
+    #[test]
+    fn a_clean_start_elsewhere_ends_the_session_of_a_delayed_will_and_a_resume_withholds_it() {
+        let will = delayed(20, 3600);
+        assert_eq!(will.after_claim(&owner("abc", 0, true)), Reconnected::No, "its own connection's claim");
+        assert_eq!(will.after_claim(&owner("def", 0, false)), Reconnected::Resumed);
+        assert_eq!(will.after_claim(&owner("def", 0, true)), Reconnected::SessionEnded);
+        // Its own process, back from a fence at a newer epoch.
+        assert_eq!(will.after_claim(&owner("abc", 1, true)), Reconnected::SessionEnded);
+        // No delay: the grace alone decides, and the client is back.
+        assert_eq!(delayed(0, 3600).after_claim(&owner("def", 0, true)), Reconnected::Resumed);
+    }
+
+    #[test]
+    fn an_owner_entry_without_clean_start_reads_as_a_resumed_session() {
+        let mut json: serde_json::Value = serde_json::from_slice(&owner("def", 0, true).encode()).unwrap();
+        json.as_object_mut().unwrap().remove("clean_start");
+        let back = OwnerRecord::decode(&serde_json::to_vec(&json).unwrap()).unwrap();
+        assert!(!back.clean_start);
+        assert!(!String::from_utf8(owner("def", 0, false).encode()).unwrap().contains("clean_start"));
     }
 
     #[test]

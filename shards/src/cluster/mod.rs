@@ -110,13 +110,15 @@ impl Node {
     /// The refusal to send (CONNACK 0x88 Server unavailable; MQTT 3.1.1
     /// return code 3): the replica is fenced, JetStream did not take the
     /// claim, or the budget ran out.
-    async fn claim(self: &Arc<Self>, client_id: &str, budget: Duration) -> Result<Claim, Refused> {
+    /// `clean_start`: the CONNECT's Clean Start flag (recorded with the
+    /// claim, for the will of the connection it takes over).
+    async fn claim(self: &Arc<Self>, client_id: &str, clean_start: bool, budget: Duration) -> Result<Claim, Refused> {
         if self.status().is_fenced() {
             return Err(FENCED);
         }
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let (reply, outcome) = tokio::sync::oneshot::channel();
-        let request = Request::Claim { client_id: client_id.to_owned(), conn, reply };
+        let request = Request::Claim { client_id: client_id.to_owned(), conn, clean_start, reply };
         if self.bridge.send(request).is_err() {
             return Err(unavailable("cluster bridge queue full"));
         }
@@ -223,7 +225,7 @@ impl Node {
         if !delay.is_zero() {
             sleep(delay.min(budget(Instant::now()))).await;
         }
-        let mut claim = self.claim(client_id, budget(Instant::now())).await?;
+        let mut claim = self.claim(client_id, connect.clean_start, budget(Instant::now())).await?;
         if let Some(will) = &connect.will {
             // Stored as the shard keeps it: the topic with the workspace prefix.
             let mut will = will.clone();
@@ -278,7 +280,7 @@ impl Drop for Claim {
             let handed_over = SHARD.try_with(|sc| sc.handing_over.get()).unwrap_or(false)
                 || self.node.status().epoch() != self.epoch;
             if !handed_over {
-                wills::connection_ended(&self.node, &self.client_id, revision);
+                wills::connection_ended(&self.node, &self.client_id, (revision, self.revision));
             }
         }
         let request = Request::Release { client_id: std::mem::take(&mut self.client_id), revision: self.revision };
@@ -312,8 +314,9 @@ pub(crate) struct ShardCluster {
     /// Client identifier → revision of the claim of the connection served
     /// here.
     claims: RefCell<HashMap<String, u64>>,
-    /// Client identifier → (revision of another replica's claim, when).
-    lost: RefCell<HashMap<String, (u64, Instant)>>,
+    /// Client identifier → (revision of another replica's claim, when,
+    /// whether that claim had Clean Start 1).
+    lost: RefCell<HashMap<String, (u64, Instant, bool)>>,
     /// The shard on this thread, set when its event task starts.
     shard: RefCell<Option<std::rc::Weak<Shard>>>,
     /// The delayed wills of this shard's ended connections in
@@ -329,14 +332,14 @@ impl ShardCluster {
         self.lost
             .borrow()
             .get(client_id)
-            .map_or(Duration::ZERO, |(_, at)| FLAP_DELAY.saturating_sub(now.saturating_duration_since(*at)))
+            .map_or(Duration::ZERO, |(_, at, _)| FLAP_DELAY.saturating_sub(now.saturating_duration_since(*at)))
     }
 
     /// A connection holding `claim` attached here. `false`: another
     /// replica's later claim arrived first, and the connection must be
     /// closed as taken over.
     pub(crate) fn attached(&self, claim: &Claim) -> bool {
-        if let Some((revision, _)) = self.lost.borrow().get(&claim.client_id) {
+        if let Some((revision, _, _)) = self.lost.borrow().get(&claim.client_id) {
             if *revision > claim.revision {
                 return false;
             }
@@ -345,19 +348,20 @@ impl ShardCluster {
         true
     }
 
-    /// Another replica claimed `client_id` at `revision`: whether a
-    /// connection here holds an older claim (and must close).
-    fn lost_to(&self, client_id: &str, revision: u64, now: Instant) -> bool {
+    /// Another replica claimed `client_id` at `revision` (with Clean Start
+    /// 1 when `clean_start`): whether a connection here holds an older
+    /// claim (and must close).
+    fn lost_to(&self, client_id: &str, (revision, clean_start): (u64, bool), now: Instant) -> bool {
         let mut lost = self.lost.borrow_mut();
         if lost.len() >= LOST_MAX {
             // Bounded: the oldest are forgotten.
-            lost.retain(|_, (_, at)| now.saturating_duration_since(*at) < LOST_MEMORY);
+            lost.retain(|_, (_, at, _)| now.saturating_duration_since(*at) < LOST_MEMORY);
             if lost.len() >= LOST_MAX {
             // Bounded: the oldest are forgotten.
                 lost.clear();
             }
         }
-        lost.insert(client_id.to_owned(), (revision, now));
+        lost.insert(client_id.to_owned(), (revision, now, clean_start));
         let mut claims = self.claims.borrow_mut();
         match claims.get(client_id) {
             Some(mine) if *mine < revision => {
@@ -488,8 +492,8 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                         shard.apply_retained(revision, message, now);
                         retained += 1;
                     }
-                    Event::TakenOver { client_id, revision, replica }
-                        if shard_state(|sc| sc.lost_to(&client_id, revision, now)) =>
+                    Event::TakenOver { client_id, revision, replica, clean_start }
+                        if shard_state(|sc| sc.lost_to(&client_id, (revision, clean_start), now)) =>
                     {
                         debug!(target: "cluster", %client_id, %replica, "cluster: taken over by another replica");
                         shard.close_client(&client_id, ReasonCode::SESSION_TAKEN_OVER);

@@ -93,11 +93,20 @@ impl Claim {
     }
 }
 
-/// The connection that stored `client_id`'s will at `revision` ended (the
-/// shard has detached it): its record is deleted, unless the shard keeps
-/// the will for its delay, when the record is told when it is due.
-pub(super) fn connection_ended(node: &Arc<Node>, client_id: &str, revision: u64) {
+/// The connection that stored `client_id`'s will at `revision` and held
+/// the claim at `claimed` ended (the shard has detached it): its record is
+/// deleted, unless the shard keeps the will for its delay, when the record
+/// is told when it is due. A connection closed because another replica
+/// claimed its client identifier since ends the delay at once: with Clean
+/// Start 1 that ended the session and the will is sent now (MQTT 5
+/// §3.1.2.5), else the session goes on there and it is not sent
+/// `[MQTT-3.1.3-9]`, as a take-over on one replica does.
+pub(super) fn connection_ended(node: &Arc<Node>, client_id: &str, (revision, claimed): (u64, u64)) {
     let shard = shard_state(|sc| sc.shard.borrow().as_ref().and_then(std::rc::Weak::upgrade));
+    let taken = shard_state(|sc| sc.lost.borrow().get(client_id).filter(|(by, _, _)| *by > claimed).map(|l| l.2));
+    if let (Some(shard), Some(clean_start)) = (&shard, taken) {
+        shard.end_pending_will(client_id, clean_start);
+    }
     let due = shard.and_then(|shard| shard.pending_will_due(client_id));
     let Some(due) = due else {
         let request = Request::WillDelete {
@@ -149,9 +158,11 @@ pub(super) fn reconcile(node: &Node, shard: &crate::shard::Shard) {
         }
         let lost = sc.lost.borrow();
         stored.retain(|client_id, (revision, ended)| {
-            // Back on another replica since: no will (as for the sweeper).
-            if lost.get(client_id).is_some_and(|(_, at)| at >= ended) {
-                shard.cancel_pending_will(client_id);
+            // Back on another replica since: with Clean Start 1 the
+            // session ended and the will goes now, else it is not sent (as
+            // for the sweeper).
+            if let Some((_, _, clean_start)) = lost.get(client_id).filter(|(_, at, _)| at >= ended) {
+                shard.end_pending_will(client_id, *clean_start);
             }
             if shard.pending_will_due(client_id).is_some() {
                 return true;

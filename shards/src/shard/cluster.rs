@@ -86,14 +86,25 @@ impl Shard {
         st.clients[slot as usize].pending_will.as_ref().map(|p| p.0)
     }
 
-    /// Forget `client_id`'s delayed will: its client came back on another
-    /// replica.
-    pub(crate) fn cancel_pending_will(&self, client_id: &str) {
-        let mut st = self.state.borrow_mut();
-        let st = &mut *st;
-        if let Some(slot) = st.by_id.get(&st.clients, client_id) {
-            st.clients[slot as usize].pending_will = None;
+    /// `client_id`'s client came back on another replica while its
+    /// delayed will waited here: with `clean_start` that ended the session
+    /// and the will is published now (MQTT 5 §3.1.2.5: "until the Will
+    /// Delay Interval has passed or the Session ends, whichever happens
+    /// first"); else the session goes on there and the will is forgotten
+    /// `[MQTT-3.1.3-9]`.
+    pub(crate) fn end_pending_will(&self, client_id: &str, clean_start: bool) {
+        let mut guard = self.state.borrow_mut();
+        let st = &mut *guard;
+        let Some(slot) = st.by_id.get(&st.clients, client_id) else { return };
+        let Some(pending) = st.clients[slot as usize].pending_will.take() else { return };
+        let client_id = st.clients[slot as usize].session.client_id().clone();
+        if clean_start {
+            self.publish_will(st, Some(&client_id), pending.1, Instant::now());
+        } else {
+            self.store.log(fleetmq_core::store::Record::WillEnd { client_id });
         }
+        drop(guard);
+        self.try_flush();
     }
 
     /// Forget every delayed will: the replica fenced, and they are the

@@ -495,6 +495,9 @@ fn records_of_format_1_are_read_and_a_cluster_at_floor_1_gets_format_1_written()
     let nats = NatsCluster::start(1);
     let one = ["--set", "cluster.nats_replicas=1"];
     let a = replica("ra", &nats.urls(), &one);
+    // A member of an older build, reading only format 1, is live: the
+    // floor stays where it is put below (see cluster_floor.rs).
+    let _old = crate::cluster_floor::OldMember::start(&nats);
     // As an older build wrote it: JSON, the payload in base64 ("hello").
     let kv = |bucket: &'static str| {
         let url = nats.url(0);
