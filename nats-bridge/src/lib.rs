@@ -23,9 +23,12 @@ mod floor;
 mod mailbox;
 mod membership;
 mod ownership;
+mod request;
 mod retained;
 mod setup;
+mod shared;
 mod stats;
+mod status;
 mod sweeper;
 mod watch;
 

@@ -1,0 +1,234 @@
+//! What shards ask of the bridge ([`Request`], answered through a oneshot)
+//! and what the bridge tells them ([`Event`], through each shard's
+//! mailbox), and the handler that carries out each request on the bridge
+//! thread, as a task of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetmq_core::cluster::membership::FenceReason;
+use tokio::sync::oneshot;
+
+use crate::bridge::Shared;
+use crate::{ownership, retained, sweeper};
+
+/// A request from a shard.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Request {
+    /// Claim `client_id` for connection `conn` of this process in
+    /// `mqtt-sessions` (create, or compare-and-set on the revision read).
+    Claim {
+        /// The client identifier.
+        client_id: String,
+        /// The connection, unique for this process's life.
+        conn: u64,
+        /// The CONNECT has Clean Start 1 (see [`OwnerRecord::clean_start`]).
+        ///
+        /// [`OwnerRecord::clean_start`]: fleetmq_core::cluster::records::OwnerRecord::clean_start
+        clean_start: bool,
+        /// The outcome.
+        reply: oneshot::Sender<Result<Claimed, ClaimError>>,
+    },
+    /// Write a retained message (`record`: a [`RetainedRecord`]
+    /// encoded) for `topic`, or clear it (`None`), in `mqtt-retained`
+    /// (DESIGN.md §7). With a `reply`, the publisher's acknowledgement
+    /// waits: answered once JetStream has it, or refused after `wait`; a
+    /// refused write that lands anyway is undone (the topic gets
+    /// `previous` back) unless another write followed it.
+    ///
+    /// [`RetainedRecord`]: fleetmq_core::cluster::retained::RetainedRecord
+    RetainedPut {
+        /// The topic, with its workspace prefix.
+        topic: String,
+        /// The record, or `None` to clear.
+        record: Option<bytes::Bytes>,
+        /// The topic's retained message before this write, as this
+        /// replica knows it (`None`: none).
+        previous: Option<Arc<fleetmq_core::session::Message>>,
+        /// How long the publisher waits (`cluster.session_log_append_wait`).
+        wait: Duration,
+        /// The revision written, or why not; `None`: nobody waits (QoS
+        /// 0, wills): a failure is logged and counted.
+        reply: Option<oneshot::Sender<Result<u64, RetainedError>>>,
+    },
+    /// Answered at once with the bridge's clock: measures the queue, the
+    /// bridge's turn and the wake of the waiting task (no NATS involved).
+    Ping {
+        /// When the bridge answered.
+        reply: oneshot::Sender<std::time::Instant>,
+    },
+    /// Store `client_id`'s will (`record`: a `WillRecord` encoded) in
+    /// `mqtt-session-will`.
+    WillPut {
+        /// The client identifier.
+        client_id: String,
+        /// The record.
+        record: bytes::Bytes,
+        /// The revision written, or why not.
+        reply: oneshot::Sender<Result<u64, String>>,
+    },
+    /// The connection that declared `client_id`'s will (stored at
+    /// `revision`) ended with the will's delay still running: record when
+    /// this replica sends it (`due_at_ms`, Unix milliseconds), so that the
+    /// sweeper sends it then if this replica is gone by then.
+    WillDelayed {
+        /// The client identifier.
+        client_id: String,
+        /// The revision of the connection's will.
+        revision: u64,
+        /// When the will is due, Unix milliseconds.
+        due_at_ms: u64,
+        /// The revision rewritten, or why not (the will was replaced, or
+        /// the store did not answer).
+        reply: oneshot::Sender<Result<u64, String>>,
+    },
+    /// Delete `client_id`'s will if `revision` is still its latest.
+    WillDelete {
+        /// The client identifier.
+        client_id: String,
+        /// The revision of this connection's will.
+        revision: u64,
+    },
+    /// Give `client_id` up if the claim at `revision` is still the latest.
+    Release {
+        /// The client identifier.
+        client_id: String,
+        /// The revision of this replica's claim.
+        revision: u64,
+    },
+}
+
+/// Why a retained write was refused (see [`Request::RetainedPut`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetainedError {
+    /// JetStream did not take it within the wait (MQTT 5: PUBACK or
+    /// PUBREC 0x80 Unspecified error).
+    #[error("not stored: {0}")]
+    Unavailable(String),
+    /// The record does not fit the server's `max_payload` (MQTT 5: 0x97
+    /// Quota exceeded).
+    #[error("a record of {size} bytes does not fit the NATS max_payload of {limit} bytes")]
+    TooLarge {
+        /// The record's size, bytes.
+        size: usize,
+        /// The server's `max_payload`, bytes.
+        limit: usize,
+    },
+}
+
+/// A claim that landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The revision of the claim in `mqtt-sessions`: a later revision by
+    /// another replica takes the client identifier over.
+    pub revision: u64,
+    /// The replica that owned the client identifier before, when another.
+    pub previous: Option<String>,
+}
+
+/// Why a claim did not land.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// This replica is fenced.
+    #[error("replica fenced")]
+    Fenced,
+    /// JetStream did not take the claim.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// An event for a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// The replica fenced: close every connection (MQTT 5: DISCONNECT
+    /// 0x8B) and refuse CONNECT until [`Event::Unfenced`].
+    Fenced(FenceReason),
+    /// The replica serves again.
+    Unfenced,
+    /// Publish the will of a connection of a stopped, fenced or gone
+    /// replica (this replica holds the leader lock and sends it once).
+    PublishWill {
+        /// The will, its topic with the workspace prefix.
+        will: fleetmq_core::packet::Will,
+    },
+    /// A retained message changed (any replica's write, this one's
+    /// included), at `revision` of `mqtt-retained`: apply it in that order
+    /// (an empty payload clears the topic).
+    Retained {
+        /// The bucket revision: the sequence of the change.
+        revision: u64,
+        /// The message (empty payload: cleared).
+        message: Arc<fleetmq_core::session::Message>,
+    },
+    /// Another replica claimed `client_id` at `revision`: a connection
+    /// with that identifier here whose claim is older is taken over (MQTT
+    /// 5: DISCONNECT 0x8E).
+    TakenOver {
+        /// The client identifier.
+        client_id: String,
+        /// The revision of the other replica's claim.
+        revision: u64,
+        /// The replica that claimed it.
+        replica: String,
+        /// The claim's CONNECT had Clean Start 1: the session ended here,
+        /// and a delayed will waiting here is sent at once (MQTT 5
+        /// §3.1.2.5); else the session goes on there and the will is not
+        /// sent `[MQTT-3.1.3-9]`.
+        clean_start: bool,
+    },
+}
+
+/// Carry out `request` (a task of its own on the bridge thread) and count
+/// it finished.
+pub(crate) async fn handle(shared: Arc<Shared>, request: Request) {
+    match request {
+        Request::Claim { client_id, conn, clean_start, reply } => {
+            let outcome = if shared.status.is_fenced() {
+                Err(ClaimError::Fenced)
+            } else {
+                ownership::claim(&shared, &client_id, conn, clean_start).await
+            };
+            // Nobody waits any more (the CONNECT was refused past its
+            // budget): the claim that landed is given up again.
+            if let Err(Ok(claimed)) = reply.send(outcome) {
+                ownership::release(&shared, &client_id, claimed.revision).await;
+            }
+        }
+        Request::Release { client_id, revision } => ownership::release(&shared, &client_id, revision).await,
+        Request::WillPut { client_id, record, reply } => {
+            // A will whose CONNECT was refused meanwhile is deleted again:
+            // no will for a refused device (DESIGN.md §6).
+            if let Err(Ok(revision)) = reply.send(sweeper::put_will(&shared, &client_id, record).await) {
+                let _ = sweeper::delete_will(&shared, &client_id, revision).await;
+            }
+        }
+        Request::WillDelayed { client_id, revision, due_at_ms, reply } => {
+            let _ = reply.send(sweeper::will_delayed(&shared, &client_id, revision, due_at_ms).await);
+        }
+        Request::WillDelete { client_id, revision } => {
+            if let Err(e) = sweeper::delete_will(&shared, &client_id, revision).await {
+                tracing::debug!(target: "cluster", %client_id, error = %e, "cluster: will not deleted (replaced, or store unavailable)");
+            }
+        }
+        Request::Ping { reply } => {
+            let _ = reply.send(std::time::Instant::now());
+        }
+        Request::RetainedPut { topic, record, previous, wait, reply } => {
+            let started = std::time::Instant::now();
+            let put = retained::Put { topic, record, previous, wait, waited: reply.is_some() };
+            let outcome = retained::put(&shared, &put).await;
+            shared.status.stats.record(crate::OpKind::Retained, started.elapsed());
+            if let Err(e) = &outcome {
+                retained::failed(&shared, &put, e);
+            }
+            if let Some(reply) = reply {
+                let _ = reply.send(outcome);
+            }
+        }
+    }
+    shared.status.stats.finished();
+}

@@ -1,0 +1,200 @@
+//! [`Shared`]: what the tasks on the bridge thread share (the two NATS
+//! connections, the opened buckets, what membership learned), and how the
+//! bridge makes it at start (connect, check, create the buckets).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Context};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::bridge::{StartError, START_WAIT};
+use crate::config::{connect, JS_TIMEOUT};
+use crate::mailbox::Mailbox;
+use crate::{setup, BridgeConfig, ClusterStatus, Event};
+
+/// What the tasks on the bridge thread share.
+pub(crate) struct Shared {
+    pub(crate) config: BridgeConfig,
+    pub(crate) status: Arc<ClusterStatus>,
+    /// The state connection's JetStream context.
+    pub(crate) state: Context,
+    /// The lease connection's JetStream context.
+    pub(crate) lease: Context,
+    pub(crate) state_client: async_nats::Client,
+    /// `mqtt-sessions`, opened once (opening it is a round trip).
+    pub(crate) sessions: async_nats::jetstream::kv::Store,
+    /// `mqtt-session-will`, opened once.
+    pub(crate) wills: async_nats::jetstream::kv::Store,
+    /// Counts changes of membership that may hand entries over (a peer
+    /// gone, stopped or replaced, an epoch moved on): the ownership sweep
+    /// runs again when it moved.
+    pub(crate) handovers: std::sync::atomic::AtomicU64,
+    /// The revisions of `mqtt-sessions` keys last seen, so a claim can
+    /// skip its read.
+    known: Mutex<crate::ownership::KnownRevisions>,
+    pub(crate) mailboxes: Vec<Arc<Mailbox<Event>>>,
+    /// Live peers (not taken for gone): replica → (process instance,
+    /// epoch).
+    pub(crate) live: Mutex<std::collections::HashMap<String, (String, u64)>>,
+    /// Process instances taken for gone or stopped (or replaced by a newer
+    /// process of their replica ID), and since when on this clock.
+    pub(crate) gone: Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Until when this replica decides for others (DESIGN.md §5: its own
+    /// last landed membership write was sent less than T before).
+    pub(crate) decides_until: Mutex<Option<std::time::Instant>>,
+    /// Events a full mailbox handed back, per shard.
+    held: Mutex<Vec<Vec<Event>>>,
+    /// The record formats each live peer reads (oldest, newest), by
+    /// replica ID, from its `mqtt-members` entry (see [`crate::floor`]).
+    pub(crate) member_reads: Mutex<std::collections::HashMap<String, [u16; 2]>>,
+    /// Claims made with Clean Start 1 that the ownership watch saw, by
+    /// client identifier (see [`crate::sweeper::clean_start_seen`]).
+    pub(crate) clean_starts: Mutex<std::collections::HashMap<String, fleetmq_core::cluster::records::OwnerRecord>>,
+    pub(crate) stop: Notify,
+    pub(crate) stopping: AtomicBool,
+    /// Numbers this process's retained writes (their `Fleetmq-Write`
+    /// header).
+    pub(crate) writes: std::sync::atomic::AtomicU64,
+    /// When a failed retained write was last logged, and how many were
+    /// not logged since.
+    pub(crate) warned: Mutex<(Option<std::time::Instant>, u64)>,
+    /// Another process runs this replica ID: this one must not touch its
+    /// membership entry, not even to leave.
+    pub(crate) duplicate: AtomicBool,
+}
+
+impl Shared {
+    /// The process instances of the live replicas with their epochs, this
+    /// one's included.
+    pub(crate) fn live_instances(&self) -> std::collections::HashMap<String, u64> {
+        let mut live: std::collections::HashMap<String, u64> =
+            self.live.lock().map(|l| l.values().cloned().collect()).unwrap_or_default();
+        live.insert(self.config.instance.clone(), self.status.epoch());
+        live
+    }
+
+    /// When `instance` was taken for gone or stopped, if it was.
+    pub(crate) fn gone_at(&self, instance: &str) -> Option<std::time::Instant> {
+        self.gone.lock().ok().and_then(|g| g.get(instance).copied())
+    }
+
+    /// Whether this replica may decide for others now (DESIGN.md §5).
+    pub(crate) fn decides_for_others(&self) -> bool {
+        let until = self.decides_until.lock().ok().and_then(|u| *u);
+        until.is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    /// The revisions of `mqtt-sessions` keys last seen (only the bridge
+    /// thread locks it).
+    pub(crate) fn known_revisions(&self) -> std::sync::MutexGuard<'_, crate::ownership::KnownRevisions> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Offer `event` to `shard`'s mailbox, holding it when full.
+    pub(crate) fn send_event(&self, shard: usize, event: Event) {
+        let mut held = self.held.lock().expect("bridge-only lock");
+        if held[shard].is_empty() {
+            if let Err(event) = self.mailboxes[shard].push(event) {
+                held[shard].push(event);
+            }
+        } else {
+            held[shard].push(event);
+        }
+    }
+
+    /// Offer `event` to every shard.
+    pub(crate) fn broadcast(&self, event: Event) {
+        for shard in 0..self.mailboxes.len() {
+            self.send_event(shard, event.clone());
+        }
+    }
+
+    /// Offer the held events again, in order.
+    pub(crate) fn offer_held(&self) {
+        let mut held = self.held.lock().expect("bridge-only lock");
+        for (shard, queue) in held.iter_mut().enumerate() {
+            let mut sent = 0;
+            for event in queue.iter() {
+                if self.mailboxes[shard].push(event.clone()).is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            queue.drain(..sent);
+        }
+    }
+}
+
+/// Connect, check and set up JetStream (retrying what did not answer for
+/// a while), and make what the bridge's tasks share.
+pub(crate) async fn start(
+    config: BridgeConfig,
+    status: Arc<ClusterStatus>,
+    mailboxes: Vec<Arc<Mailbox<Event>>>,
+) -> Result<Arc<Shared>, StartError> {
+    let name = |part: &str| format!("fleetmq-{}-{part}", config.replica_id);
+    let state_client = connect(&config.cluster, name("state")).await?;
+    let lease_client = connect(&config.cluster, name("lease")).await?;
+    let context = |client: async_nats::Client| {
+        jetstream::ContextBuilder::new().timeout(JS_TIMEOUT).build(client)
+    };
+    let state = context(state_client.clone());
+    let lease = context(lease_client);
+    // JetStream may still be electing (a cluster just started, a server
+    // restarting: "no suitable peers for placement"): what did not answer
+    // is tried again for a while; an incompatible answer stops at once.
+    let retry_until = tokio::time::Instant::now() + START_WAIT * 2 / 3;
+    let (level, floor) = loop {
+        let attempt = async {
+            let level = setup::check_api_level(&state).await?;
+            setup::ensure_buckets(&state, usize::from(config.cluster.nats_replicas), config.cluster.member_ttl).await?;
+            let floor = setup::check_floor(&state).await?;
+            Ok::<_, StartError>((level, floor))
+        };
+        match attempt.await {
+            Ok(done) => break done,
+            Err(StartError::Connect(why)) if tokio::time::Instant::now() < retry_until => {
+                warn!(target: "bridge", %why, "bridge: JetStream not ready yet, trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
+    status.raise_floor(floor);
+    let sessions = state
+        .get_key_value(fleetmq_core::cluster::records::bucket::SESSIONS)
+        .await
+        .map_err(|e| StartError::Connect(format!("bucket mqtt-sessions: {e}")))?;
+    let wills = state
+        .get_key_value(fleetmq_core::cluster::records::bucket::WILLS)
+        .await
+        .map_err(|e| StartError::Connect(format!("bucket mqtt-session-will: {e}")))?;
+    let shards = mailboxes.len();
+    Ok(Arc::new(Shared {
+        config,
+        status,
+        state,
+        lease,
+        state_client,
+        sessions,
+        wills,
+        handovers: std::sync::atomic::AtomicU64::new(0),
+        known: Mutex::new(crate::ownership::KnownRevisions::default()),
+        mailboxes,
+        live: Mutex::new(std::collections::HashMap::new()),
+        gone: Mutex::new(std::collections::HashMap::new()),
+        decides_until: Mutex::new(None),
+        held: Mutex::new(vec![Vec::new(); shards]),
+        clean_starts: Mutex::new(std::collections::HashMap::new()),
+        member_reads: Mutex::new(std::collections::HashMap::new()),
+        stop: Notify::new(),
+        stopping: AtomicBool::new(false),
+        duplicate: AtomicBool::new(false),
+        writes: std::sync::atomic::AtomicU64::new(0),
+        warned: Mutex::new((None, 0)),
+    }))
+}
