@@ -14,6 +14,7 @@
 # speaks 3.1.1 only, so both kinds are 3.1.1. KINDS="clean persistent"
 # chooses the kinds.
 #
+# FLEETMQ_ARGS: more `fleetmq serve` arguments (e.g. "--shards 1").
 # Pinning (taskset CPU lists; empty: unpinned): FLEETMQ_CPUS, NATS_CPUS,
 # LOADGEN_CPUS. KEEP=DIR keeps the logs, each run's loadgen report and
 # the broker's refusal counters there.
@@ -22,8 +23,10 @@
 # target/cluster-connect.jsonl): CONNACKs per second, CONNACK p50/p99,
 # failed CONNECTs with loadgen's error kinds, fleetmq's refusals by
 # reason, the CPU seconds fleetmq's bridge thread, fleetmq and the NATS
-# servers used during the storm, and the load average; then a summary of
-# the medians.
+# servers used during the storm (and SETTLE[1] s after it), what the NATS
+# servers did per CONNECT (messages in and out, JetStream API requests,
+# writes per stream: from their monitoring ports), and the load average;
+# then a summary of the medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLEETMQ=${FLEETMQ:-target/release/fleetmq}
@@ -34,6 +37,7 @@ FLEETMQ_CPUS=${FLEETMQ_CPUS:-}
 NATS_CPUS=${NATS_CPUS:-}
 LOADGEN_CPUS=${LOADGEN_CPUS:-}
 KEEP=${KEEP:-}
+FLEETMQ_ARGS=${FLEETMQ_ARGS:-}
 RUNS=${RUNS:-3}
 CONNECTIONS=${CONNECTIONS:-5000}
 RATE=${RATE:-100000}
@@ -62,7 +66,7 @@ ADMIN_PORT=$(free_port)
 pin "$FLEETMQ_CPUS" "$FLEETMQ" serve --listen "127.0.0.1:$MQTT_PORT" --admin "127.0.0.1:$ADMIN_PORT" \
     --set cluster.replica_id=perf1 \
     --set "cluster.nats_urls=$URLS" \
-    --set cluster.nats_replicas=3 --set limits.max_connections_per_credential=1000000 \
+    --set cluster.nats_replicas=3 --set limits.max_connections_per_credential=1000000 $FLEETMQ_ARGS \
     >"$WORK/fleetmq.out" 2>"$WORK/fleetmq.log" &
 FLEETMQ_PID=$!
 PIDS+=($FLEETMQ_PID)
@@ -91,6 +95,7 @@ storm() { # broker url kind round
     local before_f before_b before_n load
     before_f=$(cpu_s "$FLEETMQ_PID"); before_b=$(bridge_cpu_s); before_n=$(cpu_s $NATS_PIDS)
     refusals >"$WORK/refused.before"
+    python3 perf/cluster_connect_row.py --nats-counts "${HPORT[@]}" >"$WORK/nats.before"
     load=$(cut -d' ' -f1 /proc/loadavg)
     local loadgen=("$LOADGEN")
     if [ -n "$LOADGEN_CPUS" ]; then loadgen=(taskset -c "$LOADGEN_CPUS" "$LOADGEN"); fi
@@ -102,9 +107,13 @@ storm() { # broker url kind round
     [ -s "$WORK/run.json" ] || { echo "$name $kind round $round: no report"; return 0; }
     local tick
     tick=$(getconf CLK_TCK)
+    # What the storm left queued (releases at the disconnects) is its work too.
+    sleep "${SETTLE:-1}"
     refusals >"$WORK/refused.after"
+    python3 perf/cluster_connect_row.py --nats-counts "${HPORT[@]}" >"$WORK/nats.after"
     CPU_FLEETMQ=$(( $(cpu_s "$FLEETMQ_PID") - before_f )) CPU_BRIDGE=$(( $(bridge_cpu_s) - before_b )) \
     CPU_NATS=$(( $(cpu_s $NATS_PIDS) - before_n )) TICK=$tick LOAD=$load \
+    NATS_BEFORE="$WORK/nats.before" NATS_AFTER="$WORK/nats.after" \
         python3 perf/cluster_connect_row.py "$WORK/run.json" "$name" "$kind" "$round" \
         "$WORK/refused.before" "$WORK/refused.after" >>"$OUT"
     if [ -n "$KEEP" ]; then cp "$WORK/run.json" "$KEEP/r$round-$kind-$name.json"; cp "$WORK/refused.after" "$KEEP/r$round-$kind-$name.refused"; fi
@@ -116,7 +125,7 @@ for round in $(seq 1 "$RUNS"); do
         for entry in "${order[@]}"; do
             set -- $entry
             storm "$1" "$2" "$kind" "$round"
-            sleep 2
+            sleep 1
         done
     done
 done

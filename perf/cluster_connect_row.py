@@ -18,7 +18,41 @@ def counters(path):
     return out
 
 
-if sys.argv[1] == "--summary":
+def nats_counts(ports):
+    """Summed over the NATS servers of `ports` (monitoring): messages in
+    and out (/varz: clients and routes), JetStream API requests (/jsz), and
+    the last sequence of each stream (the highest any server reports: the
+    writes it took so far)."""
+    import urllib.request
+    out = {"in_msgs": 0, "out_msgs": 0, "api": 0, "streams": {}}
+    for port in ports:
+        get = lambda path: json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5))
+        varz = get("/varz")
+        out["in_msgs"] += varz.get("in_msgs", 0)
+        out["out_msgs"] += varz.get("out_msgs", 0)
+        jsz = get("/jsz?accounts=true&streams=true")
+        out["api"] += (jsz.get("api") or {}).get("total", 0)
+        for account in jsz.get("account_details") or []:
+            for stream in account.get("stream_detail") or []:
+                name, last = stream["name"], stream["state"]["last_seq"]
+                out["streams"][name] = max(out["streams"].get(name, 0), last)
+    return out
+
+
+def nats_per_connect(before, after, connected):
+    """What the NATS servers did per CONNECT between two `nats_counts`."""
+    row = {k: round((after[k] - before[k]) / connected, 2) for k in ("in_msgs", "out_msgs", "api")}
+    row["stream_writes"] = {
+        name: round((last - before["streams"].get(name, 0)) / connected, 2)
+        for name, last in after["streams"].items()
+        if last != before["streams"].get(name, 0)
+    }
+    return row
+
+
+if sys.argv[1] == "--nats-counts":
+    print(json.dumps(nats_counts(sys.argv[2:])))
+elif sys.argv[1] == "--summary":
     rows = [json.loads(line) for line in open(sys.argv[2])]
     by = {}
     for r in rows:
@@ -33,6 +67,14 @@ if sys.argv[1] == "--summary":
         bridge = statistics.median(r.get("bridge_cpu_us_per_connect") or 0 for r in rs)
         load = statistics.median(r.get("load") or 0 for r in rs)
         print(f"{kind:11} {broker:8} {len(rs):4}  {rate:18.0f}  {p99:15.1f}  {failed:6}  {bridge:21.1f}  {load:4.1f}")
+        per = [r["nats_per_connect"] for r in rs if r.get("nats_per_connect")]
+        if per:
+            cpu = statistics.median(r.get("nats_cpu_us_per_connect") or 0 for r in rs)
+            own = statistics.median(r.get("fleetmq_cpu_us_per_connect") or 0 for r in rs)
+            writes = {n: statistics.median(p["stream_writes"].get(n, 0) for p in per) for n in sorted({n for p in per for n in p["stream_writes"]})}
+            print(f"{'':11} per CONNECT (medians): NATS msgs in {statistics.median(p['in_msgs'] for p in per):.1f}"
+                  f" out {statistics.median(p['out_msgs'] for p in per):.1f}, JS API {statistics.median(p['api'] for p in per):.2f},"
+                  f" stream writes {writes}, NATS CPU {cpu:.0f} us, fleetmq CPU {own:.0f} us")
     for kind in sorted({k for k, _ in by}):
         f, n = rates.get((kind, "fleetmq")), rates.get((kind, "nats"))
         if f and n:
@@ -60,6 +102,9 @@ else:
         row["fleetmq_cpu_us_per_connect"] = int(os.environ["CPU_FLEETMQ"]) / tick / connected * 1e6
     if "CPU_NATS" in os.environ:
         row["nats_cpu_us_per_connect"] = int(os.environ["CPU_NATS"]) / tick / connected * 1e6
+    if os.environ.get("NATS_BEFORE") and os.environ.get("NATS_AFTER"):
+        before, after = (json.load(open(os.environ[k])) for k in ("NATS_BEFORE", "NATS_AFTER"))
+        row["nats_per_connect"] = nats_per_connect(before, after, connected)
     if "LOAD" in os.environ:
         row["load"] = float(os.environ["LOAD"])
     print(json.dumps(row))

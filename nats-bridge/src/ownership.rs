@@ -187,6 +187,9 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
 /// peer is gone, stopped, replaced or back from a fence.
 const SCAN_EVERY: Duration = Duration::from_secs(60);
 
+/// Deletes of the ownership sweep in flight at most.
+const SWEEP_WINDOW: usize = 256;
+
 /// How long the scan waits for the next entry before it takes the bucket
 /// as read.
 const SCAN_QUIET: Duration = Duration::from_secs(5);
@@ -240,21 +243,21 @@ pub(crate) async fn sweep(shared: &Shared, state: &mut OwnerSweep) {
             return;
         }
     };
-    let mut swept = 0;
-    for (key, revision) in stale {
+    // Pipelined, SWEEP_WINDOW deletes in flight: a gone replica may leave
+    // many entries (its persistent sessions' too), and the sweeper's lease
+    // is renewed in the same loop.
+    let deletes = futures_util::stream::iter(stale).map(|(key, revision)| async move {
         // Each delete is a decision for others.
         if !shared.decides_for_others() {
-            break;
+            return false;
         }
         let publish = PublishMessage::build().header("KV-Operation", "DEL").expected_last_subject_sequence(revision);
-        let outcome = match shared.state.send_publish(subject(&key), publish).await {
-            Ok(ack) => ack.await.map(|_| ()),
-            Err(e) => Err(e),
-        };
-        if outcome.is_ok() {
-            swept += 1;
+        match shared.state.send_publish(subject(&key), publish).await {
+            Ok(ack) => ack.await.is_ok(),
+            Err(_) => false,
         }
-    }
+    });
+    let swept = deletes.buffer_unordered(SWEEP_WINDOW).filter(|landed| std::future::ready(*landed)).count().await;
     if swept > 0 {
         info!(target: "cluster", swept, "cluster: swept the client identifier ownership of gone replicas");
     }

@@ -27,6 +27,7 @@ use crate::metrics::RefuseReason;
 use crate::shard::Shard;
 use crate::store::Outcome;
 
+mod parked;
 mod report;
 mod wills;
 
@@ -129,6 +130,7 @@ impl Node {
             revision: claimed.revision,
             will: None,
             epoch: self.status().epoch(),
+            parks_for: None,
         };
         match within(budget, &mut outcome).await {
             Some(Ok(Ok(claimed))) => {
@@ -226,6 +228,9 @@ impl Node {
             sleep(delay.min(budget(Instant::now()))).await;
         }
         let mut claim = self.claim(client_id, connect.clean_start, budget(Instant::now())).await?;
+        // A persistent session outlives its connection here: so does its
+        // claim (see `parked`).
+        claim.parks_for = (session_expiry > 0).then(|| Duration::from_secs(u64::from(session_expiry)));
         if let Some(will) = &connect.will {
             // Stored as the shard keeps it: the topic with the workspace prefix.
             let mut will = will.clone();
@@ -262,6 +267,9 @@ pub(crate) struct Claim {
     /// The replica's epoch when the claim was made: a connection that ends
     /// at a later one lived through a fence, which handed its will over.
     epoch: u64,
+    /// A persistent session's expiry interval: when the connection ends,
+    /// the claim is parked this long instead of released (see `parked`).
+    parks_for: Option<Duration>,
 }
 
 impl Drop for Claim {
@@ -281,6 +289,24 @@ impl Drop for Claim {
                 || self.node.status().epoch() != self.epoch;
             if !handed_over {
                 wills::connection_ended(&self.node, &self.client_id, (revision, self.revision));
+            }
+        }
+        if let Some(expiry) = self.parks_for {
+            // Not at a fence or a stop: the release goes out as before.
+            let now = Instant::now();
+            let until = now.checked_add(expiry).unwrap_or(now + parked::FOREVER);
+            let parked = SHARD
+                .try_with(|sc| {
+                    // A newer claim, here (a take-over on this replica) or
+                    // by another replica, makes this one moot.
+                    let moot = sc.claims.borrow().get(&self.client_id).is_some_and(|r| *r > self.revision)
+                        || sc.lost.borrow().get(&self.client_id).is_some_and(|(r, _, _)| *r > self.revision);
+                    !sc.handing_over.get()
+                        && (moot || sc.parked.borrow_mut().park(&self.client_id, self.revision, until))
+                })
+                .unwrap_or(false);
+            if parked {
+                return;
             }
         }
         let request = Request::Release { client_id: std::mem::take(&mut self.client_id), revision: self.revision };
@@ -322,6 +348,8 @@ pub(crate) struct ShardCluster {
     /// The delayed wills of this shard's ended connections in
     /// `mqtt-session-will` (see `wills`).
     delayed: wills::Delayed,
+    /// Claims of persistent sessions whose connection ended (see `parked`).
+    parked: RefCell<parked::Parked>,
 }
 
 impl ShardCluster {
@@ -344,6 +372,7 @@ impl ShardCluster {
                 return false;
             }
         }
+        self.parked.borrow_mut().remove(&claim.client_id);
         self.claims.borrow_mut().insert(claim.client_id.clone(), claim.revision);
         true
     }
@@ -362,6 +391,7 @@ impl ShardCluster {
             }
         }
         lost.insert(client_id.to_owned(), (revision, now, clean_start));
+        self.parked.borrow_mut().remove(client_id);
         let mut claims = self.claims.borrow_mut();
         match claims.get(client_id) {
             Some(mine) if *mine < revision => {
@@ -473,6 +503,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                 Some(true) => {}
                 None => {
                     wills::reconcile(&node, &shard);
+                    parked::release_due(&node);
                     continue;
                 }
             }
@@ -505,6 +536,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                 node.status().applied_retained(shard.id, retained);
             }
             wills::reconcile(&node, &shard);
+            parked::release_due(&node);
             shard.try_flush();
         }
     })

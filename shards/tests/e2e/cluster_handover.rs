@@ -480,3 +480,61 @@ fn a_replica_back_from_a_fence_it_alone_saw_hands_the_wills_of_its_closed_connec
     assert_eq!(sent(), 1.0, "sent more than once");
     assert_ne!(will_entry(&nats, "open").as_deref(), Some("Put"));
 }
+
+/// Waits (at most `within`) until `client_id`'s `mqtt-sessions` entry is
+/// `wanted` (`None`: a delete marker or none).
+fn wait_owner(nats: &NatsCluster, client_id: &str, wanted: Option<&str>, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = owner_entry(nats, client_id).filter(|(op, _)| op == "Put").map(|e| e.1);
+        if now.as_deref() == wanted {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{client_id}: owner {now:?} after {within:?}, expected {wanted:?}");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An MQTT 5 client `id` with Session Expiry Interval `expiry` seconds.
+fn session(broker: &Broker, id: &str, expiry: u32) -> RawClient {
+    let connect = build::Connect { session_expiry: Some(expiry), ..build::Connect::v5(id) };
+    let mut client = RawClient::connect(broker.mqtt);
+    assert_eq!(client.handshake(&connect.encode()).1, 0, "CONNECT of {id}");
+    client
+}
+
+#[test]
+fn a_persistent_sessions_ownership_outlives_its_connection_until_the_session_expires() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &TIMING);
+    let b = replica("rb", &nats.urls(), &TIMING);
+    // A clean session's client identifier is given up when its connection
+    // ends; a persistent session's stays with the replica that keeps the
+    // session (no write to NATS at the disconnect).
+    drop(session(&a, "goes", 0));
+    drop(session(&a, "keeps", 4));
+    wait_owner(&nats, "goes", None, Duration::from_secs(3));
+    assert_eq!(owner_entry(&nats, "keeps"), Some(("Put".to_owned(), "ra".to_owned())));
+    // Back on the same replica: its own entry is claimed over.
+    let mut back = session(&a, "keeps", 4);
+    back.send(&build::subscribe(1, "t", 0, true));
+    assert!(matches!(back.read(Duration::from_secs(2)), Incoming::Packet { header: 0x90, .. }));
+    // Taken over by another replica within a second, the parked claim
+    // notwithstanding (DESIGN.md §6).
+    let (code, moved) = connect_v5(&b, "keeps");
+    assert_eq!(code, 0);
+    expect_disconnect(&mut back, 0x8e, Duration::from_secs(1));
+    wait_owner(&nats, "keeps", Some("rb"), Duration::from_secs(1));
+    // Clean Start with no expiry (connect_v5): B gives it up at the end.
+    drop(moved);
+    wait_owner(&nats, "keeps", None, Duration::from_secs(3));
+    // A persistent session on B: parked, and released once its expiry
+    // (4 s) passed since the connection ended; A's older claim, parked
+    // too, never removes B's.
+    drop(session(&b, "keeps", 4));
+    let ended = Instant::now();
+    thread::sleep(Duration::from_secs(3));
+    assert_eq!(owner_entry(&nats, "keeps").map(|e| e.1).as_deref(), Some("rb"), "parked for the session's expiry");
+    wait_owner(&nats, "keeps", None, Duration::from_secs(4));
+    assert!(ended.elapsed() >= Duration::from_secs(4), "released after {:?}", ended.elapsed());
+}
