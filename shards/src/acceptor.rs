@@ -13,11 +13,20 @@
 //! A loop yields to the shard's other tasks after [`ACCEPT_BATCH`]
 //! connections, so that those it let in read their CONNECTs while the
 //! kernel's queue still holds more.
+//!
+//! The limits that hold before anything is read are applied here, as each
+//! connection is accepted (DESIGN.md §9): `max_connections_per_source`,
+//! then `max_pending_connections` (`crate::pending`). When the shard is
+//! behind its pending connections (every one that could give way has its
+//! bytes waiting unread), the loop holds the connection it has just
+//! accepted and accepts no more until one leaves: a reconnect storm waits
+//! in the kernel's listen queue instead of being refused or evicted
+//! (issue 27).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_lite::future::{or, yield_now};
 use glommio::net::{TcpListener, TcpStream};
@@ -25,8 +34,10 @@ use glommio::timer::sleep;
 use socket2::SockRef;
 use tracing::warn;
 
-use crate::connection::{accepted, ConnSettings};
+use crate::connection::{accepted, refused, Admitted, ConnSettings};
 use crate::limits::ShardGate;
+use crate::metrics::RefuseReason;
+use crate::pending::Admission;
 use crate::shard::Shard;
 use crate::transport::ListenerKind;
 
@@ -35,6 +46,11 @@ const ACCEPT_BATCH: usize = 64;
 
 /// How long a loop waits after an accept error (out of descriptors).
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+/// How long a loop holding a connection at `max_pending_connections`
+/// waits before it asks again, if no pending connection of its shard left
+/// meanwhile: room made on another shard is seen within this time.
+const ROOM_RECHECK: Duration = Duration::from_millis(10);
 
 /// One accept loop per listening socket of this shard, until the shard's
 /// stop signal.
@@ -45,7 +61,7 @@ pub(crate) fn spawn_acceptors(
 ) {
     // The shard's pending connections and credential checks, for every
     // listener of the shard.
-    let doors = ShardGate::new(settings.connect_timeout);
+    let doors = ShardGate::new(settings.connect_timeout, shard.shards);
     for (fd, kind) in fds {
         if let Err(e) = SockRef::from(&fd).set_nonblocking(true) {
             warn!(target: "broker", error = %e, "listener not made non-blocking");
@@ -73,19 +89,20 @@ async fn accept_loop(
     kind: ListenerKind,
 ) {
     let mut batch = 0;
-    loop {
+    while !shard.stopping.get() {
         match accept_one(&shard, &listener).await {
             Next::Accepted(stream, peer) => {
-                // Connection tasks are made aside (crate::alloc): they end
-                // when their connection parks.
-                crate::alloc::spawn_aside(accepted(
-                    shard.clone(),
-                    settings.clone(),
-                    doors.clone(),
-                    stream,
-                    peer,
-                    kind,
-                ));
+                // Refused ones count too: a loop refusing a flood yields.
+                if let Some(admitted) = admit(&shard, &settings, &doors, stream, peer, kind).await {
+                    // Connection tasks are made aside (crate::alloc): they
+                    // end when their connection parks.
+                    crate::alloc::spawn_aside(accepted(
+                        shard.clone(),
+                        settings.clone(),
+                        doors.clone(),
+                        admitted,
+                    ));
+                }
                 batch += 1;
                 if batch == ACCEPT_BATCH {
                     batch = 0;
@@ -94,6 +111,47 @@ async fn accept_loop(
             }
             Next::Wait => batch = 0,
             Next::Stop => break,
+        }
+    }
+}
+
+/// The limits that hold before anything is read, for a connection just
+/// accepted: its slots, or `None` when it is refused (closed, counted) or
+/// the shard stops. Waits while the shard is behind (see the module docs).
+async fn admit(
+    shard: &Shard,
+    settings: &ConnSettings,
+    doors: &ShardGate,
+    stream: TcpStream,
+    peer: IpAddr,
+    kind: ListenerKind,
+) -> Option<Admitted> {
+    let Ok(source_slot) = settings.gate.source(peer) else {
+        refused(shard, settings, RefuseReason::MaxConnectionsPerSource);
+        return None;
+    };
+    loop {
+        let fd = Some(stream.as_raw_fd());
+        match doors.pending.admit(&settings.gate, Instant::now(), fd) {
+            Admission::In(pending) => {
+                return Some(Admitted {
+                    stream,
+                    peer,
+                    kind,
+                    source_slot,
+                    pending,
+                })
+            }
+            Admission::Refused => {
+                refused(shard, settings, RefuseReason::MaxPendingConnections);
+                return None;
+            }
+            Admission::Behind => {
+                or(doors.pending.room(), sleep(ROOM_RECHECK)).await;
+                if shard.stopping.get() {
+                    return None;
+                }
+            }
         }
     }
 }

@@ -219,33 +219,35 @@ async fn refuse_connect(shard: &Shard, transport: &mut Transport, reason: Option
     closing::close(transport, Linger::refused(expected)).await;
 }
 
-fn refused(shard: &Shard, settings: &ConnSettings, reason: RefuseReason) {
+/// Count a refusal for `reason` and log it (at most every 10 s per reason).
+pub(crate) fn refused(shard: &Shard, settings: &ConnSettings, reason: RefuseReason) {
     shard.metrics.connect_refused(reason);
     settings.gate.log_refusal(reason.as_str());
 }
 
-/// Serve a freshly accepted socket of a `kind` listener, from `peer`
-/// (`TCP_NODELAY` already set: `crate::acceptor`): limits, the TLS /
-/// WebSocket handshake and a complete CONNECT within `connect_timeout`,
-/// sign-in, then serve it here or hand it to the shard that owns its client
-/// identifier.
+/// A freshly accepted socket of a `kind` listener, from `peer`, and the
+/// slots the accept loop took for it before anything was read
+/// (`crate::acceptor`; DESIGN.md §9): its source address's, if counted,
+/// and its pending one.
+pub(crate) struct Admitted {
+    pub(crate) stream: TcpStream,
+    pub(crate) peer: IpAddr,
+    pub(crate) kind: ListenerKind,
+    pub(crate) source_slot: Option<LimitSlot>,
+    pub(crate) pending: PendingGuard,
+}
+
+/// Serve an [`Admitted`] connection (`TCP_NODELAY` already set:
+/// `crate::acceptor`): the TLS / WebSocket handshake and a complete
+/// CONNECT within `connect_timeout`, sign-in, then serve it here or hand it
+/// to the shard that owns its client identifier.
 pub(crate) async fn accepted(
     shard: Rc<Shard>,
     settings: Rc<ConnSettings>,
     doors: Rc<ShardGate>,
-    stream: TcpStream,
-    peer: IpAddr,
-    kind: ListenerKind,
+    admitted: Admitted,
 ) {
-    // Limits that hold before anything is read (DESIGN.md §9): at
-    // `max_pending_connections` the pending connection with the least
-    // progress gives way, if one has not progressed (`crate::pending`).
-    let Ok(source_slot) = settings.gate.source(peer) else {
-        return refused(&shard, &settings, RefuseReason::MaxConnectionsPerSource);
-    };
-    let Some(pending) = doors.pending.admit(&settings.gate, Instant::now(), Some(stream.as_raw_fd())) else {
-        return refused(&shard, &settings, RefuseReason::MaxPendingConnections);
-    };
+    let Admitted { stream, peer, kind, source_slot, pending } = admitted;
     let opened = or(
         async { Some(open_and_read_connect(&shard, &settings, &pending, kind, stream).await) },
         async {

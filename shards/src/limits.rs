@@ -27,6 +27,8 @@ pub(crate) struct Gate {
     max_per_source: Option<usize>,
     max_per_credential: usize,
     pending: AtomicUsize,
+    /// See [`Gate::unread_pending`].
+    unread: AtomicUsize,
     authenticating: AtomicUsize,
     per_source: Mutex<HashMap<IpAddr, usize>>,
     per_credential: Mutex<HashMap<String, usize>>,
@@ -42,11 +44,11 @@ pub(crate) struct ShardGate {
 }
 
 impl ShardGate {
-    /// An empty one for a shard whose connections have `connect_timeout`
-    /// to send their CONNECT.
-    pub(crate) fn new(connect_timeout: Duration) -> Rc<ShardGate> {
+    /// An empty one for a shard, of `shards`, whose connections have
+    /// `connect_timeout` to send their CONNECT.
+    pub(crate) fn new(connect_timeout: Duration, shards: usize) -> Rc<ShardGate> {
         Rc::new(ShardGate {
-            pending: Rc::new(PendingSet::new(connect_timeout)),
+            pending: Rc::new(PendingSet::new(connect_timeout, shards)),
             sign_in: Rc::new(SignInQueue::default()),
         })
     }
@@ -111,6 +113,7 @@ impl Gate {
             max_per_source,
             max_per_credential,
             pending: AtomicUsize::new(0),
+            unread: AtomicUsize::new(0),
             authenticating: AtomicUsize::new(0),
             per_source: Mutex::new(HashMap::new()),
             per_credential: Mutex::new(HashMap::new()),
@@ -124,6 +127,27 @@ impl Gate {
             return None;
         }
         Some(Slot { gate: self.clone(), kind })
+    }
+
+    /// `max_pending_connections`.
+    pub(crate) fn max_pending(&self) -> usize {
+        self.max_pending
+    }
+
+    /// Pending connections, on any shard, whose bytes were found waiting
+    /// unread at an eviction and whose task has not read since
+    /// (`crate::pending`): while there are some, a shard is behind.
+    pub(crate) fn unread_pending(&self) -> usize {
+        self.unread.load(Ordering::Relaxed)
+    }
+
+    /// One more (`true`) or one fewer connection waiting unread.
+    pub(crate) fn unread_changed(&self, more: bool) {
+        if more {
+            self.unread.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.unread.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// A connection between accept and CONNACK (`max_pending_connections`).

@@ -14,6 +14,29 @@
 //! without an answer (it sent no complete CONNECT) and counted as
 //! `fleetmq_connect_refused_total{reason="pending_evicted"}`.
 //!
+//! # A shard behind its connections
+//!
+//! In a reconnect storm the shard accepts connections faster than their
+//! tasks read them: a connection that looks silent may have its CONNECT
+//! waiting unread in its socket. So a connection is taken for silent only
+//! after its socket is asked (`FIONREAD`, at eviction time only); one whose
+//! bytes wait unread is never evicted until its task has read them (the
+//! delay is the shard's, not the client's). When the limit is reached and
+//! no connection can give way while some wait unread, the newcomer is not
+//! refused: the accept loop holds it and accepts no more, leaving the rest
+//! of the storm in the kernel's listen queue, until a pending connection
+//! leaves ([`Admission::Behind`], `crate::acceptor`; issue 27). The count
+//! of connections waiting unread is process-wide ([`Gate`]): a storm lands
+//! on every shard, and a shard that has caught up while another is behind
+//! holds its newcomer too, instead of refusing it. A shard sees only its
+//! own connections, and those of a shard behind are marked unread only
+//! when that shard looks for a victim: so a shard that holds less than
+//! half its share of the limit (limit / shards / 2) holds its newcomer
+//! too, the rest of the limit being held elsewhere. A silent flood still
+//! gives way at once (its sockets have nothing waiting), and a flood of
+//! progressing connections, which the kernel spreads evenly over the
+//! shards, is still refused.
+//!
 //! # Across shards
 //!
 //! The limit is per process; each shard keeps its own set (its listener's
@@ -38,9 +61,11 @@
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
 use std::collections::VecDeque;
+use std::future::poll_fn;
 use std::os::fd::RawFd;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use fleetmq_core::packet::codec::packet_size;
@@ -175,6 +200,9 @@ struct Pending {
     slot: Cell<Option<Slot>>,
     /// Fires when the connection is evicted.
     evicted: Signal,
+    /// Bytes were found waiting in its socket at an eviction, and its task
+    /// has not read since: never evicted while so.
+    unread: Cell<bool>,
     /// Its socket, to see whether bytes wait unread before it is taken
     /// for silent (see [`PendingSet::victim`]); `None` in unit tests.
     fd: Option<RawFd>,
@@ -186,43 +214,81 @@ impl Pending {
     }
 }
 
+/// What [`PendingSet::admit`] decided for a newcomer.
+pub(crate) enum Admission {
+    /// Admitted, with a free slot or that of a connection that gave way.
+    In(PendingGuard),
+    /// At the limit, no connection can give way, and some wait unread, on
+    /// this shard or another: a shard is behind. Hold the newcomer, accept
+    /// no more, and ask again when [`PendingSet::room`] resolves (or after
+    /// a short time, for room made on another shard).
+    Behind,
+    /// At the limit and every pending connection is progressing: refuse
+    /// the newcomer (`max_pending_connections`).
+    Refused,
+}
+
+/// Why no pending connection can give way.
+enum NoVictim {
+    /// Some connection's bytes wait unread, on this shard or another.
+    Behind,
+    /// Every one is progressing.
+    Progressing,
+}
+
 /// A shard's pending connections (see the module docs). Bounded by
 /// `max_pending_connections`: one entry per connection holding a pending
 /// slot, and a queue of the silent ones kept within twice that.
 pub(crate) struct PendingSet {
     connect_timeout: Duration,
+    /// The process's shards, each with its set.
+    shards: usize,
     entries: RefCell<Vec<Rc<Pending>>>,
     /// Connections in accept order, to find the oldest silent one without
     /// a scan; entries that spoke, ended or were evicted are skipped (and
     /// dropped when the queue outgrows the set).
     silent: RefCell<VecDeque<Weak<Pending>>>,
+    /// Counts connections that left the set (not evicted), for
+    /// [`PendingSet::room`].
+    left: Cell<u64>,
+    /// Tasks waiting in [`PendingSet::room`] (the shard's accept loops,
+    /// one per listener at most).
+    waiting_for_room: RefCell<Vec<Waker>>,
 }
 
 impl PendingSet {
     /// An empty set for connections with `connect_timeout` to send their
-    /// CONNECT.
-    pub(crate) fn new(connect_timeout: Duration) -> PendingSet {
+    /// CONNECT, on one of `shards` shards.
+    pub(crate) fn new(connect_timeout: Duration, shards: usize) -> PendingSet {
         PendingSet {
             connect_timeout,
+            shards: shards.max(1),
             entries: RefCell::new(Vec::new()),
             silent: RefCell::new(VecDeque::new()),
+            left: Cell::new(0),
+            waiting_for_room: RefCell::new(Vec::new()),
         }
     }
 
-    /// Admit a connection accepted `now`: with a free pending slot, or
-    /// with the slot of the pending connection of this shard that gave
-    /// way (it is evicted: its task sees [`PendingGuard::evicted`]).
-    /// `None` when the limit is reached and every pending connection here
-    /// is progressing.
+    /// Admit a connection accepted `now`, whose socket is `fd`: with a
+    /// free pending slot, or with the slot of the pending connection of
+    /// this shard that gave way (it is evicted: its task sees
+    /// [`PendingGuard::evicted`]). At the limit with none to give way,
+    /// [`Admission::Behind`] or [`Admission::Refused`] (see the module
+    /// docs).
     pub(crate) fn admit(
         self: &Rc<Self>,
         gate: &Arc<Gate>,
         now: Instant,
         fd: Option<RawFd>,
-    ) -> Option<PendingGuard> {
+    ) -> Admission {
         let slot = match gate.pending() {
             Some(slot) => slot,
-            None => self.evict(now)?,
+            None => match self.evict(now, gate) {
+                Ok(slot) => slot,
+                Err(NoVictim::Behind) => return Admission::Behind,
+                Err(NoVictim::Progressing) => return Admission::Refused,
+            },
         };
         let entry = Rc::new(Pending {
             accepted: now,
@@ -230,6 +296,7 @@ impl PendingSet {
             index: Cell::new(usize::MAX),
             slot: Cell::new(Some(slot)),
             evicted: Signal::default(),
+            unread: Cell::new(false),
             fd,
         });
         let mut entries = self.entries.borrow_mut();
@@ -240,10 +307,42 @@ impl PendingSet {
         if silent.len() > 2 * entries.len() + 64 {
             silent.retain(|w| w.upgrade().is_some_and(|p| is_silent(&p)));
         }
-        Some(PendingGuard {
+        Admission::In(PendingGuard {
             set: self.clone(),
+            gate: gate.clone(),
             entry,
         })
+    }
+
+    /// Resolves once a pending connection of this shard has left the set
+    /// since the call (its CONNECT complete, or its task ended): room for
+    /// a newcomer held at [`Admission::Behind`]. Room made on another
+    /// shard is not seen here; the caller also waits a short time.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub(crate) async fn room(&self) {
+        let from = self.left.get();
+        poll_fn(|cx| {
+            if self.left.get() != from {
+                return Poll::Ready(());
+            }
+            let mut waiting = self.waiting_for_room.borrow_mut();
+            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                waiting.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// A connection left: wake the tasks waiting for room.
+    fn made_room(&self) {
+        self.left.set(self.left.get().wrapping_add(1));
+        if !self.waiting_for_room.borrow().is_empty() {
+            let waiting = std::mem::take(&mut *self.waiting_for_room.borrow_mut());
+            waiting.into_iter().for_each(Waker::wake);
+        }
     }
 
     /// Pending connections on this shard.
@@ -254,11 +353,11 @@ impl PendingSet {
 
     /// Evict the connection that gives way at `now` (see the module docs)
     /// and return its slot.
-    fn evict(&self, now: Instant) -> Option<Slot> {
-        let victim = self.victim(now)?;
+    fn evict(&self, now: Instant, gate: &Gate) -> Result<Slot, NoVictim> {
+        let victim = self.victim(now, gate)?;
         self.remove(&victim);
         victim.evicted.notify();
-        victim.slot.take()
+        victim.slot.take().ok_or(NoVictim::Progressing)
     }
 
     /// The oldest silent connection, else the lowest ranked of those
@@ -268,34 +367,42 @@ impl PendingSet {
     /// bytes may be waiting in the socket: in a reconnect storm, with the
     /// shard behind, those are the oldest, the next to be served. So a
     /// silent one is first asked (`FIONREAD`, one system call) and, with
-    /// bytes waiting, counted as reading its CONNECT (or handshake) from
-    /// now, with those bytes read, instead of evicted: judged by their
-    /// pace after [`GRACE`] like any other.
-    fn victim(&self, now: Instant) -> Option<Rc<Pending>> {
+    /// bytes waiting, marked `unread` instead of evicted: it is not judged
+    /// until its task has read (see the module docs).
+    ///
+    /// With none to give way: [`NoVictim::Behind`] while a pending
+    /// connection of any shard waits unread (`gate`'s count: room comes
+    /// as those shards catch up), or while this shard holds less than half
+    /// its share of the limit (see the module docs); else
+    /// [`NoVictim::Progressing`].
+    fn victim(&self, now: Instant, gate: &Gate) -> Result<Rc<Pending>, NoVictim> {
         let mut silent = self.silent.borrow_mut();
         while let Some(weak) = silent.pop_front() {
             let Some(p) = weak.upgrade().filter(|p| is_silent(p)) else { continue };
-            let waiting = p.fd.map_or(0, bytes_waiting);
-            if waiting > 0 {
-                let mut progress = p.progress.get();
-                (progress.stage, progress.since, progress.last) = (Stage::Connect, now, now);
-                progress.read = waiting;
-                p.progress.set(progress);
+            if p.fd.map_or(0, bytes_waiting) > 0 {
+                p.unread.set(true);
+                gate.unread_changed(true);
                 continue;
             }
-            return Some(p);
+            return Ok(p);
         }
         drop(silent);
         let entries = self.entries.borrow();
-        entries
+        let stalled = entries
             .iter()
             .filter(|p| {
-                p.progress
-                    .get()
-                    .stalled(p.accepted, now, self.connect_timeout)
+                !p.unread.get()
+                    && p.progress
+                        .get()
+                        .stalled(p.accepted, now, self.connect_timeout)
             })
-            .min_by_key(|p| p.progress.get().rank(p.accepted))
-            .cloned()
+            .min_by_key(|p| p.progress.get().rank(p.accepted));
+        match stalled {
+            Some(p) => Ok(p.clone()),
+            None if gate.unread_pending() > 0 => Err(NoVictim::Behind),
+            None if entries.len() < gate.max_pending() / (2 * self.shards) => Err(NoVictim::Behind),
+            None => Err(NoVictim::Progressing),
+        }
     }
 
     fn remove(&self, entry: &Pending) {
@@ -326,7 +433,7 @@ fn bytes_waiting(fd: RawFd) -> usize {
 }
 
 fn is_silent(p: &Pending) -> bool {
-    p.in_set() && p.progress.get().stage == Stage::Silent
+    p.in_set() && p.progress.get().stage == Stage::Silent && !p.unread.get()
 }
 
 /// A connection's place in its shard's [`PendingSet`]: its task reports
@@ -334,6 +441,8 @@ fn is_silent(p: &Pending) -> bool {
 /// pending slot back (unless it was evicted and the slot passed on).
 pub(crate) struct PendingGuard {
     set: Rc<PendingSet>,
+    /// Counts the connections waiting unread, process-wide.
+    gate: Arc<Gate>,
     entry: Rc<Pending>,
 }
 
@@ -362,6 +471,8 @@ impl PendingGuard {
     }
 
     fn advance(&self, stage: Stage, now: Instant) {
+        // Its task reads: judged by its progress from here on.
+        self.read_at_last();
         let mut progress = self.entry.progress.get();
         if progress.stage < stage {
             progress.stage = stage;
@@ -385,9 +496,22 @@ impl PendingGuard {
     }
 }
 
+impl PendingGuard {
+    /// Its task has read what waited unread, if anything did.
+    fn read_at_last(&self) {
+        if self.entry.unread.replace(false) {
+            self.gate.unread_changed(false);
+        }
+    }
+}
+
 impl Drop for PendingGuard {
     fn drop(&mut self) {
-        self.set.remove(&self.entry);
+        self.read_at_last();
+        if self.entry.in_set() {
+            self.set.remove(&self.entry);
+            self.set.made_room();
+        }
         // Drops the slot, if it is still this connection's.
         drop(self.entry.slot.take());
     }
@@ -396,11 +520,21 @@ impl Drop for PendingGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
+
+    impl Admission {
+        fn guard(self) -> Option<PendingGuard> {
+            match self {
+                Admission::In(guard) => Some(guard),
+                Admission::Behind | Admission::Refused => None,
+            }
+        }
+    }
 
     const TIMEOUT: Duration = Duration::from_secs(5);
 
     fn set() -> Rc<PendingSet> {
-        Rc::new(PendingSet::new(TIMEOUT))
+        Rc::new(PendingSet::new(TIMEOUT, 1))
     }
 
     fn ms(n: u64) -> Duration {
@@ -416,20 +550,19 @@ mod tests {
         let gate = Gate::new(3, 1, None, 1);
         let set = set();
         let t0 = Instant::now();
-        let a = set.admit(&gate, t0, None).unwrap();
-        let b = set.admit(&gate, t0 + ms(1), None).unwrap();
-        let c = set.admit(&gate, t0 + ms(2), None).unwrap();
+        let a = set.admit(&gate, t0, None).guard().unwrap();
+        let b = set.admit(&gate, t0 + ms(1), None).guard().unwrap();
+        let c = set.admit(&gate, t0 + ms(2), None).guard().unwrap();
         b.connect_read(&[0x10], t0 + ms(3));
-        let d = set
-            .admit(&gate, t0 + ms(4), None)
+        let d = set.admit(&gate, t0 + ms(4), None).guard()
             .expect("a silent one gives way");
         assert!(evicted_now(&a), "the oldest silent one");
-        let e = set.admit(&gate, t0 + ms(5), None).expect("c is silent too");
+        let e = set.admit(&gate, t0 + ms(5), None).guard().expect("c is silent too");
         assert!(evicted_now(&c));
         assert_eq!(set.len(), 3);
         drop((b, d, e));
         assert_eq!(set.len(), 0);
-        let _three: Vec<_> = (0..3).map(|_| set.admit(&gate, t0, None).unwrap()).collect();
+        let _three: Vec<_> = (0..3).map(|_| set.admit(&gate, t0, None).guard().unwrap()).collect();
     }
 
     #[test]
@@ -442,12 +575,52 @@ mod tests {
         let (mut client, served) = std::os::unix::net::UnixStream::pair().unwrap();
         let (_quiet, unread) = std::os::unix::net::UnixStream::pair().unwrap();
         client.write_all(&[0x10, 12]).unwrap();
-        let waiting = set.admit(&gate, t0, Some(served.as_raw_fd())).unwrap();
-        let silent = set.admit(&gate, t0 + ms(1), Some(unread.as_raw_fd())).unwrap();
-        let _new = set.admit(&gate, t0 + ms(2), None).expect("the silent one gives way");
+        let waiting = set.admit(&gate, t0, Some(served.as_raw_fd())).guard().unwrap();
+        let silent = set.admit(&gate, t0 + ms(1), Some(unread.as_raw_fd())).guard().unwrap();
+        let new = set.admit(&gate, t0 + ms(2), None).guard().expect("the silent one gives way");
+        new.complete(t0 + ms(2));
         assert!(waiting.entry.in_set(), "its CONNECT waits to be read: the older, kept");
         assert!(!silent.entry.in_set());
-        assert_eq!(waiting.entry.progress.get().stage, Stage::Connect);
+        assert!(waiting.entry.unread.get());
+        // Long after: still not taken for stalled while its bytes wait.
+        assert!(matches!(
+            set.admit(&gate, t0 + Duration::from_secs(3), None),
+            Admission::Behind
+        ));
+        assert!(waiting.entry.in_set());
+        waiting.connect_read(&[0x10, 12], t0 + Duration::from_secs(3));
+        assert!(!waiting.entry.unread.get(), "judged again once its task reads");
+    }
+
+    #[test]
+    fn when_every_pending_connection_waits_unread_the_newcomer_is_held_until_one_leaves() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let gate = Gate::new(2, 1, None, 1);
+        let set = set();
+        let t0 = Instant::now();
+        let pairs: Vec<_> = (0..2)
+            .map(|_| std::os::unix::net::UnixStream::pair().unwrap())
+            .collect();
+        let guards: Vec<_> = pairs
+            .iter()
+            .map(|(client, served)| {
+                let mut client = client;
+                client.write_all(&[0x10, 12]).unwrap();
+                set.admit(&gate, t0, Some(served.as_raw_fd())).guard().unwrap()
+            })
+            .collect();
+        assert!(matches!(set.admit(&gate, t0 + ms(1), None), Admission::Behind));
+        assert!(guards.iter().all(|g| g.entry.in_set()), "none evicted");
+        let mut room = Box::pin(set.room());
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        assert!(room.as_mut().poll(&mut cx).is_pending());
+        guards[0].complete(t0 + ms(2));
+        assert!(matches!(set.admit(&gate, t0 + ms(2), None), Admission::Behind));
+        drop(guards);
+        assert!(room.as_mut().poll(&mut cx).is_ready(), "a connection left");
+        assert!(set.admit(&gate, t0 + ms(3), None).guard().is_some());
     }
 
     #[test]
@@ -455,18 +628,17 @@ mod tests {
         let gate = Gate::new(2, 1, None, 1);
         let set = set();
         let t0 = Instant::now();
-        let a = set.admit(&gate, t0, None).unwrap();
-        let b = set.admit(&gate, t0, None).unwrap();
+        let a = set.admit(&gate, t0, None).guard().unwrap();
+        let b = set.admit(&gate, t0, None).guard().unwrap();
         a.connect_read(&[0x10, 30, 0, 4], t0 + ms(10));
         b.complete(t0 + ms(10));
         assert!(
-            set.admit(&gate, t0 + ms(20), None).is_none(),
+            matches!(set.admit(&gate, t0 + ms(20), None), Admission::Refused),
             "a is within STALL of its first byte"
         );
         // a sends its CONNECT at a byte a second: 4 of 32 bytes after 3 s.
         a.connect_read(&[0x10, 30, 0, 4, b'M'], t0 + ms(3010));
-        let c = set
-            .admit(&gate, t0 + ms(3020), None)
+        let c = set.admit(&gate, t0 + ms(3020), None).guard()
             .expect("a CONNECT a byte a second gives way");
         assert!(!a.entry.in_set());
         drop(c);
@@ -478,20 +650,18 @@ mod tests {
         let gate = Gate::new(3, 1, None, 1);
         let set = set();
         let t0 = Instant::now();
-        let tls = set.admit(&gate, t0, None).unwrap();
-        let near = set.admit(&gate, t0, None).unwrap();
-        let far = set.admit(&gate, t0, None).unwrap();
+        let tls = set.admit(&gate, t0, None).guard().unwrap();
+        let near = set.admit(&gate, t0, None).guard().unwrap();
+        let far = set.admit(&gate, t0, None).guard().unwrap();
         tls.handshaking(t0 + ms(5));
         near.connect_read(&[0x10, 10, 1, 2, 3, 4, 5, 6, 7, 8], t0 + ms(1));
         far.connect_read(&[0x10, 100, 1], t0 + ms(1));
         let later = t0 + ms(1500);
-        let n1 = set
-            .admit(&gate, later, None)
+        let n1 = set.admit(&gate, later, None).guard()
             .expect("the stalled handshake first");
         assert!(!tls.entry.in_set());
         n1.complete(later);
-        let _n2 = set
-            .admit(&gate, later, None)
+        let _n2 = set.admit(&gate, later, None).guard()
             .expect("then the CONNECT missing the most");
         assert!(!far.entry.in_set() && near.entry.in_set());
     }
@@ -538,8 +708,7 @@ mod tests {
         let t0 = Instant::now();
         let mut kept = Vec::new();
         for i in 0..10_000u64 {
-            let guard = set
-                .admit(&gate, t0 + ms(i), None)
+            let guard = set.admit(&gate, t0 + ms(i), None).guard()
                 .expect("a silent one gives way");
             if i % 3 != 0 {
                 // Most connections send their CONNECT at once and go.
