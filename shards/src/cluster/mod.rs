@@ -228,9 +228,6 @@ impl Node {
             sleep(delay.min(budget(Instant::now()))).await;
         }
         let mut claim = self.claim(client_id, connect.clean_start, budget(Instant::now())).await?;
-        // A persistent session outlives its connection here: so does its
-        // claim (see `parked`).
-        claim.parks_for = (session_expiry > 0).then(|| Duration::from_secs(u64::from(session_expiry)));
         if let Some(will) = &connect.will {
             // Stored as the shard keeps it: the topic with the workspace prefix.
             let mut will = will.clone();
@@ -240,6 +237,10 @@ impl Node {
             }
             claim.store_will(&will, identity, session_expiry, budget(Instant::now())).await?;
         }
+        // A persistent session outlives its connection here: so does its
+        // claim (see `parked`). Set last: a CONNECT refused here (its will
+        // not stored in time) gives the claim up at once.
+        claim.parks_for = (session_expiry > 0).then(|| Duration::from_secs(u64::from(session_expiry)));
         Ok(claim)
     }
 }
