@@ -13,6 +13,7 @@ pub mod client;
 pub mod compare;
 pub mod connections;
 pub mod flow;
+pub mod inflight;
 pub mod latency;
 pub mod options;
 pub mod proxy;

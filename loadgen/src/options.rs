@@ -367,6 +367,21 @@ pub struct SoakArgs {
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     #[serde(serialize_with = "serialize_duration")]
     pub connect_timeout: Duration,
+    /// Keep going through broker restarts (a SIGKILL and a new start on
+    /// the same address): every client keeps a session (MQTT 5: Clean
+    /// Start 1 on the first CONNECT, then 0, Session Expiry
+    /// --session-expiry; 3.1.1: Clean Session 0), reconnects with backoff
+    /// (50 ms doubling to 1 s; it gives up after 60 s without a
+    /// connection) when its connection drops, and publishers send again
+    /// what is unacknowledged: PUBLISH with DUP and its packet identifier,
+    /// or PUBREL, in the order first sent. Lost connections count as
+    /// `reconnects`, not errors.
+    #[arg(long)]
+    pub through_restarts: bool,
+    /// With --through-restarts, MQTT 5: the Session Expiry Interval in
+    /// seconds (at least 1).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..))]
+    pub session_expiry: u32,
     /// Write the result as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -430,8 +445,9 @@ impl SoakArgs {
             share_group: String::new(),
             reconnect_every: Duration::ZERO,
             offline_for: Duration::ZERO,
-            session_expiry: 0,
+            session_expiry: self.session_expiry,
             report_every: Some(self.report_every),
+            through_restarts: self.through_restarts,
         })
     }
 }
@@ -612,6 +628,7 @@ impl RunArgs {
             offline_for: self.offline_for,
             session_expiry: self.session_expiry,
             report_every: None,
+            through_restarts: false,
         }
     }
 }

@@ -218,8 +218,15 @@ impl Report {
         }
         if let Some(v) = &self.verify {
             s += &format!(
-                "checked      {} distinct received, {} missing, {} duplicates, {} order violations ({} deliveries)\n",
-                v.received_distinct, v.missing, v.duplicates, v.order_violations, v.deliveries
+                "checked      {} distinct received, {} missing, {} acknowledged but never received, {} duplicates (QoS 1: {}, QoS 2: {}), {} order violations ({} deliveries)\n",
+                v.received_distinct,
+                v.missing,
+                v.lost_acknowledged,
+                v.duplicates,
+                v.duplicates_qos1,
+                v.duplicates_qos2,
+                v.order_violations,
+                v.deliveries
             );
             if v.reconnects > 0 || v.sessions_lost > 0 {
                 s += &format!(

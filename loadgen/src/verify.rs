@@ -18,7 +18,6 @@
 //! - `soak`: subscribers on `{prefix}/+`, one line every `--report-every`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::num::NonZeroU16;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,15 +29,19 @@ use fleetmq_core::packet::{Connect, Disconnect, Packet, ProtocolVersion, QoS};
 use serde::{Deserialize, Serialize};
 
 use crate::client::{
-    connect_properties, put_response, stamp, ClientError, ConnectOptions, PublishTemplate,
+    connect_properties, put_response, stamp, ClientError, ConnectOptions,
 };
+use crate::inflight::SeqSet;
 use crate::latency::Latency;
 use crate::options::{BrokerUrl, Rate};
 use crate::report::Report;
 use crate::runtime::now_ns;
-use crate::schedule::Schedule;
 use crate::transport::sync_stream::{self, SyncStream};
 use crate::transport::tls::classify_io;
+
+mod publisher;
+
+use publisher::{connect_again, publisher};
 
 /// Messages written per publisher turn at most.
 const BATCH: u64 = 64;
@@ -103,6 +106,9 @@ pub struct VerifyConfig {
     pub session_expiry: u32,
     /// Soak: interval report period.
     pub report_every: Option<Duration>,
+    /// Soak: keep going through broker restarts (sessions kept, clients
+    /// reconnect, publishers resend what is unacknowledged).
+    pub through_restarts: bool,
 }
 
 impl VerifyConfig {
@@ -141,39 +147,11 @@ pub enum Arrival {
     Duplicate,
 }
 
-/// Which sequence numbers of one publisher arrived: everything below
-/// `contiguous`, plus the set above it (memory stays small unless there
-/// are real gaps, so hours-long runs are fine).
-#[derive(Debug, Default, Clone)]
-struct PublisherSeen {
-    contiguous: u64,
-    ahead: BTreeSet<u64>,
-}
-
-impl PublisherSeen {
-    fn record(&mut self, k: u64) -> Arrival {
-        if k < self.contiguous || !self.ahead.insert(k) {
-            return Arrival::Duplicate;
-        }
-        while self.ahead.remove(&self.contiguous) {
-            self.contiguous += 1;
-        }
-        Arrival::New
-    }
-
-    /// Sequence numbers below the highest seen that have not arrived.
-    fn holes(&self) -> u64 {
-        self.ahead.last().map_or(0, |&max| {
-            max + 1 - self.contiguous - self.ahead.len() as u64
-        })
-    }
-}
-
 /// Per-publisher accounting of one logical receiver (a subscriber, or a
 /// whole shared group).
 #[derive(Debug, Default, Clone)]
 pub struct Tracker {
-    seen: Vec<PublisherSeen>,
+    seen: Vec<SeqSet>,
     /// Distinct messages received.
     pub distinct: u64,
     /// Arrivals of messages already received.
@@ -184,19 +162,20 @@ impl Tracker {
     /// A tracker for `publishers` publishers.
     pub fn new(publishers: usize) -> Tracker {
         Tracker {
-            seen: vec![PublisherSeen::default(); publishers],
+            seen: vec![SeqSet::default(); publishers],
             ..Tracker::default()
         }
     }
 
     /// Records message `k` of `publisher`; `None` for an unknown publisher.
     pub fn record(&mut self, publisher: usize, k: u64) -> Option<Arrival> {
-        let a = self.seen.get_mut(publisher)?.record(k);
-        match a {
-            Arrival::New => self.distinct += 1,
-            Arrival::Duplicate => self.duplicates += 1,
+        if self.seen.get_mut(publisher)?.insert(k) {
+            self.distinct += 1;
+            Some(Arrival::New)
+        } else {
+            self.duplicates += 1;
+            Some(Arrival::Duplicate)
         }
-        Some(a)
     }
 
     /// Messages missing given how many each publisher sent.
@@ -204,21 +183,22 @@ impl Tracker {
         self.seen
             .iter()
             .zip(sent)
-            .map(|(s, &n)| {
-                let got_below_n = if s.contiguous >= n {
-                    n
-                } else {
-                    s.contiguous + s.ahead.range(..n).count() as u64
-                };
-                n - got_below_n
-            })
+            .map(|(s, &n)| n - s.count_below(n))
             .sum()
     }
 
     /// Gaps so far: messages below the highest arrived per publisher that
     /// have not arrived (yet).
     pub fn holes(&self) -> u64 {
-        self.seen.iter().map(PublisherSeen::holes).sum()
+        self.seen.iter().map(SeqSet::holes).sum()
+    }
+
+    /// Values of publisher `publisher` in `acked` (acknowledged to it)
+    /// that never arrived here.
+    pub fn lost_of(&self, publisher: usize, acked: &SeqSet) -> u64 {
+        self.seen
+            .get(publisher)
+            .map_or(0, |seen| acked.not_in(seen))
     }
 }
 
@@ -451,6 +431,11 @@ struct Ctx {
     order_violations: AtomicU64,
     reconnects: AtomicU64,
     sessions_lost: AtomicU64,
+    /// Per publisher: sequence numbers the broker acknowledged (PUBACK,
+    /// or PUBREC at QoS 2).
+    acked_values: Vec<Mutex<SeqSet>>,
+    /// Duplicate arrivals by the QoS they were delivered at.
+    duplicates_by_qos: [AtomicU64; 3],
     /// Per subscriber: connected now.
     online: Vec<AtomicBool>,
     /// Per subscriber: latencies since the last interval report.
@@ -529,6 +514,8 @@ pub fn run(cfg: VerifyConfig) -> Result<Report, String> {
         order_violations: AtomicU64::new(0),
         reconnects: AtomicU64::new(0),
         sessions_lost: AtomicU64::new(0),
+        acked_values: (0..pubs).map(|_| Mutex::new(SeqSet::default())).collect(),
+        duplicates_by_qos: Default::default(),
         online: (0..subs).map(|_| AtomicBool::new(false)).collect(),
         interval: (0..subs).map(|_| Mutex::new(Latency::default())).collect(),
         ready: AtomicU64::new(0),
@@ -724,6 +711,18 @@ fn drain(ctx: &Ctx) {
     }
 }
 
+/// With `--through-restarts`: whether `e` is a lost connection (the
+/// broker went away or closed it) that the client survives by reconnecting,
+/// rather than a failure of the run.
+fn lost_connection(ctx: &Ctx, e: &ClientError) -> bool {
+    ctx.cfg.through_restarts
+        && !ctx.over()
+        && matches!(
+            e,
+            ClientError::Closed | ClientError::Io(_) | ClientError::Timeout(_) | ClientError::Connect(_)
+        )
+}
+
 enum Next {
     Reconnect,
     Stop,
@@ -731,7 +730,7 @@ enum Next {
 
 fn subscriber(ctx: &Ctx, j: usize) -> Latency {
     let cfg = &ctx.cfg;
-    let persistent = cfg.mode == Mode::Persistent;
+    let persistent = cfg.mode == Mode::Persistent || cfg.through_restarts;
     let tag = match cfg.mode {
         Mode::Persistent => "ps",
         Mode::Shared => "sh",
@@ -755,7 +754,12 @@ fn subscriber(ctx: &Ctx, j: usize) -> Latency {
             true
         };
         let expiry = persistent.then_some(cfg.session_expiry);
-        let mut conn = match SyncConn::connect(url, &id, &cfg.connect, clean, expiry) {
+        let connected = if first || !cfg.through_restarts {
+            SyncConn::connect(url, &id, &cfg.connect, clean, expiry)
+        } else {
+            connect_again(ctx, url, &id, expiry)
+        };
+        let mut conn = match connected {
             Ok(c) => c,
             Err(e) => {
                 if !ctx.over() {
@@ -771,6 +775,9 @@ fn subscriber(ctx: &Ctx, j: usize) -> Latency {
         }
         if !conn.session_present {
             if let Err(e) = conn.subscribe(&cfg.filter(), qos_of(cfg.qos), cfg.connect.timeout) {
+                if !first && lost_connection(ctx, &e) {
+                    continue;
+                }
                 if !ctx.over() {
                     ctx.error(e.kind());
                     ctx.fail(format!("{} ({id}): {e}", url.text));
@@ -783,7 +790,8 @@ fn subscriber(ctx: &Ctx, j: usize) -> Latency {
             first = false;
         }
         ctx.online[j].store(true, Ordering::Release);
-        let until = persistent.then(|| now_ns() + cfg.reconnect_every.as_nanos() as u64);
+        let until = (cfg.mode == Mode::Persistent)
+            .then(|| now_ns() + cfg.reconnect_every.as_nanos() as u64);
         let result = receive(ctx, j, &mut conn, &mut st, until);
         ctx.online[j].store(false, Ordering::Release);
         match result {
@@ -803,6 +811,7 @@ fn subscriber(ctx: &Ctx, j: usize) -> Latency {
                 conn.disconnect();
                 break;
             }
+            Err(e) if lost_connection(ctx, &e) => {}
             Err(e) => {
                 if !ctx.over() {
                     ctx.error(e.kind());
@@ -889,7 +898,9 @@ fn receive(
                             st.total.record_ns(ns);
                             lat.push(ns);
                         }
-                        Some(Arrival::Duplicate) => {}
+                        Some(Arrival::Duplicate) => {
+                            ctx.duplicates_by_qos[p.qos as usize].fetch_add(1, Ordering::Relaxed);
+                        }
                         None => ctx.error("message from an unknown publisher"),
                     }
                 }
@@ -916,160 +927,6 @@ fn receive(
     }
 }
 
-fn publisher(ctx: &Ctx, i: usize) {
-    let url = ctx.url(ctx.cfg.subscribers + i);
-    let id = format!("{}-vp{i}", ctx.cfg.client_id_prefix);
-    let conn = match SyncConn::connect(url, &id, &ctx.cfg.connect, true, None) {
-        Ok(c) => c,
-        Err(e) => {
-            ctx.error(e.kind());
-            ctx.fail(format!("{} ({id}): {e}", url.text));
-            return;
-        }
-    };
-    ctx.ready.fetch_add(1, Ordering::AcqRel);
-    if let Err(e) = publish(ctx, i, conn) {
-        if !ctx.over() {
-            ctx.error(e.kind());
-            ctx.fail(format!("publisher {id}: {e}"));
-        }
-    }
-}
-
-struct Inflight {
-    n: u64,
-    out: BytesMut,
-}
-
-fn read_acks(
-    ctx: &Ctx,
-    conn: &mut SyncConn,
-    wait: Duration,
-    f: &mut Inflight,
-) -> Result<(), ClientError> {
-    if !conn.fill(wait)? {
-        return Ok(());
-    }
-    let mut acked = 0;
-    while let Some(p) = conn.decode()? {
-        match p {
-            Packet::PubAck(_) | Packet::PubComp(_) => acked += 1,
-            Packet::PubRec(r) => {
-                put_response(&mut f.out, conn.version, r.packet_id, Packet::PubRel)
-            }
-            Packet::Disconnect(_) => return Err(ClientError::Closed),
-            _ => {}
-        }
-    }
-    f.n = f.n.saturating_sub(acked);
-    ctx.acked.fetch_add(acked, Ordering::Relaxed);
-    if !f.out.is_empty() {
-        let r = conn.write(&f.out);
-        f.out.clear();
-        r?;
-    }
-    Ok(())
-}
-
-fn publish(ctx: &Ctx, i: usize, mut conn: SyncConn) -> Result<(), ClientError> {
-    let cfg = &ctx.cfg;
-    let t0 = loop {
-        if ctx.over() {
-            return Ok(());
-        }
-        let t = ctx.t0.load(Ordering::Acquire);
-        if t != 0 {
-            break t;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    let end = ctx.end.load(Ordering::Acquire);
-    let qos = qos_of(cfg.qos);
-    let template = PublishTemplate::new(
-        &format!("{}/{i}", cfg.prefix),
-        qos,
-        cfg.payload_size,
-        conn.version,
-    );
-    let max_inflight = u64::from(conn.receive_maximum).min(MAX_INFLIGHT);
-    let schedule = match cfg.rate {
-        Rate::PerSecond(r) => Some(Schedule::new(r, cfg.publishers as u64, i as u64)),
-        Rate::Max => None,
-    };
-    let last = schedule.map(|s| s.due_count(end - t0 - 1));
-    let mut f = Inflight {
-        n: 0,
-        out: BytesMut::new(),
-    };
-    let mut out = BytesMut::with_capacity(template.len() * BATCH as usize);
-    let (mut k, mut next_id) = (0u64, 0u16);
-    while !ctx.over() {
-        let now = now_ns();
-        let want = match (schedule, last) {
-            (Some(s), Some(last)) => {
-                if k >= last {
-                    break;
-                }
-                if now >= end + 2_000_000_000 {
-                    ctx.error("not sent: publisher backlog at the end");
-                    break;
-                }
-                s.due_count(now.saturating_sub(t0))
-                    .min(last)
-                    .saturating_sub(k)
-            }
-            _ => {
-                if now >= end {
-                    break;
-                }
-                ctx.window_free()
-            }
-        };
-        let mut want = want.min(BATCH);
-        if qos != QoS::AtMostOnce {
-            want = want.min(max_inflight - f.n);
-        }
-        if want == 0 {
-            let wait = match schedule {
-                Some(s) if f.n < max_inflight || qos == QoS::AtMostOnce => {
-                    Duration::from_nanos((t0 + s.due_at(k)).saturating_sub(now))
-                }
-                _ => Duration::from_millis(1),
-            }
-            .clamp(Duration::from_micros(100), POLL);
-            if qos == QoS::AtMostOnce {
-                std::thread::sleep(wait);
-            } else {
-                read_acks(ctx, &mut conn, wait, &mut f)?;
-            }
-            continue;
-        }
-        for _ in 0..want {
-            let stamp = schedule.map_or(now, |s| t0 + s.due_at(k));
-            let id = (qos != QoS::AtMostOnce).then(|| {
-                next_id = next_id.checked_add(1).unwrap_or(1);
-                NonZeroU16::new(next_id).unwrap_or(NonZeroU16::MIN)
-            });
-            template.put(&mut out, stamp, (i as u64) << 40 | k, id);
-            k += 1;
-        }
-        conn.write(&out)?;
-        out.clear();
-        if qos != QoS::AtMostOnce {
-            f.n += want;
-        }
-        ctx.sent[i].store(k, Ordering::Relaxed);
-        ctx.published.fetch_add(want, Ordering::Relaxed);
-    }
-    // Wait for the outstanding acknowledgements (10 s at most).
-    let give_up = now_ns() + 10_000_000_000;
-    while f.n > 0 && !ctx.over() && now_ns() < give_up {
-        read_acks(ctx, &mut conn, POLL, &mut f)?;
-    }
-    conn.disconnect();
-    Ok(())
-}
-
 /// Figures only the checked flows have.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct VerifyFigures {
@@ -1086,12 +943,22 @@ pub struct VerifyFigures {
     pub missing: u64,
     /// Messages that arrived more than once.
     pub duplicates: u64,
+    /// Of those, arrivals delivered at QoS 1 (allowed: at least once).
+    pub duplicates_qos1: u64,
+    /// Of those, arrivals delivered at QoS 2 (never allowed: exactly once).
+    pub duplicates_qos2: u64,
+    /// Values the broker acknowledged to their publisher (PUBACK, or
+    /// PUBREC at QoS 2) that a subscriber never received (per tracker,
+    /// summed): what a broker must never lose.
+    pub lost_acknowledged: u64,
     /// New messages numbered below one already seen from the same
     /// publisher on the same subscriber.
     pub order_violations: u64,
-    /// Persistent: disconnect/reconnect cycles.
+    /// Persistent: disconnect/reconnect cycles; soak with
+    /// `--through-restarts`: connections lost and made again (publishers
+    /// and subscribers).
     pub reconnects: u64,
-    /// Persistent: reconnects where the broker had lost the session.
+    /// Reconnects where the broker had lost the session.
     pub sessions_lost: u64,
     /// Deliveries per subscriber (shared: per group member).
     pub per_subscriber: Vec<u64>,
@@ -1102,13 +969,17 @@ fn report(ctx: &Ctx, latency: &Latency) -> Report {
     let mut r = Report::with_meta(&cfg.scenario, cfg.options.clone(), cfg.duration, latency);
     let sent = ctx.sent_now();
     let published: u64 = sent.iter().sum();
-    let (mut distinct, mut missing, mut duplicates) = (0, 0, 0);
+    let (mut distinct, mut missing, mut duplicates, mut lost) = (0, 0, 0, 0);
     for t in &ctx.trackers {
         let t = t.lock().unwrap_or_else(|e| e.into_inner());
         distinct += t.distinct;
         duplicates += t.duplicates;
         missing += t.missing(&sent);
+        for (i, acked) in ctx.acked_values.iter().enumerate() {
+            lost += t.lost_of(i, &acked.lock().unwrap_or_else(|e| e.into_inner()));
+        }
     }
+    let dup = |q: usize| ctx.duplicates_by_qos[q].load(Ordering::Relaxed);
     let per_subscriber: Vec<u64> = ctx
         .deliveries
         .iter()
@@ -1121,6 +992,9 @@ fn report(ctx: &Ctx, latency: &Latency) -> Report {
         deliveries: per_subscriber.iter().sum(),
         missing,
         duplicates,
+        duplicates_qos1: dup(1),
+        duplicates_qos2: dup(2),
+        lost_acknowledged: lost,
         order_violations: ctx.order_violations.load(Ordering::Relaxed),
         reconnects: ctx.reconnects.load(Ordering::Relaxed),
         sessions_lost: ctx.sessions_lost.load(Ordering::Relaxed),
@@ -1155,6 +1029,12 @@ fn report(ctx: &Ctx, latency: &Latency) -> Report {
             v.missing, r.expected, cfg.qos
         ));
     }
+    if v.lost_acknowledged > 0 {
+        problems.push(format!(
+            "{} acknowledged values never received",
+            v.lost_acknowledged
+        ));
+    }
     if reliable && v.acked != published {
         problems.push(format!("{} of {published} publishes acknowledged", v.acked));
     }
@@ -1164,7 +1044,9 @@ fn report(ctx: &Ctx, latency: &Latency) -> Report {
             v.order_violations
         ));
     }
-    if v.duplicates > 0 && (cfg.qos == 2 || (reliable && cfg.mode == Mode::Shared)) {
+    if v.duplicates_qos2 > 0 {
+        problems.push(format!("{} duplicates at QoS 2", v.duplicates_qos2));
+    } else if v.duplicates > 0 && (cfg.qos == 2 || (reliable && cfg.mode == Mode::Shared)) {
         problems.push(format!("{} duplicates", v.duplicates));
     }
     if v.sessions_lost > 0 {

@@ -10,6 +10,12 @@
 #[path = "loadgen/transports.rs"]
 mod transports;
 
+/// `soak --through-restarts` while the broker is killed with SIGKILL and
+/// started again: the checker's counts (lost acknowledged values,
+/// duplicates by QoS, order) and its verdict.
+#[path = "loadgen/restarts.rs"]
+mod restarts;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -80,11 +86,17 @@ fn start_broker_with(shards: &str) -> Broker {
 }
 
 fn start_broker_set(shards: &str, set: &[&str]) -> Broker {
+    start_broker_on("127.0.0.1:0", shards, set)
+}
+
+/// A broker listening on `listen`, with `--shards shards`, the local store
+/// off unless `set` (`--set` values, applied after) turns it on.
+fn start_broker_on(listen: &str, shards: &str, set: &[&str]) -> Broker {
     let mut child = Command::new(broker_binary())
         .args([
             "serve",
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--admin",
             "",
             "--shards",

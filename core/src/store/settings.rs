@@ -29,8 +29,13 @@ pub enum Fsync {
     /// A sync as soon as anything waits for one: no gathering beyond what
     /// arrives while the previous sync runs.
     Always,
-    /// Group commit: what is appended within [`Store::fsync_window`] of the
-    /// first unsynced append shares one sync.
+    /// Group commit: one write and `fdatasync` at a time, each covering
+    /// everything appended before it started. A write starts as soon as
+    /// the previous sync ends (or at once when none runs), after the
+    /// connections already runnable have appended, so the batch grows as
+    /// the disk slows and an acknowledgement waits about one sync at low
+    /// load, at most the sync under way and its own; the gathering before
+    /// a write is bounded by [`Store::fsync_window`].
     #[default]
     Batch,
     /// Written to the page cache, never synced: survives a crash of the
@@ -51,8 +56,10 @@ pub struct Store {
     pub dir: PathBuf,
     /// When the log is synced. Default `"batch"`.
     pub fsync: Fsync,
-    /// `"batch"`: the longest an acknowledgement waits for its sync to
-    /// start. Default 2 ms, 100µs..=100ms.
+    /// `"batch"`: the longest the committer gathers appends before it
+    /// starts a write (it starts at once when nothing else is runnable,
+    /// and an acknowledgement may also wait for the sync under way).
+    /// Default 2 ms, 100µs..=100ms.
     #[serde(with = "duration")]
     pub fsync_window: Duration,
     /// Bound on the log (snapshot and segments): compaction keeps it near

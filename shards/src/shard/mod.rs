@@ -1075,7 +1075,7 @@ impl Shard {
                     }
                     self.metrics.messages_out.inc();
                     let value = delivery.message.stored;
-                    if packet_id.is_some() && value != 0 && client.session.is_logged() && self.store.publish_must_wait(value) {
+                    if packet_id.is_some() && value != 0 && client.session.is_logged() && self.store.publish_must_wait(conn, delivery.qos, value) {
                         let mut parked = BytesMut::new();
                         frame.append_to(packet_id, dup, &mut parked);
                         self.store.park_publish(conn, value, parked.freeze());

@@ -321,13 +321,33 @@ impl ShardStore {
         }
     }
 
-    /// True when a PUBLISH to a logged session must wait (see
-    /// [`ShardStore::park_publish`]) rather than be written now: something
-    /// this shard appended is not durable yet, something parked before it
-    /// would be overtaken, or another shard is not durable up to `value`,
-    /// the log sequence number of the value it carries.
-    pub(crate) fn publish_must_wait(&self, value: u64) -> bool {
-        self.log.as_ref().is_some_and(|log| !(log.all_durable() && self.acks.is_empty() && log.durable_lsn() >= value))
+    /// True when a PUBLISH at `qos` to the logged session on `conn` must
+    /// wait (see [`ShardStore::park_publish`]) rather than be written now.
+    ///
+    /// QoS 2 (exactly once) waits until the store covers, on every shard,
+    /// the value it carries (log sequence number `value`) and the record
+    /// of its packet identifier: written earlier, a crash could take the
+    /// value back after the subscriber saw it, and the publisher's resend
+    /// would reach it again under a new identifier. So it waits while
+    /// something this shard appended is not durable, something parked
+    /// before it would be overtaken, or another shard is not durable up
+    /// to `value`.
+    ///
+    /// QoS 1 (at least once) does not wait for the store: a delivery whose
+    /// records a crash takes back is sent again after the restart (the
+    /// value from the log, or, when the value itself was lost, from the
+    /// publisher, which was not acknowledged and resends), a duplicate
+    /// that QoS 1 allows; nothing acknowledged is lost, since a PUBACK
+    /// still waits for its value. It waits only behind what is parked for
+    /// `conn` already, so it never overtakes an earlier PUBLISH
+    /// `[MQTT-4.6.0-6]`. (QoS 0 deliveries carry no identifier and never
+    /// come here.)
+    pub(crate) fn publish_must_wait(&self, conn: &ConnShared, qos: QoS, value: u64) -> bool {
+        let Some(log) = &self.log else { return false };
+        if qos != QoS::ExactlyOnce {
+            return self.acks.waiting_for(conn.key);
+        }
+        !(log.all_durable() && self.acks.is_empty() && log.durable_lsn() >= value)
     }
 
     /// Write the encoded PUBLISH `frame` to `conn` (a logged session) once

@@ -128,6 +128,17 @@ impl BlockDevice {
             .unwrap()
             .map(|x| x.unwrap().path())
             .collect();
+        // fleetmq patch (change 8): a device without poll queues
+        // (`queue/io_poll` is 0, e.g. virtio-blk without `poll_queues`)
+        // gets no poll ring. Its completions come by interrupt anyway, so
+        // polling only spins; and on Linux 6.x, with one poll ring per
+        // thread on such a device, a direct write could wait in the poll
+        // ring forever (fleetmq's store log stalled under back-to-back
+        // writes from two shards). The main ring takes its I/O instead.
+        let iopoll = match read_to_string(queue.join("io_poll")) {
+            Ok(v) if v.trim() == "0" => Some(false),
+            _ => None,
+        };
 
         BlockDevice {
             memory_device: false,
@@ -139,7 +150,7 @@ impl BlockDevice {
             max_sectors_size: max_sectors_kb << 10,
             max_segment_size,
             cache,
-            iopoll: None,
+            iopoll,
             subcomponents,
         }
     }
