@@ -53,6 +53,11 @@ const POLL: Duration = Duration::from_millis(20);
 /// is online), or after [`DRAIN_MAX`].
 const DRAIN_IDLE: Duration = Duration::from_secs(2);
 const DRAIN_MAX: Duration = Duration::from_secs(15);
+/// With `--through-restarts`: a broker just started may take a while to
+/// recover and resend what its sessions hold, so the drain waits longer
+/// before it counts a value as missing.
+const RESTART_DRAIN_IDLE: Duration = Duration::from_secs(10);
+const RESTART_DRAIN_MAX: Duration = Duration::from_secs(60);
 
 /// Which checked flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -672,8 +677,14 @@ fn interval_line(
 }
 
 /// After publishing: wait until every tracker has every message (with all
-/// subscribers online), or nothing moved for [`DRAIN_IDLE`].
+/// subscribers online), or nothing moved for [`DRAIN_IDLE`]
+/// ([`RESTART_DRAIN_IDLE`] with `--through-restarts`).
 fn drain(ctx: &Ctx) {
+    let (idle, max) = if ctx.cfg.through_restarts {
+        (RESTART_DRAIN_IDLE, RESTART_DRAIN_MAX)
+    } else {
+        (DRAIN_IDLE, DRAIN_MAX)
+    };
     let begin = now_ns();
     let mut last = u64::MAX;
     let mut last_change = begin;
@@ -701,10 +712,10 @@ fn drain(ctx: &Ctx) {
         let t = now_ns();
         if progress != last || !all_online {
             (last, last_change) = (progress, t);
-        } else if t - last_change > DRAIN_IDLE.as_nanos() as u64 {
+        } else if t - last_change > idle.as_nanos() as u64 {
             return;
         }
-        if t - begin > DRAIN_MAX.as_nanos() as u64 {
+        if t - begin > max.as_nanos() as u64 {
             return;
         }
         std::thread::sleep(Duration::from_millis(10));

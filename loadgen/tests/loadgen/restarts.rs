@@ -4,8 +4,10 @@
 //! unacknowledged `[MQTT-4.4.0-1]`, and the checker counts acknowledged
 //! values that never arrived, duplicates per QoS and order violations.
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use super::{read_json, start_broker_on, temp_json, Broker};
@@ -51,7 +53,7 @@ fn soak_through_kills(
     let listen = format!("127.0.0.1:{}", free_port());
     let mut broker: Broker = start_broker_on(&listen, shards, set);
     let json = temp_json(name);
-    let child = Command::new(env!("CARGO_BIN_EXE_fleetmq-loadgen"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetmq-loadgen"))
         .args([
             "soak",
             "--url",
@@ -63,7 +65,7 @@ fn soak_through_kills(
         ])
         .args([
             "--rate",
-            "2000",
+            rate,
             "--publishers",
             "4",
             "--duration",
@@ -76,15 +78,31 @@ fn soak_through_kills(
         .stderr(Stdio::piped())
         .spawn()
         .expect("fleetmq-loadgen runs");
-    for _ in 0..2 {
-        std::thread::sleep(Duration::from_millis(1500));
+    // The kills start once publishing runs (its first interval line), not
+    // while the clients still connect: a kill then would only delay them.
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with('[') {
+                let _ = tx.send(());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    let publishing = rx.recv_timeout(Duration::from_secs(30)).is_ok();
+    for delay in [500, 1500] {
+        std::thread::sleep(Duration::from_millis(delay));
         drop(broker); // SIGKILL (Child::kill), then wait
         broker = start_broker_on(&listen, shards, set);
     }
     let out = child.wait_with_output().unwrap();
     drop(broker);
-    let stdout =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let stdout = reader.join().unwrap() + &String::from_utf8_lossy(&out.stderr);
+    assert!(publishing, "the soak started publishing: {stdout}");
     let report = read_json(&json);
     let _ = std::fs::remove_file(&json);
     (out.status.success(), stdout, report)
