@@ -226,12 +226,6 @@ pub(crate) struct NonBufferedStream<S> {
 }
 
 impl<S: AsRawFd> NonBufferedStream<S> {
-    fn init(&mut self) {
-        let reactor = self.reactor.upgrade().unwrap();
-        let stream_fd = self.stream.as_raw_fd();
-        self.source_rx = Some(reactor.poll_read_ready(stream_fd));
-    }
-
     pub(crate) fn try_peek(&self, buf: &mut [u8]) -> Option<io::Result<usize>> {
         super::yolo_peek(self.stream.as_raw_fd(), buf)
     }
@@ -361,7 +355,7 @@ where
 {
     fn from(socket: socket2::Socket) -> Self {
         let reactor = crate::executor().reactor();
-        let mut stream = NonBufferedStream {
+        let stream = NonBufferedStream {
             reactor: Rc::downgrade(&reactor),
             stream: socket.into(),
             source_tx: None,
@@ -369,7 +363,13 @@ where
             write_timeout: Timeout::new(reactor.register_timer()),
             read_timeout: Timeout::new(reactor.register_timer()),
         };
-        stream.init();
+        // fleetmq patch (change 9): no early poll for reading. Upstream
+        // armed one here, and the first `poll_read` then waited for its
+        // completion (a turn of the ring) instead of trying `recv`: for an
+        // accepted connection whose first bytes are already there (a
+        // CONNECT sent right after the handshake) that was a ring round
+        // trip per connection. Now the first `poll_read` tries `recv` and
+        // arms the poll only if nothing is there (`source_rx` is `None`).
         GlommioStream {
             stream,
             rx_buf: NonBuffered,
