@@ -150,7 +150,10 @@ impl Parked {
         });
         match (self.what, refused) {
             (Waiting::Ack(packet), Some(reason)) => {
-                queue.forget(self.answering, &self.conn, &packet);
+                // Refused by the other store (not the local one): the value
+                // is not written again later.
+                let undone = self.refused.is_none();
+                queue.forget(self.answering, &self.conn, &packet, undone);
                 refuse(&self.conn, packet, reason)
             }
             (Waiting::Ack(packet), None) => {
@@ -342,12 +345,15 @@ impl AckQueue {
     ///
     /// MQTT 3.1.1 has no refusing PUBREC: the connection closes and the
     /// client sends the same message again, with DUP, after it reconnects.
-    /// The identifier stays open then: the value was already forwarded
-    /// and its records are written once the store can (see
-    /// `ShardLog::failed`), and the resend's PUBREC waits for them, so it
-    /// is stored and delivered once.
-    pub(crate) fn forget(&self, answering: Option<Answering>, conn: &ConnShared, packet: &Packet) {
-        if !conn.protocol.is_v5() {
+    /// When the local store refused (`undone` false), the identifier stays
+    /// open: the value was already forwarded and its records are written
+    /// once the store can (see `ShardLog::failed`), and the resend's PUBREC
+    /// waits for them, so it is stored and delivered once. When the other
+    /// store refused (`undone`: a retained value `mqtt-retained` did not
+    /// take, whose write is undone), it is forgotten too: the resend is
+    /// stored again rather than acknowledged and lost (DESIGN.md §7).
+    pub(crate) fn forget(&self, answering: Option<Answering>, conn: &ConnShared, packet: &Packet, undone: bool) {
+        if !conn.protocol.is_v5() && !undone {
             return;
         }
         if let (Some(session), Packet::PubRec(rec)) = (answering, packet) {
@@ -681,18 +687,23 @@ mod tests {
         q.fail(2);
         assert_eq!(q.take_forgotten(), vec![Forgotten { session, packet_id: 6 }]);
         assert!(q.take_forgotten().is_empty(), "taken once");
-        // A refused cluster write; a 3.1.1 connection is closed instead and
-        // keeps the identifier for the resend that follows its reconnect.
+        // A refused cluster write (undone: forgotten, a 3.1.1 connection
+        // closed instead too); a local store failure on 3.1.1 keeps the
+        // identifier for the resend that follows the reconnect (its records
+        // are written once the disk has room).
         for protocol in [ProtocolVersion::V5, ProtocolVersion::V3_1_1] {
             let c = conn_keyed(2, protocol);
             let write = q.write(10);
             write.attach(c.key);
             q.hold(0, &c, (pubrec(8), Some(session)), Some(write.clone()), None);
             write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
-            let v5 = protocol == ProtocolVersion::V5;
-            let expected = if v5 { vec![Forgotten { session, packet_id: 8 }] } else { vec![] };
-            assert_eq!(q.take_forgotten(), expected, "{protocol:?}");
-            assert_eq!(c.is_closing(), !v5);
+            assert_eq!(q.take_forgotten(), vec![Forgotten { session, packet_id: 8 }], "{protocol:?}");
+            assert_eq!(c.is_closing(), protocol == ProtocolVersion::V3_1_1);
         }
+        let old = conn_keyed(3, ProtocolVersion::V3_1_1);
+        q.park(3, &old, pubrec(9), Some(session));
+        q.fail(3);
+        assert!(q.take_forgotten().is_empty(), "kept for the 3.1.1 resend");
+        assert!(old.is_closing());
     }
 }

@@ -231,7 +231,7 @@ impl ShardStore {
                 self.acks.hold(token, conn, (packet, origin), write.clone(), refused);
             } else if refused {
                 // MQTT 5: the refusal leaves behind what waits before it.
-                self.acks.forget(origin, conn, &packet);
+                self.acks.forget(origin, conn, &packet, false);
                 match acks::refusal(conn, packet, ReasonCode::QUOTA_EXCEEDED) {
                     Ok(refusal) if self.acks.waiting_for(conn.key) => self.acks.park(appended, conn, refusal, None),
                     Ok(refusal) => conn.send(&refusal),

@@ -358,6 +358,39 @@ fn a_3_1_1_client_whose_retained_publish_is_refused_is_closed_after_what_came_be
     assert!(took >= Duration::from_millis(4500), "closed after {took:?}");
 }
 
+/// MQTT 3.1.1: a retained QoS 2 publish NATS does not take within the
+/// wait closes the connection (no PUBREC); its write is undone. The device
+/// reconnects with Clean Session 0 and sends it again (DUP, the same
+/// packet identifier): it is a new attempt, stored, and PUBREC comes only
+/// once `mqtt-retained` has it — never acknowledged and then lost
+/// (DESIGN.md §7; the session kept no identifier for it).
+#[test]
+fn a_3_1_1_retained_qos2_publish_refused_and_resent_after_reconnect_is_retained() {
+    let s = setup(&WAIT_5S);
+    let undone = s.a.metric_sum("fleetmq_cluster_retained_undone_total");
+    let connect = build::Connect { clean: false, ..build::Connect::v311("old-qos2") };
+    let mut device = RawClient::connect(s.a.mqtt);
+    assert_eq!(device.handshake(&connect.encode()).1, 0);
+    s.proxy.set_hold(true);
+    device.send(&publish("line/mode", b"auto", 2, true, 4, false));
+    assert_eq!(device.packets_until_closed(Duration::from_secs(10)), vec![], "closed, nothing acknowledged");
+    thread::sleep(Duration::from_secs(1));
+    s.proxy.set_hold(false);
+    wait_metric(&s.a, "fleetmq_cluster_retained_undone_total", undone + 1.0, Duration::from_secs(15));
+    wait_retained(&s.b, "line/mode", None, Duration::from_secs(5));
+
+    let mut device = RawClient::connect(s.a.mqtt);
+    assert_eq!(device.handshake(&connect.encode()), (1, 0), "session present");
+    let mut resend = publish("line/mode", b"auto", 2, true, 4, false);
+    resend[0] |= 0x08;
+    device.send(&resend);
+    assert_eq!(next_ack(&mut device, Duration::from_secs(5)), (0x50, 4, 0));
+    // PUBREC came once the bucket had it: every replica retains it.
+    for broker in [&s.b, &s.a] {
+        wait_retained(broker, "line/mode", Some(b"auto"), Duration::from_secs(5));
+    }
+}
+
 #[test]
 fn acknowledgements_stay_in_order_when_retained_and_other_publishes_mix() {
     let s = setup(&[]);
