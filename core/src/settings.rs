@@ -558,7 +558,7 @@ impl fmt::Display for SettingsError {
                 };
                 write!(
                     f,
-                    "store.kind = \"{name}\" is not available in this build yet, use store.kind = \"none\""
+                    "store.kind = \"{name}\" is not available in this build yet: use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
                 )
             }
             SettingsError::Invalid { key, value, allowed } => {
@@ -889,7 +889,7 @@ pub fn format_duration(d: Duration) -> String {
     }
     let nanos = d.subsec_nanos();
     for (size, unit) in [(1_000_000, "ms"), (1_000, "us"), (1, "ns")] {
-        if (nanos / size) % 1_000 != 0 {
+        if !(nanos / size).is_multiple_of(1_000) {
             parts.push(format!("{}{unit}", (nanos / size) % 1_000));
         }
     }
@@ -1317,7 +1317,7 @@ mod tests {
         s.store.kind = StoreKind::Jetstream;
         assert_eq!(
             err(&s),
-            "store.kind = \"jetstream\" is not available in this build yet, use store.kind = \"none\""
+            "store.kind = \"jetstream\" is not available in this build yet: use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
         );
     }
 }

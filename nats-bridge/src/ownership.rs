@@ -45,11 +45,17 @@ fn is_conflict(e: &async_nats::jetstream::context::PublishError) -> bool {
 /// table's), forgotten all at once when full.
 #[derive(Debug, Default)]
 pub(crate) struct KnownRevisions {
+    /// Key hash → the latest revision seen, with [`FOREIGN`] set when
+    /// another process wrote it.
     revisions: std::collections::HashMap<u64, u64>,
 }
 
 /// Revisions [`KnownRevisions`] holds at most (about 8 MiB).
 const KNOWN_MAX: usize = 1 << 18;
+
+/// The bit of a known revision that says another process wrote it
+/// (JetStream sequences stay far below it).
+const FOREIGN: u64 = 1 << 63;
 
 impl KnownRevisions {
     fn hash(key: &str) -> u64 {
@@ -61,19 +67,23 @@ impl KnownRevisions {
         h.finish()
     }
 
-    /// The revision to expect for `key`: the latest seen, 0 (create) when
-    /// none was.
-    pub(crate) fn expect(&self, key: &str) -> u64 {
-        self.revisions.get(&Self::hash(key)).copied().unwrap_or(0)
+    /// The revision to expect for `key` (0: none seen, create), and
+    /// whether another process (replica) wrote it.
+    pub(crate) fn expect(&self, key: &str) -> (u64, bool) {
+        let known = self.revisions.get(&Self::hash(key)).copied().unwrap_or(0);
+        (known & !FOREIGN, known & FOREIGN != 0)
     }
 
-    /// `key` was seen at `revision` (kept if newer than what is known).
-    pub(crate) fn saw(&mut self, key: &str, revision: u64) {
+    /// `key` was seen at `revision`, written by another process when
+    /// `foreign` (kept if newer than what is known).
+    pub(crate) fn saw(&mut self, key: &str, revision: u64, foreign: bool) {
         if self.revisions.len() >= KNOWN_MAX {
             self.revisions.clear();
         }
         let known = self.revisions.entry(Self::hash(key)).or_insert(0);
-        *known = (*known).max(revision);
+        if revision > *known & !FOREIGN {
+            *known = revision | if foreign { FOREIGN } else { 0 };
+        }
     }
 }
 
@@ -103,9 +113,13 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_sta
     let payload: bytes::Bytes = record.encode().into();
     let mut guess = Some(shared.known_revisions().expect(&key));
     for _ in 0..CLAIM_ATTEMPTS {
-        let (expected, previous) = match guess.take() {
-            Some(expected) => (expected, None),
-            None => read(shared, &key).await?,
+        let (expected, previous, moved) = match guess.take() {
+            Some((expected, foreign)) => (expected, None, foreign),
+            None => {
+                let (expected, previous) = read(shared, &key).await?;
+                let moved = previous.is_some();
+                (expected, previous, moved)
+            }
         };
         let publish = PublishMessage::build().payload(payload.clone()).expected_last_subject_sequence(expected);
         let outcome = match shared.state.send_publish(subject(&key), publish).await {
@@ -114,9 +128,9 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_sta
         };
         match outcome {
             Ok(ack) => {
-                shared.known_revisions().saw(&key, ack.sequence);
+                shared.known_revisions().saw(&key, ack.sequence, false);
                 shared.status.stats.record(OpKind::Claim, started.elapsed());
-                return Ok(Claimed { revision: ack.sequence, previous });
+                return Ok(Claimed { revision: ack.sequence, previous, moved });
             }
             Err(e) if is_conflict(&e) => continue,
             Err(e) => return Err(ClaimError::Unavailable(e.to_string())),
@@ -151,7 +165,7 @@ pub(crate) async fn release(shared: &Shared, client_id: &str, revision: u64) {
         .expected_last_subject_sequence(revision);
     let key = client_key(client_id);
     let outcome = match shared.state.send_publish(subject(&key), publish).await {
-        Ok(ack) => ack.await.map(|ack| shared.known_revisions().saw(&key, ack.sequence)),
+        Ok(ack) => ack.await.map(|ack| shared.known_revisions().saw(&key, ack.sequence, false)),
         Err(e) => Err(e),
     };
     shared.status.stats.record(OpKind::Release, started.elapsed());
@@ -166,11 +180,10 @@ pub(crate) async fn release(shared: &Shared, client_id: &str, revision: u64) {
 pub(crate) async fn watch(shared: Arc<Shared>) {
     follow(&shared, bucket::SESSIONS, Start::New, None, |seen| {
         let Seen::Entry(entry) = seen else { return };
-        shared.known_revisions().saw(&entry.key, entry.revision);
-        if entry.operation != Operation::Put {
-            return;
-        }
-        let Ok(record) = OwnerRecord::decode(&entry.value) else { return };
+        let record = (entry.operation == Operation::Put).then(|| OwnerRecord::decode(&entry.value).ok()).flatten();
+        let foreign = record.as_ref().is_some_and(|r| r.instance != shared.config.instance);
+        shared.known_revisions().saw(&entry.key, entry.revision, foreign);
+        let Some(record) = record else { return };
         crate::sweeper::clean_start_seen(&shared, &record);
         if record.instance == shared.config.instance {
             return;

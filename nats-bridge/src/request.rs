@@ -124,8 +124,12 @@ pub struct Claimed {
     /// The revision of the claim in `mqtt-sessions`: a later revision by
     /// another replica takes the client identifier over.
     pub revision: u64,
-    /// The replica that owned the client identifier before, when another.
+    /// The replica that owned the client identifier before, when another
+    /// and known (read from the bucket).
     pub previous: Option<String>,
+    /// Another process (replica) held the client identifier's entry
+    /// before this claim, as far as this replica saw (its watch, or a read).
+    pub moved: bool,
 }
 
 /// Why a claim did not land.

@@ -129,7 +129,7 @@ mod tests {
         s.kind = StoreKind::Jetstream;
         assert_eq!(
             s.validate().unwrap_err().to_string(),
-            "store.kind = \"jetstream\" is not available in this build yet, use store.kind = \"none\""
+            "store.kind = \"jetstream\" is not available in this build yet: use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
         );
     }
 

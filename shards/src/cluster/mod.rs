@@ -63,6 +63,11 @@ pub(crate) struct Node {
     /// `cluster.session_log_append_wait`: how long a QoS 1/2 retained
     /// value waits for `mqtt-retained` before it is refused.
     append_wait: Duration,
+    /// The least time a claim stays parked after its connection ended
+    /// (see `parked`): `cluster.will_stop_grace` after a lost replica is
+    /// taken for gone, which is at most 2 × `cluster.member_ttl` after its
+    /// last write (DESIGN.md §5).
+    parks_at_least: Duration,
 }
 
 impl Node {
@@ -92,6 +97,7 @@ impl Node {
             next_conn: AtomicU64::new(1),
             connect_budget: cluster.connect_budget,
             append_wait: cluster.session_log_append_wait,
+            parks_at_least: cluster.will_stop_grace + 2 * cluster.member_ttl,
         }))
     }
 
@@ -131,6 +137,7 @@ impl Node {
             will: None,
             epoch: self.status().epoch(),
             parks_for: None,
+            moved: claimed.moved,
         };
         match within(budget, &mut outcome).await {
             Some(Ok(Ok(claimed))) => {
@@ -238,11 +245,23 @@ impl Node {
             claim.store_will(&will, identity, session_expiry, budget(Instant::now())).await?;
         }
         // A persistent session outlives its connection here: so does its
-        // claim (see `parked`). Set last: a CONNECT refused here (its will
-        // not stored in time) gives the claim up at once.
-        claim.parks_for = (session_expiry > 0).then(|| Duration::from_secs(u64::from(session_expiry)));
+        // claim (see `parked`). A claim taken from another replica stays
+        // at least until the sweeper could send the will of a connection
+        // that replica had for this client (were it lost): it reads the
+        // claim as "the client came back". Set last:
+        // a CONNECT refused here (its will not stored in time) gives the
+        // claim up at once.
+        claim.parks_for = parks_for(session_expiry, if claim.moved { self.parks_at_least } else { Duration::ZERO });
         Ok(claim)
     }
+}
+
+/// How long a claim stays parked once its connection ended: the session
+/// expiry interval (seconds), and at least `grace`; `None` (released at
+/// once) when both are zero.
+fn parks_for(session_expiry: u32, grace: Duration) -> Option<Duration> {
+    let parked = Duration::from_secs(u64::from(session_expiry)).max(grace);
+    (!parked.is_zero()).then_some(parked)
 }
 
 /// `future`'s output, or `None` when `budget` runs out first.
@@ -271,6 +290,8 @@ pub(crate) struct Claim {
     /// A persistent session's expiry interval: when the connection ends,
     /// the claim is parked this long instead of released (see `parked`).
     parks_for: Option<Duration>,
+    /// The client identifier was another replica's before this claim.
+    moved: bool,
 }
 
 impl Drop for Claim {
@@ -542,4 +563,20 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
         }
     })
     .detach();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parks_for;
+    use std::time::Duration;
+
+    #[test]
+    fn a_claim_stays_parked_for_its_session_expiry_and_at_least_the_will_grace() {
+        let grace = Duration::from_secs(30);
+        assert_eq!(parks_for(0, grace), Some(grace), "a clean session's claim outlives it by the grace");
+        assert_eq!(parks_for(10, grace), Some(grace));
+        assert_eq!(parks_for(3600, grace), Some(Duration::from_secs(3600)));
+        assert_eq!(parks_for(0, Duration::ZERO), None, "no grace, no session: released at once");
+        assert_eq!(parks_for(5, Duration::ZERO), Some(Duration::from_secs(5)));
+    }
 }

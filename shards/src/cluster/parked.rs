@@ -3,6 +3,11 @@
 //! stays on this replica, and so does its entry in `mqtt-sessions`. The
 //! claim is parked here instead of released at once, and released when
 //! the session's expiry interval has passed since the connection ended.
+//! A claim taken from another replica, a clean session's too, stays at
+//! least `will_stop_grace` plus 2 × `member_ttl` (until a lost replica is
+//! taken for gone, then its grace): a client that came here from a lost
+//! replica and left again is still "back" for the sweeper, which would
+//! otherwise send the lost replica's will for it (DESIGN.md §5).
 //!
 //! This saves a JetStream write (and a watch delivery on every replica)
 //! per disconnect of a persistent session; a client that comes back here

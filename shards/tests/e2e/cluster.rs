@@ -345,7 +345,7 @@ fn a_retained_message_set_on_one_replica_is_read_on_the_others_and_cleared_from_
 
 /// A client with a will on replica A; A is SIGKILLed; a subscriber on B
 /// (the sweeper once A's lease is gone) waits for the will.
-fn will_after_kill(client_back: bool) -> Vec<String> {
+fn will_after_kill(client_back: Back) -> Vec<String> {
     let nats = NatsCluster::start(3);
     let timing = ["--set", "cluster.member_ttl=5s", "--set", "cluster.will_stop_grace=5s"];
     let mut a = replica("ra", &nats.urls(), &timing);
@@ -358,12 +358,18 @@ fn will_after_kill(client_back: bool) -> Vec<String> {
     };
     assert_eq!(device.handshake(&connect.encode()).1, 0);
     a.kill();
-    if client_back {
+    if client_back != Back::No {
         // Back on B within the grace: no will (DESIGN.md §5).
         thread::sleep(Duration::from_secs(1));
         let mut again = RawClient::connect(b.mqtt);
         assert_eq!(again.handshake(&build::Connect::v311("dev-1").encode()).1, 0);
-        std::mem::forget(again);
+        if client_back == Back::AndLeft {
+            // A clean session that ends normally: it came back all the same.
+            again.send(&[0xE0, 0x00]); // MQTT 3.1.1 DISCONNECT
+            drop(again);
+        } else {
+            std::mem::forget(again);
+        }
     }
     // Gone 7.5 s after its last write, then 5 s of grace: 20 s is ample.
     let mut wills = Vec::new();
@@ -376,15 +382,29 @@ fn will_after_kill(client_back: bool) -> Vec<String> {
     wills
 }
 
+/// Whether the client of [`will_after_kill`] comes back on B.
+#[derive(PartialEq)]
+enum Back {
+    No,
+    AndStays,
+    /// Back with a clean session, then disconnected within the grace.
+    AndLeft,
+}
+
 #[test]
 fn the_will_of_a_killed_replicas_client_is_sent_once_after_the_grace() {
-    let wills = will_after_kill(false);
+    let wills = will_after_kill(Back::No);
     assert!(wills.len() == 1 && wills[0].ends_with("wills/dev-1 offline"), "{wills:?}");
 }
 
 #[test]
 fn the_will_of_a_client_back_on_another_replica_within_the_grace_is_not_sent() {
-    assert!(will_after_kill(true).is_empty());
+    assert!(will_after_kill(Back::AndStays).is_empty());
+}
+
+#[test]
+fn the_will_of_a_client_back_on_another_replica_and_gone_again_within_the_grace_is_not_sent() {
+    assert!(will_after_kill(Back::AndLeft).is_empty());
 }
 
 #[test]

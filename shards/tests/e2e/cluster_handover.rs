@@ -525,12 +525,17 @@ fn a_persistent_sessions_ownership_outlives_its_connection_until_the_session_exp
     assert_eq!(code, 0);
     expect_disconnect(&mut back, 0x8e, Duration::from_secs(1));
     wait_owner(&nats, "keeps", Some("rb"), Duration::from_secs(1));
-    // Clean Start with no expiry (connect_v5): B gives it up at the end.
+    // Clean Start with no expiry (connect_v5), but taken from another
+    // replica: B keeps the entry past the end of the connection (will
+    // grace + 2 member TTLs), so that the sweeper, had A been lost with
+    // this client's will, reads the client as back (DESIGN.md §5).
     drop(moved);
-    wait_owner(&nats, "keeps", None, Duration::from_secs(3));
-    // A persistent session on B: parked, and released once its expiry
-    // (4 s) passed since the connection ended; A's older claim, parked
-    // too, never removes B's.
+    thread::sleep(Duration::from_secs(2));
+    assert_eq!(owner_entry(&nats, "keeps").map(|e| e.1).as_deref(), Some("rb"), "parked: it came from A");
+    // A persistent session on B (its own claim over B's entry: not taken
+    // from another replica): parked, and released once its expiry (4 s)
+    // passed since the connection ended; the older parked claims, A's and
+    // B's, never remove it.
     drop(session(&b, "keeps", 4));
     let ended = Instant::now();
     thread::sleep(Duration::from_secs(3));

@@ -1510,6 +1510,31 @@ fn as_user(addr: SocketAddr, client_id: &str, user: &str) -> Client {
     login.accepted(addr)
 }
 
+/// The ACL covers wills as it covers PUBLISH (a will is a publish the broker
+/// makes for the client): a Will Topic the client may not publish to gets
+/// MQTT 5 CONNACK 0x87, 3.1.1 return code 5 [MQTT-3.2.2-6]; one it may is
+/// accepted and its will published when the client vanishes.
+#[test]
+fn acl_refuses_a_will_topic_the_client_may_not_publish_to() {
+    let dir = TempDir::new("acl-will");
+    let (broker, _) = acl_broker(&dir);
+    let mut ops = as_user(broker.mqtt, &unique("ops"), "ops");
+    ops.subscribe("devices/#", 1);
+    let will = |topic| Some(wire::Will { topic, payload: b"gone", delay_secs: None, payload_format: None });
+    for (connect, refused) in [(wire::Connect::v5("wdev1"), 0x87), (wire::Connect::v311("wdev2"), 5)] {
+        let denied = wire::Connect { will: will("devices/other/status"), ..connect };
+        let mut client = crate::raw::RawClient::connect(broker.mqtt);
+        assert_eq!(client.handshake(&denied.encode()).1, refused, "level {}", denied.level);
+    }
+    let own = String::from("devices/wdev3/status");
+    let allowed = wire::Connect { will: will(&own), ..wire::Connect::v5("wdev3") };
+    let mut client = crate::raw::RawClient::connect(broker.mqtt);
+    assert_eq!(client.handshake(&allowed.encode()).1, 0x00);
+    drop(client);
+    let topics: Vec<_> = ops.drain(QUIET).into_iter().map(|p| p.topic).collect();
+    assert_eq!(topics, [own]);
+}
+
 /// Publishing: allowed topics get PUBACK 0x00, denied ones PUBACK 0x87
 /// (PUBREC 0x87 at QoS 2) and are not forwarded; a denied QoS 0 message is
 /// dropped and counted in `fleetmq_messages_dropped_total{reason=

@@ -283,3 +283,28 @@ fn a_will_payload_marked_utf8_that_is_not_gets_connack_0x99() {
     assert_eq!(connect(&unique("bad"), b"\xff\xfe"), 0x99);
     assert_eq!(connect(&unique("good"), "gone ✓".as_bytes()), 0);
 }
+
+/// A will is a publish the broker makes for the client, and `$SYS/` is the
+/// broker's (MQTT 5 §4.7.2): a CONNECT whose Will Topic is under `$SYS/`
+/// is refused, MQTT 5 CONNACK 0x87 Not authorized, 3.1.1 return code 5
+/// [MQTT-3.2.2-6] (a refusing CONNACK, then the connection closes), and
+/// nothing is published there, retained or not.
+#[test]
+fn a_will_under_sys_is_refused_at_connect() {
+    let broker = Broker::two_shards(&[]);
+    let mut watcher = MosquittoSub::start(&broker, &["-t", "$SYS/fake/#", "-v"]);
+    for (connect, refused) in [
+        (wire::Connect::v5("spoof-5"), 0x87),
+        (wire::Connect::v311("spoof-3"), 5),
+    ] {
+        let connect = wire::Connect {
+            will: Some(wire::Will { topic: "$SYS/fake/alert", payload: b"SPOOFED", delay_secs: None, payload_format: None }),
+            ..connect
+        };
+        let mut client = RawClient::connect(broker.mqtt);
+        assert_eq!(client.handshake(&connect.encode()).1, refused, "level {}", connect.level);
+    }
+    assert_eq!(watcher.next_message(Duration::from_secs(1)), None, "a will reached $SYS");
+    let mut late = MosquittoSub::start(&broker, &["-t", "$SYS/fake/#", "-v"]);
+    assert_eq!(late.next_message(Duration::from_millis(500)), None, "a will was retained under $SYS");
+}
