@@ -362,12 +362,11 @@ pub(crate) async fn accepted(
         }
     };
     if let Some(will) = &connect.will {
-        // A will is a publish the broker makes for the client: the same
-        // rules as the client's own PUBLISH. `$SYS/` is the broker's (MQTT 5
-        // §4.7.2) and the ACL applies; refused before anything is claimed
-        // or stored (MQTT 5 CONNACK 0x87, 3.1.1 return code 5).
+        // A will is a publish the broker makes for the client: the rules of
+        // the client's own PUBLISH, checked before anything is claimed or
+        // stored (MQTT 5 CONNACK 0x87, 3.1.1 return code 5).
         let acl = AclAuthorizer::for_client(&settings.auth, &identity, &negotiated.client_id);
-        if will.topic.starts_with("$SYS") || acl.is_some_and(|a| !a.may_publish(&will.topic)) {
+        if !fleetmq_core::session::client_may_publish(acl.as_deref(), &will.topic) {
             let refusal = refuse_with(ReasonCode::NOT_AUTHORIZED, "the Will Topic may not be published to");
             Box::pin(refuse(&shard, &mut transport, &connect, refusal)).await;
             return refused(&shard, &settings, RefuseReason::NotAuthorized);

@@ -209,6 +209,14 @@ pub trait Authorize: Send + Sync {
     fn may_receive(&self, topic: &str) -> bool;
 }
 
+/// Whether a client whose access control is `authorizer` (`None`: no
+/// ACL) may publish to `topic`, by PUBLISH or through its will: never into
+/// `$SYS/`, which belongs to the broker (MQTT 5 §4.7.2; clients may read
+/// it), and only where the ACL allows.
+pub fn client_may_publish(authorizer: Option<&dyn Authorize>, topic: &str) -> bool {
+    !topic.starts_with("$SYS") && authorizer.is_none_or(|a| a.may_publish(topic))
+}
+
 /// How long a delivery decision of [`Authorize::may_receive`] is reused
 /// per topic (`auth.acl_cache_ttl`), and how many topics are remembered.
 #[derive(Debug, Clone, Copy)]
@@ -957,10 +965,7 @@ impl Session {
         }
         let format_invalid = publish.properties.payload_format_indicator == Some(1)
             && std::str::from_utf8(&publish.payload).is_err();
-        // `$SYS/` belongs to the broker (MQTT 5 §4.7.2): clients may read it,
-        // never write it.
-        let denied = publish.topic.starts_with("$SYS")
-            || self.access.as_ref().is_some_and(|a| !a.authorizer.may_publish(&publish.topic));
+        let denied = !client_may_publish(self.access.as_ref().map(|a| &*a.authorizer), &publish.topic);
         // Refused publishes get a reason code on MQTT 5; 3.1.1 has none, so
         // the message is acknowledged and dropped, as Mosquitto does.
         let refused = self.store_refusing && publish.qos != QoS::AtMostOnce;
