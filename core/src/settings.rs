@@ -917,7 +917,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(text).map_err(|e| match e {
         humantime::DurationError::NumberOverflow => format!("{text:?}{TOO_LARGE}"),
-        e => format!("invalid duration {text:?} ({e}); use e.g. \"10s\", \"15m\", \"1h\""),
+        e => format!("invalid duration {text:?} ({e}); a number with a unit, e.g. \"250ms\", \"10s\", \"15m\""),
     })
 }
 

@@ -214,7 +214,8 @@ pub trait Authorize: Send + Sync {
 /// `$SYS/`, which belongs to the broker (MQTT 5 §4.7.2; clients may read
 /// it), and only where the ACL allows.
 pub fn client_may_publish(authorizer: Option<&dyn Authorize>, topic: &str) -> bool {
-    !topic.starts_with("$SYS") && authorizer.is_none_or(|a| a.may_publish(topic))
+    let broker_owned = topic == "$SYS" || topic.starts_with("$SYS/");
+    !broker_owned && authorizer.is_none_or(|a| a.may_publish(topic))
 }
 
 /// How long a delivery decision of [`Authorize::may_receive`] is reused

@@ -846,3 +846,16 @@ fn a_restored_session_resends_what_it_had_sent_with_the_same_identifiers_and_dup
     s.handle(Packet::PubComp(PubResponse::success(pid(40))), t0, &mut out);
     assert_eq!(out[0], Output::Log(SessionChange::Done { value: 3 }));
 }
+
+/// `$SYS/` is the broker's (MQTT 5 §4.7.2): `$SYS` and what is under it
+/// are refused to clients, other `$` topics and look-alikes are not.
+#[test]
+fn clients_may_not_publish_into_sys_but_may_elsewhere() {
+    use super::client_may_publish;
+    assert!(!client_may_publish(None, "$SYS"));
+    assert!(!client_may_publish(None, "$SYS/broker/uptime"));
+    assert!(client_may_publish(None, "$SYSX/x"));
+    assert!(client_may_publish(None, "$sys/x"));
+    assert!(client_may_publish(None, "$foo/x"));
+    assert!(client_may_publish(None, "plant/boiler"));
+}
