@@ -35,4 +35,5 @@ mod watch;
 pub use bridge::{Bridge, ClaimError, Claimed, ClusterStatus, Event, Request, RetainedError, StartError};
 pub use config::BridgeConfig;
 pub use mailbox::Mailbox;
+pub use ownership::FLAP_DELAY;
 pub use stats::{BridgeStats, OpKind};

@@ -25,6 +25,11 @@ use crate::watch::{follow, Seen, Start};
 /// another replica claimed in between; the last claim wins).
 const CLAIM_ATTEMPTS: usize = 8;
 
+/// A claim that finds another replica's claim of the same client
+/// identifier made less than this long ago waits out the rest before it
+/// writes (see [`flap_wait`]).
+pub const FLAP_DELAY: Duration = Duration::from_secs(1);
+
 fn subject(key: &str) -> String {
     format!("$KV.{}.{key}", bucket::SESSIONS)
 }
@@ -41,21 +46,34 @@ fn is_conflict(e: &async_nats::jetstream::context::PublishError) -> bool {
 /// read and a compare-and-set (DESIGN.md §8). Only a guess: a stale or
 /// missing revision costs a conflict, after which the claim reads the key
 /// as before. Keyed by a 64-bit hash of the key (a collision is a stale
-/// guess too); at most [`KNOWN_MAX`] entries (16 bytes each plus the
+/// guess too); at most [`KNOWN_MAX`] entries (24 bytes each plus the
 /// table's), forgotten all at once when full.
 #[derive(Debug, Default)]
 pub(crate) struct KnownRevisions {
     /// Key hash → the latest revision seen, with [`FOREIGN`] set when
-    /// another process wrote it.
-    revisions: std::collections::HashMap<u64, u64>,
+    /// another process wrote it, and when that process claimed it (Unix
+    /// milliseconds, its [`OwnerRecord::claimed_at_ms`]; 0 for this
+    /// process's own writes).
+    revisions: std::collections::HashMap<u64, (u64, u64)>,
 }
 
-/// Revisions [`KnownRevisions`] holds at most (about 8 MiB).
+/// Revisions [`KnownRevisions`] holds at most (about 12 MiB).
 const KNOWN_MAX: usize = 1 << 18;
 
 /// The bit of a known revision that says another process wrote it
 /// (JetStream sequences stay far below it).
 const FOREIGN: u64 = 1 << 63;
+
+/// What this replica knows of a client identifier's entry in
+/// `mqtt-sessions`: the revision to expect (0: none, create) and, when
+/// another process (replica) wrote it, when that process claimed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Known {
+    /// The revision to expect.
+    pub(crate) revision: u64,
+    /// Another process's claim: its `claimed_at_ms` (Unix milliseconds).
+    pub(crate) foreign_claim_ms: Option<u64>,
+}
 
 impl KnownRevisions {
     fn hash(key: &str) -> u64 {
@@ -67,69 +85,106 @@ impl KnownRevisions {
         h.finish()
     }
 
-    /// The revision to expect for `key` (0: none seen, create), and
-    /// whether another process (replica) wrote it.
-    pub(crate) fn expect(&self, key: &str) -> (u64, bool) {
-        let known = self.revisions.get(&Self::hash(key)).copied().unwrap_or(0);
-        (known & !FOREIGN, known & FOREIGN != 0)
+    /// What is known of `key` (revision 0: none seen, create).
+    pub(crate) fn expect(&self, key: &str) -> Known {
+        let (known, claimed_at_ms) = self.revisions.get(&Self::hash(key)).copied().unwrap_or((0, 0));
+        Known { revision: known & !FOREIGN, foreign_claim_ms: (known & FOREIGN != 0).then_some(claimed_at_ms) }
     }
 
-    /// `key` was seen at `revision`, written by another process when
-    /// `foreign` (kept if newer than what is known).
-    pub(crate) fn saw(&mut self, key: &str, revision: u64, foreign: bool) {
+    /// `key` was seen at `revision`, claimed by another process at
+    /// `foreign_claim_ms` when `Some` (kept if newer than what is known).
+    pub(crate) fn saw(&mut self, key: &str, revision: u64, foreign_claim_ms: Option<u64>) {
         if self.revisions.len() >= KNOWN_MAX {
             self.revisions.clear();
         }
-        let known = self.revisions.entry(Self::hash(key)).or_insert(0);
-        if revision > *known & !FOREIGN {
-            *known = revision | if foreign { FOREIGN } else { 0 };
+        let known = self.revisions.entry(Self::hash(key)).or_insert((0, 0));
+        if revision > known.0 & !FOREIGN {
+            *known = match foreign_claim_ms {
+                Some(at) => (revision | FOREIGN, at),
+                None => (revision, 0),
+            };
         }
     }
+}
+
+/// How long a claim of a client identifier waits before it writes over
+/// another replica's claim made at `foreign_claim_ms` (Unix milliseconds;
+/// `now_ms` this replica's clock): the rest of [`FLAP_DELAY`] since that
+/// claim. A client identifier that flaps between replicas (two clients
+/// with one identifier, each reconnecting at once when taken over) is so
+/// slowed to about one take-over a second per pair of replicas, instead
+/// of a war as fast as the replicas go (a flapping jail, as nats-server's
+/// MQTT has). A claim in the future (clocks apart) waits the whole delay,
+/// never more.
+pub(crate) fn flap_wait(foreign_claim_ms: Option<u64>, now_ms: u64) -> Duration {
+    let Some(at) = foreign_claim_ms else { return Duration::ZERO };
+    let age = Duration::from_millis(now_ms.saturating_sub(at));
+    FLAP_DELAY.saturating_sub(age)
 }
 
 /// Claim `client_id` for connection `conn`: write this replica's record
 /// expecting the revision this replica last saw for the key (none seen:
 /// create), one round trip; on a conflict, read the key and write
-/// expecting the revision read, until a write lands.
+/// expecting the revision read, until a write lands. Before it writes over
+/// another replica's claim made less than [`FLAP_DELAY`] ago (known from
+/// the watch, or found by the read after a conflict), it waits out the
+/// rest ([`flap_wait`]): the replica that just lost the identifier knows
+/// it from the entry itself, however late its watch.
+///
+/// Claims of one client identifier on this replica run side by side; each
+/// conflict is followed by a read, so every one lands, each on a later
+/// revision than the one it read (the last to land wins, as across
+/// replicas).
 ///
 /// # Errors
 /// [`ClaimError::Unavailable`] when JetStream does not answer or keeps
-/// conflicting.
+/// conflicting; [`ClaimError::Fenced`] when the replica fenced while the
+/// claim waited.
 /// `clean_start`: the CONNECT's Clean Start flag, recorded in the entry
 /// ([`OwnerRecord::clean_start`]).
 pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_start: bool) -> Result<Claimed, ClaimError> {
     let started = Instant::now();
+    let mut waited = Duration::ZERO;
     let key = client_key(client_id);
-    let record = OwnerRecord {
+    let mut record = OwnerRecord {
         format: shared.status.write_format(),
         client_id: client_id.to_owned(),
         replica: shared.config.replica_id.clone(),
         instance: shared.config.instance.clone(),
         conn,
-        claimed_at_ms: unix_ms(),
+        claimed_at_ms: 0,
         epoch: shared.status.epoch(),
         clean_start,
     };
-    let payload: bytes::Bytes = record.encode().into();
     let mut guess = Some(shared.known_revisions().expect(&key));
     for _ in 0..CLAIM_ATTEMPTS {
-        let (expected, previous, moved) = match guess.take() {
-            Some((expected, foreign)) => (expected, None, foreign),
-            None => {
-                let (expected, previous) = read(shared, &key).await?;
-                let moved = previous.is_some();
-                (expected, previous, moved)
-            }
+        let (known, previous) = match guess.take() {
+            Some(known) => (known, None),
+            None => read(shared, &key).await?,
         };
-        let publish = PublishMessage::build().payload(payload.clone()).expected_last_subject_sequence(expected);
+        let wait = flap_wait(known.foreign_claim_ms, unix_ms());
+        if !wait.is_zero() {
+            shared.status.stats.claims_delayed.fetch_add(1, Ordering::Relaxed);
+            debug!(target: "cluster", client_id, ?wait, "cluster: client identifier claimed by another replica just now: waiting");
+            tokio::time::sleep(wait).await;
+            waited += wait;
+            if shared.status.is_fenced() {
+                return Err(ClaimError::Fenced);
+            }
+        }
+        // Stamped when written: the time other replicas' claims wait from.
+        record.claimed_at_ms = unix_ms();
+        let payload: bytes::Bytes = record.encode().into();
+        let publish = PublishMessage::build().payload(payload).expected_last_subject_sequence(known.revision);
         let outcome = match shared.state.send_publish(subject(&key), publish).await {
             Ok(ack) => ack.await,
             Err(e) => Err(e),
         };
         match outcome {
             Ok(ack) => {
-                shared.known_revisions().saw(&key, ack.sequence, false);
-                shared.status.stats.record(OpKind::Claim, started.elapsed());
+                shared.known_revisions().saw(&key, ack.sequence, None);
+                shared.status.stats.record(OpKind::Claim, started.elapsed().saturating_sub(waited));
+                let moved = known.foreign_claim_ms.is_some();
                 return Ok(Claimed { revision: ack.sequence, previous, moved });
             }
             Err(e) if is_conflict(&e) => continue,
@@ -139,19 +194,19 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_sta
     Err(ClaimError::Unavailable(format!("{CLAIM_ATTEMPTS} conflicting claims in a row")))
 }
 
-/// Read `key`: the revision to expect (0: no entry) and the replica that
-/// holds it when another process does.
-async fn read(shared: &Shared, key: &str) -> Result<(u64, Option<String>), ClaimError> {
+/// Read `key`: what is known of it now, and the replica that holds it
+/// when another process does.
+async fn read(shared: &Shared, key: &str) -> Result<(Known, Option<String>), ClaimError> {
     let entry = shared.sessions.entry(key).await.map_err(|e| ClaimError::Unavailable(e.to_string()))?;
     Ok(match &entry {
-        None => (0, None),
+        None => (Known { revision: 0, foreign_claim_ms: None }, None),
         Some(e) => {
-            let previous = (e.operation == Operation::Put)
+            let foreign = (e.operation == Operation::Put)
                 .then(|| OwnerRecord::decode(&e.value).ok())
                 .flatten()
-                .filter(|r| r.instance != shared.config.instance)
-                .map(|r| r.replica);
-            (e.revision, previous)
+                .filter(|r| r.instance != shared.config.instance);
+            let known = Known { revision: e.revision, foreign_claim_ms: foreign.as_ref().map(|r| r.claimed_at_ms) };
+            (known, foreign.map(|r| r.replica))
         }
     })
 }
@@ -165,7 +220,7 @@ pub(crate) async fn release(shared: &Shared, client_id: &str, revision: u64) {
         .expected_last_subject_sequence(revision);
     let key = client_key(client_id);
     let outcome = match shared.state.send_publish(subject(&key), publish).await {
-        Ok(ack) => ack.await.map(|ack| shared.known_revisions().saw(&key, ack.sequence, false)),
+        Ok(ack) => ack.await.map(|ack| shared.known_revisions().saw(&key, ack.sequence, None)),
         Err(e) => Err(e),
     };
     shared.status.stats.record(OpKind::Release, started.elapsed());
@@ -181,7 +236,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
     follow(&shared, bucket::SESSIONS, Start::New, None, |seen| {
         let Seen::Entry(entry) = seen else { return };
         let record = (entry.operation == Operation::Put).then(|| OwnerRecord::decode(&entry.value).ok()).flatten();
-        let foreign = record.as_ref().is_some_and(|r| r.instance != shared.config.instance);
+        let foreign = record.as_ref().filter(|r| r.instance != shared.config.instance).map(|r| r.claimed_at_ms);
         shared.known_revisions().saw(&entry.key, entry.revision, foreign);
         let Some(record) = record else { return };
         crate::sweeper::clean_start_seen(&shared, &record);
@@ -304,4 +359,33 @@ async fn scan(shared: &Shared) -> Result<Vec<(String, u64)>, String> {
         }
     }
     Ok(stale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{flap_wait, Known, KnownRevisions, FLAP_DELAY};
+    use std::time::Duration;
+
+    #[test]
+    fn a_claim_over_another_replicas_fresh_claim_waits_out_the_rest_of_the_flap_delay() {
+        let now = 1_000_000;
+        assert_eq!(flap_wait(None, now), Duration::ZERO, "no other replica's claim: no wait");
+        assert_eq!(flap_wait(Some(now), now), FLAP_DELAY);
+        assert_eq!(flap_wait(Some(now - 300), now), Duration::from_millis(700));
+        assert_eq!(flap_wait(Some(now - 1_000), now), Duration::ZERO);
+        assert_eq!(flap_wait(Some(now - 60_000), now), Duration::ZERO, "an old claim: no wait");
+        assert_eq!(flap_wait(Some(now + 5_000), now), FLAP_DELAY, "a claim from the future waits the delay, no more");
+    }
+
+    #[test]
+    fn known_revisions_remember_who_claimed_last_and_when() {
+        let mut known = KnownRevisions::default();
+        assert_eq!(known.expect("k"), Known { revision: 0, foreign_claim_ms: None });
+        known.saw("k", 5, Some(42));
+        assert_eq!(known.expect("k"), Known { revision: 5, foreign_claim_ms: Some(42) });
+        known.saw("k", 4, None);
+        assert_eq!(known.expect("k").revision, 5, "an older revision is ignored");
+        known.saw("k", 6, None);
+        assert_eq!(known.expect("k"), Known { revision: 6, foreign_claim_ms: None }, "this replica's own write");
+    }
 }

@@ -67,6 +67,10 @@ pub struct BridgeStats {
     pub retained_failed: AtomicU64,
     /// Refused retained writes that landed late and were undone.
     pub retained_undone: AtomicU64,
+    /// Client identifier claims that waited before writing over another
+    /// replica's claim made less than `FLAP_DELAY` ago (a flapping client
+    /// identifier).
+    pub claims_delayed: AtomicU64,
 }
 
 impl Default for BridgeStats {
@@ -84,6 +88,7 @@ impl Default for BridgeStats {
             retained_refused: AtomicU64::new(0),
             retained_failed: AtomicU64::new(0),
             retained_undone: AtomicU64::new(0),
+            claims_delayed: AtomicU64::new(0),
         }
     }
 }

@@ -650,6 +650,17 @@ async fn serve(
     mut connecting: Connecting,
     via: Option<u64>,
 ) {
+    if let Some(claim) = &connecting.admission.claim {
+        if crate::cluster::shard_state(|sc| sc.superseded(claim)) {
+            let refusal = Refusal {
+                reason: ReasonCode::SERVER_UNAVAILABLE,
+                detail: "a later CONNECT of this client identifier claimed it",
+            };
+            refuse(&shard, &mut connecting.transport, &connecting.connect, refusal).await;
+            refused(&shard, &settings, RefuseReason::ClientIdInUse);
+            return;
+        }
+    }
     // The connection's long life runs in a task of its own, so nothing this
     // one holds (the CONNECT, the negotiated CONNACK) is kept while idle.
     match start(&shard, &settings, &mut connecting) {

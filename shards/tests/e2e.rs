@@ -171,3 +171,9 @@ mod cluster_connect;
 /// replicas' client identifier ownership, a clean stop, NATS slow.
 #[path = "e2e/cluster_handover.rs"]
 mod cluster_handover;
+
+/// Cluster mode: a client identifier flapping between replicas is slowed
+/// to about one take-over a second, never refused, and ends with one
+/// connection.
+#[path = "e2e/cluster_flapping.rs"]
+mod cluster_flapping;

@@ -32,13 +32,10 @@ mod report;
 mod wills;
 
 /// How long a client identifier lost to another replica is remembered, to
-/// refuse a late attach of the losing connection and to slow down a client
-/// identifier that flaps between replicas.
+/// refuse a late attach of the losing connection. (A client identifier
+/// that flaps between replicas is slowed down by the claim itself: see
+/// [`fleetmq_nats_bridge::FLAP_DELAY`].)
 const LOST_MEMORY: Duration = Duration::from_secs(10);
-
-/// A client identifier taken over less than this long ago waits this long
-/// before its next claim here (a flapping jail, as nats-server's MQTT has).
-const FLAP_DELAY: Duration = Duration::from_secs(1);
 
 /// How often a shard looks after its delayed wills in `mqtt-session-will`
 /// when no event wakes it.
@@ -212,8 +209,8 @@ impl Node {
     /// Admit a signed-in CONNECT that arrived at `connect_at` (DESIGN.md
     /// §8): claim its client identifier and store its will, within what is
     /// left of `cluster.connect_budget`. A client identifier that another
-    /// replica took from this one less than a second ago waits out that
-    /// second first.
+    /// replica claimed less than a second ago waits out that second first
+    /// (in the claim: [`fleetmq_nats_bridge::FLAP_DELAY`]).
     ///
     /// # Errors
     /// The refusal: the replica is fenced, or the claim or the will did not
@@ -230,10 +227,6 @@ impl Node {
             return Err(FENCED);
         }
         let budget = |now: Instant| self.connect_budget.saturating_sub(now.duration_since(connect_at));
-        let delay = shard_state(|sc| sc.flap_delay(client_id, Instant::now()));
-        if !delay.is_zero() {
-            sleep(delay.min(budget(Instant::now()))).await;
-        }
         let mut claim = self.claim(client_id, connect.clean_start, budget(Instant::now())).await?;
         if let Some(will) = &connect.will {
             // Stored as the shard keeps it: the topic with the workspace prefix.
@@ -375,14 +368,14 @@ pub(crate) struct ShardCluster {
 }
 
 impl ShardCluster {
-    /// How long a CONNECT for `client_id` waits before it claims: a client
-    /// identifier taken from this replica less than [`FLAP_DELAY`] ago
-    /// waits out the rest of it.
-    pub(crate) fn flap_delay(&self, client_id: &str, now: Instant) -> Duration {
-        self.lost
-            .borrow()
-            .get(client_id)
-            .map_or(Duration::ZERO, |(_, at, _)| FLAP_DELAY.saturating_sub(now.saturating_duration_since(*at)))
+    /// Whether a connection of this replica whose claim of the same client
+    /// identifier landed after `claim` attached here first: claims of one
+    /// client identifier run side by side in the bridge, and the later
+    /// claim's CONNECT may reach the shard first. The CONNECT of `claim`
+    /// is then refused before it attaches (it would take the later one
+    /// over): the one whose claim landed last stays, as across replicas.
+    pub(crate) fn superseded(&self, claim: &Claim) -> bool {
+        self.claims.borrow().get(&claim.client_id).is_some_and(|r| *r > claim.revision)
     }
 
     /// A connection holding `claim` attached here. `false`: another

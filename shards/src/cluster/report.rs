@@ -68,6 +68,11 @@ impl Node {
             ),
             ("cluster_retained_failed", "QoS 0 retained values and retained wills that mqtt-retained did not take (lost)", &stats.retained_failed),
             ("cluster_retained_undone", "Refused retained values that landed in mqtt-retained late and were undone", &stats.retained_undone),
+            (
+                "cluster_claims_delayed",
+                "Client identifier claims that waited up to 1 s before taking the identifier from another replica that claimed it less than 1 s before (a flapping client identifier)",
+                &stats.claims_delayed,
+            ),
         ] {
             let _ = writeln!(out, "# HELP fleetmq_{name} {help}\n# TYPE fleetmq_{name} counter\nfleetmq_{name}_total {}", value.load(relaxed));
         }
