@@ -25,6 +25,9 @@ const REQUEST_QUEUE: usize = 65_536;
 /// offers them again on its next turn.
 const EVENT_QUEUE: usize = 16_384;
 
+/// The bridge takes its queue at least this often, woken or not.
+pub const TURN_AT_LEAST: Duration = Duration::from_millis(20);
+
 /// How long [`Bridge::start`] waits for NATS, the buckets and the first
 /// membership write.
 pub(crate) const START_WAIT: Duration = Duration::from_secs(30);
@@ -112,21 +115,32 @@ impl Bridge {
     /// # Errors
     /// The queue is full: the request is handed back.
     pub fn send(&self, request: Request) -> Result<(), Request> {
-        match self.requests.try_send(request) {
-            Ok(()) => {
-                self.wake.notify_one();
-                Ok(())
-            }
-            Err(TrySendError::Full(r) | TrySendError::Disconnected(r)) => {
-                self.status.stats.queue_full.fetch_add(1, Ordering::Relaxed);
-                Err(r)
-            }
-        }
+        self.queue(request)?;
+        self.wake.notify_one();
+        Ok(())
     }
 
-    /// Requests queued and not yet taken by the bridge.
+    /// Queue `request` without waking the bridge: it is taken on the
+    /// bridge's next turn, within [`TURN_AT_LEAST`] (for what waits
+    /// anyway, as [`Request::Release`] does: no wake, no thread switch).
+    ///
+    /// # Errors
+    /// The queue is full: the request is handed back.
+    pub fn send_quietly(&self, request: Request) -> Result<(), Request> {
+        self.queue(request)
+    }
+
+    fn queue(&self, request: Request) -> Result<(), Request> {
+        self.requests.try_send(request).map_err(|(TrySendError::Full(r) | TrySendError::Disconnected(r))| {
+            self.status.stats.queue_full.fetch_add(1, Ordering::Relaxed);
+            r
+        })
+    }
+
+    /// Requests queued and not yet taken by the bridge, and releases it
+    /// holds while claims are in flight (see [`Request::Release`]).
     pub fn queue_depth(&self) -> usize {
-        self.requests.len()
+        self.requests.len() + self.status.stats.releases_held.load(Ordering::Relaxed) as usize
     }
 
     /// The cluster's status, shared.
@@ -158,6 +172,16 @@ impl Drop for Bridge {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Start `request` as a task of its own on the bridge thread, counted in
+/// flight (a claim also in [`Shared::claims_in_flight`] until answered).
+fn start_request(shared: &Arc<Shared>, request: Request) {
+    shared.status.stats.started();
+    if matches!(request, Request::Claim { .. }) {
+        shared.claims_in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+    tokio::task::spawn_local(crate::request::handle(shared.clone(), request));
 }
 
 /// How long the stop waits for requests in flight.
@@ -197,19 +221,31 @@ async fn run(
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let _ = started.send(Ok(shared.clone()));
+            let mut releases = crate::releases::HeldReleases::default();
             loop {
                 tokio::select! {
                     () = wake.notified() => {}
                     () = shared.stop.notified() => {}
-                    // Held events are offered again at least this often.
-                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    // Held events are offered again, and quiet requests
+                    // taken, at least this often.
+                    () = tokio::time::sleep(TURN_AT_LEAST) => {}
                 }
                 shared.offer_held();
+                let now = std::time::Instant::now();
                 while let Ok(request) = requests.try_recv() {
-                    shared.status.stats.started();
-                    tokio::task::spawn_local(crate::request::handle(shared.clone(), request));
+                    match request {
+                        // Off every CONNECT's path: after the claims.
+                        Request::Release { client_id, revision } => releases.hold(client_id, revision, now),
+                        request => start_request(&shared, request),
+                    }
                 }
-                if shared.stopping.load(Ordering::Acquire) {
+                let stopping = shared.stopping.load(Ordering::Acquire);
+                let claims = shared.claims_in_flight.load(Ordering::Relaxed);
+                for (client_id, revision) in releases.due(claims, stopping, now) {
+                    start_request(&shared, Request::Release { client_id, revision });
+                }
+                shared.status.stats.releases_held.store(releases.len() as u64, Ordering::Relaxed);
+                if stopping {
                     break;
                 }
             }

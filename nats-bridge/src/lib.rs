@@ -23,6 +23,7 @@ mod floor;
 mod mailbox;
 mod membership;
 mod ownership;
+mod releases;
 mod request;
 mod retained;
 mod setup;
@@ -32,7 +33,7 @@ mod status;
 mod sweeper;
 mod watch;
 
-pub use bridge::{Bridge, ClaimError, Claimed, ClusterStatus, Event, Request, RetainedError, StartError};
+pub use bridge::{Bridge, TURN_AT_LEAST, ClaimError, Claimed, ClusterStatus, Event, Request, RetainedError, StartError};
 pub use config::BridgeConfig;
 pub use mailbox::Mailbox;
 pub use ownership::FLAP_DELAY;

@@ -91,6 +91,13 @@ impl KnownRevisions {
         Known { revision: known & !FOREIGN, foreign_claim_ms: (known & FOREIGN != 0).then_some(claimed_at_ms) }
     }
 
+    /// Whether this process wrote `key` at `revision`, and knew it before
+    /// the watch brought it back (the write's acknowledgement came
+    /// first): the watch has nothing to learn from it.
+    pub(crate) fn wrote(&self, key: &str, revision: u64) -> bool {
+        self.revisions.get(&Self::hash(key)).is_some_and(|known| known.0 == revision)
+    }
+
     /// `key` was seen at `revision`, claimed by another process at
     /// `foreign_claim_ms` when `Some` (kept if newer than what is known).
     pub(crate) fn saw(&mut self, key: &str, revision: u64, foreign_claim_ms: Option<u64>) {
@@ -183,6 +190,9 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_sta
         match outcome {
             Ok(ack) => {
                 shared.known_revisions().saw(&key, ack.sequence, None);
+                // As the watch would (it skips this replica's writes it
+                // already knows: `KnownRevisions::wrote`).
+                crate::sweeper::clean_start_seen(shared, &record);
                 shared.status.stats.record(OpKind::Claim, started.elapsed().saturating_sub(waited));
                 let moved = known.foreign_claim_ms.is_some();
                 return Ok(Claimed { revision: ack.sequence, previous, moved });
@@ -235,6 +245,13 @@ pub(crate) async fn release(shared: &Shared, client_id: &str, revision: u64) {
 pub(crate) async fn watch(shared: Arc<Shared>) {
     follow(&shared, bucket::SESSIONS, Start::New, None, |seen| {
         let Seen::Entry(entry) = seen else { return };
+        // This replica's own claim or release, known since its
+        // acknowledgement (which recorded it as the claim would have
+        // here): no record to decode, no shard to tell. Every replica's
+        // watch delivers every write; most are the replica's own.
+        if shared.known_revisions().wrote(&entry.key, entry.revision) {
+            return;
+        }
         let record = (entry.operation == Operation::Put).then(|| OwnerRecord::decode(&entry.value).ok()).flatten();
         let foreign = record.as_ref().filter(|r| r.instance != shared.config.instance).map(|r| r.claimed_at_ms);
         shared.known_revisions().saw(&entry.key, entry.revision, foreign);

@@ -91,6 +91,9 @@ pub enum Request {
         revision: u64,
     },
     /// Give `client_id` up if the claim at `revision` is still the latest.
+    /// Off every CONNECT's path: held while claims are in flight, up to
+    /// 1 s (see `releases.rs`), so may be sent with
+    /// [`Bridge::send_quietly`](crate::Bridge::send_quietly).
     Release {
         /// The client identifier.
         client_id: String,
@@ -196,6 +199,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request) {
             } else {
                 ownership::claim(&shared, &client_id, conn, clean_start).await
             };
+            shared.claims_in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             // Nobody waits any more (the CONNECT was refused past its
             // budget): the claim that landed is given up again.
             if let Err(Ok(claimed)) = reply.send(outcome) {

@@ -53,6 +53,9 @@ pub(crate) struct Shared {
     /// Claims made with Clean Start 1 that the ownership watch saw, by
     /// client identifier (see [`crate::sweeper::clean_start_seen`]).
     pub(crate) clean_starts: Mutex<std::collections::HashMap<String, fleetmq_core::cluster::records::OwnerRecord>>,
+    /// Claims started and not yet answered: releases wait while there
+    /// are any (see `releases.rs`).
+    pub(crate) claims_in_flight: std::sync::atomic::AtomicUsize,
     pub(crate) stop: Notify,
     pub(crate) stopping: AtomicBool,
     /// Numbers this process's retained writes (their `Fleetmq-Write`
@@ -191,6 +194,7 @@ pub(crate) async fn start(
         held: Mutex::new(vec![Vec::new(); shards]),
         clean_starts: Mutex::new(std::collections::HashMap::new()),
         member_reads: Mutex::new(std::collections::HashMap::new()),
+        claims_in_flight: std::sync::atomic::AtomicUsize::new(0),
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
         duplicate: AtomicBool::new(false),

@@ -51,6 +51,8 @@ pub struct BridgeStats {
     round_trips: Vec<Mutex<Histogram<u64>>>,
     /// Requests taken from the queue and not yet completed.
     pub in_flight: AtomicI64,
+    /// Releases held while claims are in flight (see `releases.rs`).
+    pub releases_held: AtomicU64,
     /// Times a NATS connection was re-established.
     pub reconnects: AtomicU64,
     /// Requests refused because the queue was full.
@@ -81,6 +83,7 @@ impl Default for BridgeStats {
                 .map(|_| Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds")))
                 .collect(),
             in_flight: AtomicI64::new(0),
+            releases_held: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             queue_full: AtomicU64::new(0),
             wills_sent: AtomicU64::new(0),

@@ -327,7 +327,7 @@ impl Drop for Claim {
         let request = Request::Release { client_id: std::mem::take(&mut self.client_id), revision: self.revision };
         // A full queue loses only the release: the entry stays until the
         // next claim replaces it.
-        let _ = self.node.bridge.send(request);
+        let _ = self.node.bridge.send_quietly(request);
     }
 }
 

@@ -43,7 +43,7 @@ pub(super) const FOREVER: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub(super) fn release_due(node: &Node) {
     let due = shard_state(|sc| sc.parked.borrow_mut().take_due(Instant::now()));
     for (client_id, revision) in due {
-        let _ = node.bridge.send(Request::Release {
+        let _ = node.bridge.send_quietly(Request::Release {
             client_id,
             revision,
         });
