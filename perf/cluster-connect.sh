@@ -12,7 +12,8 @@
 # new client identifiers each round: a new session each), against each
 # broker in turn (the order alternates by round). nats-server's MQTT
 # speaks 3.1.1 only, so both kinds are 3.1.1. KINDS="clean persistent"
-# chooses the kinds.
+# chooses the kinds; BROKERS="fleetmq nats" the brokers (one alone: to
+# profile it).
 #
 # FLEETMQ_ARGS: more `fleetmq serve` arguments (e.g. "--shards 1").
 # Pinning (taskset CPU lists; empty: unpinned): FLEETMQ_CPUS, NATS_CPUS,
@@ -33,6 +34,7 @@ FLEETMQ=${FLEETMQ:-target/release/fleetmq}
 LOADGEN=${LOADGEN:-target/release/fleetmq-loadgen}
 NATS=${NATS:-$(command -v nats-server)}
 KINDS=${KINDS:-clean persistent}
+BROKERS=${BROKERS:-fleetmq nats}
 FLEETMQ_CPUS=${FLEETMQ_CPUS:-}
 NATS_CPUS=${NATS_CPUS:-}
 LOADGEN_CPUS=${LOADGEN_CPUS:-}
@@ -124,6 +126,7 @@ for round in $(seq 1 "$RUNS"); do
     for kind in $KINDS; do
         for entry in "${order[@]}"; do
             set -- $entry
+            case " $BROKERS " in *" $1 "*) ;; *) continue ;; esac
             storm "$1" "$2" "$kind" "$round"
             sleep 1
         done
