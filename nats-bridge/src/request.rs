@@ -65,6 +65,12 @@ pub enum Request {
         client_id: String,
         /// The record.
         record: bytes::Bytes,
+        /// The CONNECT has Clean Start 1: a delayed will of another
+        /// replica's connection with this client identifier, whose
+        /// session this ends, is kept for the sweeper (see
+        /// [`fleetmq_core::cluster::records::ended_will_key`]) rather than
+        /// replaced.
+        clean_start: bool,
         /// The revision written, or why not.
         reply: oneshot::Sender<Result<u64, String>>,
     },
@@ -207,10 +213,10 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request) {
             }
         }
         Request::Release { client_id, revision } => ownership::release(&shared, &client_id, revision).await,
-        Request::WillPut { client_id, record, reply } => {
+        Request::WillPut { client_id, record, clean_start, reply } => {
             // A will whose CONNECT was refused meanwhile is deleted again:
             // no will for a refused device (DESIGN.md §6).
-            if let Err(Ok(revision)) = reply.send(sweeper::put_will(&shared, &client_id, record).await) {
+            if let Err(Ok(revision)) = reply.send(sweeper::put_will(&shared, &client_id, record, clean_start).await) {
                 let _ = sweeper::delete_will(&shared, &client_id, revision).await;
             }
         }

@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     /// Claims started and not yet answered: releases wait while there
     /// are any (see `releases.rs`).
     pub(crate) claims_in_flight: std::sync::atomic::AtomicUsize,
+    /// Every will in `mqtt-session-will`, by key, as its watch brings
+    /// them (see [`crate::sweeper`]).
+    pub(crate) will_map: Mutex<std::collections::HashMap<String, crate::sweeper::KnownWill>>,
     pub(crate) stop: Notify,
     pub(crate) stopping: AtomicBool,
     /// Numbers this process's retained writes (their `Fleetmq-Write`
@@ -193,6 +196,7 @@ pub(crate) async fn start(
         decides_until: Mutex::new(None),
         held: Mutex::new(vec![Vec::new(); shards]),
         clean_starts: Mutex::new(std::collections::HashMap::new()),
+        will_map: Mutex::new(std::collections::HashMap::new()),
         member_reads: Mutex::new(std::collections::HashMap::new()),
         claims_in_flight: std::sync::atomic::AtomicUsize::new(0),
         stop: Notify::new(),

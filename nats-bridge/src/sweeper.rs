@@ -20,9 +20,7 @@
 //! delete landed, so two sweepers (a lease that changed hands) cannot both
 //! send it.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +28,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
-use fleetmq_core::cluster::records::{bucket, client_key, OwnerRecord, Record};
+use fleetmq_core::cluster::records::{bucket, client_key, ended_will_key, is_ended_will_key, OwnerRecord, Record};
 use fleetmq_core::cluster::wills::{Reconnected, WillRecord};
 use tracing::{debug, info, warn};
 
@@ -45,14 +43,39 @@ const LEASE_KEY: &str = "sweeper";
 /// How often the sweeper looks at the wills.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// Every will in `mqtt-session-will`: key → (revision, record).
-type Wills = Rc<RefCell<HashMap<String, (u64, WillRecord)>>>;
+/// A will in `mqtt-session-will` as the watch brought it
+/// ([`Shared::will_map`], by key).
+#[derive(Debug, Clone)]
+pub(crate) struct KnownWill {
+    /// Its revision.
+    revision: u64,
+    record: WillRecord,
+    /// When this replica's watch brought this revision.
+    seen: Instant,
+}
 
-/// Write `record` as `client_id`'s will.
+/// Write `record` as `client_id`'s will. With `clean_start` (the
+/// CONNECT's Clean Start 1), a will of another process's connection (or
+/// of this one's before a fence) with this client identifier that waits
+/// for its Will Delay Interval is kept first under
+/// [`ended_will_key`]: the new CONNECT ended its session, so it is due
+/// now (MQTT 5 §3.1.2.5), and the sweeper sends it once its process is
+/// handed over — or drops it, its process being alive and having sent it
+/// itself at the take-over (see [`sweep_ended`]). Replaced, it was lost.
 ///
 /// # Errors
 /// JetStream did not take it.
-pub(crate) async fn put_will(shared: &Shared, client_id: &str, record: Bytes) -> Result<u64, String> {
+pub(crate) async fn put_will(shared: &Shared, client_id: &str, record: Bytes, clean_start: bool) -> Result<u64, String> {
+    if let Some(ended) = clean_start.then(|| ended_by_clean_start(shared, client_id)).flatten() {
+        let subject = format!("$KV.{}.{}", bucket::WILLS, ended_will_key(client_id));
+        let kept = match shared.state.send_publish(subject, PublishMessage::build().payload(ended.encode().into())).await {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = kept {
+            warn!(target: "cluster", client_id, error = %e, "cluster: the will of a session ended by this CONNECT was not kept: it is lost");
+        }
+    }
     let subject = format!("$KV.{}.{}", bucket::WILLS, client_key(client_id));
     let ack = shared.state.send_publish(subject, PublishMessage::build().payload(record)).await.map_err(|e| e.to_string())?;
     ack.await.map(|a| a.sequence).map_err(|e| e.to_string())
@@ -79,9 +102,26 @@ pub(crate) async fn will_delayed(shared: &Shared, client_id: &str, revision: u64
     ack.await.map(|a| a.sequence).map_err(|e| e.to_string())
 }
 
+/// The will in the bucket (as the watch brought it) whose session a
+/// CONNECT of `client_id` with Clean Start 1 on this replica ends: one of
+/// another process's connection, or of this process's before a fence,
+/// that has a Will Delay Interval (as [`WillRecord::after_claim`] reads a
+/// claim: one without a delay is withheld when its client is back).
+fn ended_by_clean_start(shared: &Shared, client_id: &str) -> Option<WillRecord> {
+    let wills = shared.will_map.lock().ok()?;
+    let record = &wills.get(&client_key(client_id))?.record;
+    let other = record.instance != shared.config.instance || record.epoch < shared.status.epoch();
+    (other && record.delay_s > 0).then(|| record.clone())
+}
+
 /// Delete `client_id`'s will if `revision` is still its latest.
 pub(crate) async fn delete_will(shared: &Shared, client_id: &str, revision: u64) -> Result<(), String> {
-    let subject = format!("$KV.{}.{}", bucket::WILLS, client_key(client_id));
+    delete_will_key(shared, &client_key(client_id), revision).await
+}
+
+/// Delete the will at `key` if `revision` is still its latest.
+async fn delete_will_key(shared: &Shared, key: &str, revision: u64) -> Result<(), String> {
+    let subject = format!("$KV.{}.{key}", bucket::WILLS);
     let publish = PublishMessage::build().header("KV-Operation", "DEL").expected_last_subject_sequence(revision);
     let ack = shared.state.send_publish(subject, publish).await.map_err(|e| e.to_string())?;
     ack.await.map(|_| ()).map_err(|e| e.to_string())
@@ -89,8 +129,7 @@ pub(crate) async fn delete_will(shared: &Shared, client_id: &str, revision: u64)
 
 /// Run the lease and the sweeper until the bridge stops.
 pub(crate) async fn run(shared: Arc<Shared>) {
-    let wills: Wills = Rc::default();
-    tokio::task::spawn_local(watch_wills(shared.clone(), wills.clone()));
+    tokio::task::spawn_local(watch_wills(shared.clone()));
     let ttl = shared.config.cluster.member_ttl;
     let grace = shared.config.cluster.will_stop_grace;
     let mut lease = Lease::default();
@@ -113,14 +152,15 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             serving_since = Instant::now();
         }
         was_fenced = fenced;
-        forget_clean_starts(&shared, &wills);
+        forget_clean_starts(&shared);
         if lease.revision.is_none() {
             // A new holder of the lock scans everything once.
             owners = OwnerSweep::default();
         }
         if !fenced && lease.valid(ttl) && shared.decides_for_others() && last_sweep.elapsed() >= SWEEP_EVERY {
             last_sweep = Instant::now();
-            sweep(&shared, &wills, &mut orphaned, grace, serving_since).await;
+            sweep(&shared, &mut orphaned, grace, serving_since).await;
+            sweep_ended(&shared).await;
             crate::ownership::sweep(&shared, &mut owners).await;
             crate::floor::raise(&shared).await;
         }
@@ -204,21 +244,16 @@ impl Lease {
 
 /// Send or withhold every handed-over will whose wait is over (see the
 /// module's doc).
-async fn sweep(
-    shared: &Shared,
-    wills: &Wills,
-    orphaned: &mut HashMap<String, Orphaned>,
-    grace: Duration,
-    serving_since: Instant,
-) {
+async fn sweep(shared: &Shared, orphaned: &mut HashMap<String, Orphaned>, grace: Duration, serving_since: Instant) {
     let live = shared.live_instances();
     let (now, now_ms) = (Instant::now(), unix_ms());
     let due: Vec<(String, u64, WillRecord)> = {
-        let wills = wills.borrow();
+        let Ok(wills) = shared.will_map.lock() else { return };
         orphaned.retain(|key, _| wills.contains_key(key));
         wills
             .iter()
-            .filter_map(|(key, (revision, record))| {
+            .filter(|(key, _)| !is_ended_will_key(key))
+            .filter_map(|(key, KnownWill { revision, record, .. })| {
                 if live.get(&record.instance).is_some_and(|epoch| record.epoch >= *epoch) {
                     orphaned.remove(key);
                     return None;
@@ -258,6 +293,48 @@ async fn sweep(
         let Some(will) = record.will() else { continue };
         shared.status.stats.wills_sent.fetch_add(1, Ordering::Relaxed);
         info!(target: "cluster", client_id = %record.client_id, replica = %record.replica, "cluster: sending the will of a connection handed over by its replica");
+        let shard = (shared.config.owner_of)(&record.client_id, shared.mailboxes.len());
+        shared.send_event(shard, Event::PublishWill { will });
+    }
+}
+
+/// Send or drop the wills whose session a Clean Start 1 CONNECT on another
+/// replica ended (see [`put_will`]): sent at once (delete first, as
+/// [`sweep`] does) when its process is handed over; dropped when its
+/// process is still live `2 × member_ttl` after the will was kept — a
+/// process that died before is taken for gone by then (DESIGN.md §5), so
+/// it was alive when its client came back, and sent the will itself.
+async fn sweep_ended(shared: &Shared) {
+    let live = shared.live_instances();
+    let alive_for = 2 * shared.config.cluster.member_ttl;
+    let ended: Vec<(String, u64, Option<WillRecord>)> = {
+        let Ok(wills) = shared.will_map.lock() else { return };
+        wills
+            .iter()
+            .filter(|(key, _)| is_ended_will_key(key))
+            .filter_map(|(key, known)| {
+                let record = &known.record;
+                let alive = live.get(&record.instance).is_some_and(|epoch| record.epoch >= *epoch);
+                match alive {
+                    false => Some((key.clone(), known.revision, Some(record.clone()))),
+                    true if known.seen.elapsed() >= alive_for => Some((key.clone(), known.revision, None)),
+                    true => None,
+                }
+            })
+            .collect()
+    };
+    for (key, revision, send) in ended {
+        if !shared.decides_for_others() {
+            return;
+        }
+        // Delete first: only the sweeper whose delete landed sends it.
+        if delete_will_key(shared, &key, revision).await.is_err() {
+            continue;
+        }
+        let Some(will) = send.as_ref().and_then(WillRecord::will) else { continue };
+        let record = send.as_ref().expect("a will to send has its record");
+        shared.status.stats.wills_sent.fetch_add(1, Ordering::Relaxed);
+        info!(target: "cluster", client_id = %record.client_id, replica = %record.replica, "cluster: sending the will of a handed-over connection whose session a Clean Start ended");
         let shard = (shared.config.owner_of)(&record.client_id, shared.mailboxes.len());
         shared.send_event(shard, Event::PublishWill { will });
     }
@@ -303,22 +380,23 @@ fn session_ended(shared: &Shared, record: &WillRecord) -> bool {
 
 /// Forget the Clean Start claims of client identifiers that have no will
 /// in the bucket (bounded by the claims made between two calls).
-fn forget_clean_starts(shared: &Shared, wills: &Wills) {
-    let wills = wills.borrow();
+fn forget_clean_starts(shared: &Shared) {
+    let Ok(wills) = shared.will_map.lock() else { return };
     if let Ok(mut seen) = shared.clean_starts.lock() {
         seen.retain(|client_id, _| wills.contains_key(&client_key(client_id)));
     }
 }
 
-/// Keep `wills` current from a watch on `mqtt-session-will`.
-async fn watch_wills(shared: Arc<Shared>, wills: Wills) {
+/// Keep [`Shared::will_map`] current from a watch on
+/// `mqtt-session-will`.
+async fn watch_wills(shared: Arc<Shared>) {
     follow(&shared, bucket::WILLS, Start::History, None, |seen| {
         let Seen::Entry(entry) = seen else { return };
-        let mut wills = wills.borrow_mut();
+        let Ok(mut wills) = shared.will_map.lock() else { return };
         match entry.operation {
             Operation::Put => match WillRecord::decode(&entry.value) {
                 Ok(record) => {
-                    wills.insert(entry.key, (entry.revision, record));
+                    wills.insert(entry.key, KnownWill { revision: entry.revision, record, seen: Instant::now() });
                 }
                 Err(_) => {
                     wills.remove(&entry.key);

@@ -753,6 +753,9 @@ enum Event {
     /// Retained messages wait for its subscriptions and the socket has
     /// drained (see `shard::retained`).
     Feed,
+    /// Its packets are handled again: the retained value it published
+    /// that they waited behind is delivered or refused (`Io::paused`).
+    Resume,
 }
 
 /// The connection's life in one task: read, decode and handle packets, and
@@ -787,6 +790,7 @@ fn drive(
             writing: BytesMut::new(),
             unflushed: false,
             move_to: None,
+            paused: false,
         };
         let mut mover = Mover::default();
         if !conn.parkable.get() || !shard.is_home_of(slot) {
@@ -802,6 +806,12 @@ fn drive(
             loop {
                 if let Some(close) = conn.close.get() {
                     break 'conn (close.publish_will, Linger::AFTER_DISCONNECT);
+                }
+                // A retained value of this client waits for the cluster
+                // before it is delivered: what it sent after waits too.
+                if shard.store.delivery_waits(conn.key) {
+                    io.paused = true;
+                    break;
                 }
                 match decode(&mut buf, Some(protocol), max_packet) {
                     // A packet that ends the connection sets `conn.close`,
@@ -842,6 +852,8 @@ fn drive(
                         conn.feeding.set(Feeding::Ready);
                     }
                 }
+                // Decode what was read meanwhile.
+                Event::Resume => read_at = Instant::now(),
                 Event::Feed => {
                     shard.feed_retained(slot, &conn, Instant::now());
                     // A batch at a time: the shard's other tasks run between.
@@ -943,6 +955,10 @@ struct Io {
     unflushed: bool,
     /// Move to this shard once nothing is pending (see `shard::placement`).
     move_to: Option<usize>,
+    /// No packet is read or handled until a retained value this client
+    /// published is in `mqtt-retained` or refused (cluster mode, see
+    /// `crate::cluster::Retained::Held`): its later values stay behind it.
+    paused: bool,
 }
 
 impl Io {
@@ -963,10 +979,17 @@ impl Io {
             if let Err(()) = self.poll_write(cx, shard, conn, transport) {
                 return Poll::Ready(Event::WriteFailed);
             }
-            match poll_read_some(cx, transport, buf, &shard.scratch) {
-                Poll::Ready(ReadOutcome::Data(n)) => return Poll::Ready(Event::Read(n)),
-                Poll::Ready(ReadOutcome::Closed) => return Poll::Ready(Event::Eof),
-                Poll::Pending => {}
+            if self.paused {
+                if !shard.store.delivery_waits(conn.key) {
+                    self.paused = false;
+                    return Poll::Ready(Event::Resume);
+                }
+            } else {
+                match poll_read_some(cx, transport, buf, &shard.scratch) {
+                    Poll::Ready(ReadOutcome::Data(n)) => return Poll::Ready(Event::Read(n)),
+                    Poll::Ready(ReadOutcome::Closed) => return Poll::Ready(Event::Eof),
+                    Poll::Pending => {}
+                }
             }
             if conn.is_closing() {
                 return Poll::Ready(Event::Close);

@@ -236,6 +236,20 @@ pub fn client_key(client_id: &str) -> String {
     format!("c.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(client_id))
 }
 
+/// The key in `mqtt-session-will` of a will whose session a CONNECT with
+/// Clean Start 1 on another replica ended while the will waited for its
+/// Will Delay Interval (`e.` and the client identifier as in
+/// [`client_key`]): the new connection's own will takes [`client_key`],
+/// and the ended one waits here for the sweeper (MQTT 5 §3.1.2.5).
+pub fn ended_will_key(client_id: &str) -> String {
+    format!("e.{}", &client_key(client_id)[2..])
+}
+
+/// Whether `key` (of `mqtt-session-will`) was made by [`ended_will_key`].
+pub fn is_ended_will_key(key: &str) -> bool {
+    key.starts_with("e.")
+}
+
 /// The client identifier of a key made by [`client_key`], `None` for
 /// any other key.
 pub fn client_id_of_key(key: &str) -> Option<String> {
@@ -339,5 +353,15 @@ mod tests {
             let _ = MemberRecord::decode(&bytes);
             let _ = FloorRecord::decode(&bytes);
         }
+    }
+
+    #[test]
+    fn an_ended_will_has_a_key_of_its_own_beside_the_client_key() {
+        let (key, ended) = (client_key("dev/1"), ended_will_key("dev/1"));
+        assert_ne!(key, ended);
+        assert_eq!(key[2..], ended[2..], "the same client identifier");
+        assert!(is_ended_will_key(&ended) && !is_ended_will_key(&key));
+        assert_eq!(client_id_of_key(&ended), None, "not a client key");
+        assert_eq!(ended_will_key(""), "e.=");
     }
 }

@@ -15,21 +15,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use fleetmq_core::cluster::retained::RetainedRecord;
 use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::settings::Settings;
-use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event, Request, RetainedError};
+use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event, Request};
 use futures_lite::future::or;
 use glommio::timer::sleep;
 use tracing::{debug, info};
 
 use crate::metrics::RefuseReason;
 use crate::shard::Shard;
-use crate::store::Outcome;
 
 mod parked;
 mod report;
+mod retained;
 mod wills;
+
+pub(crate) use retained::{publish_retained, Retained};
 
 /// How long a client identifier lost to another replica is remembered, to
 /// refuse a late attach of the losing connection. (A client identifier
@@ -235,7 +236,7 @@ impl Node {
             if !namespace.is_empty() {
                 will.topic = format!("{namespace}{}", will.topic).into();
             }
-            claim.store_will(&will, identity, session_expiry, budget(Instant::now())).await?;
+            claim.store_will(&will, identity, (session_expiry, connect.clean_start), budget(Instant::now())).await?;
         }
         // A persistent session outlives its connection here: so does its
         // claim (see `parked`). A claim taken from another replica stays
@@ -422,74 +423,6 @@ impl ShardCluster {
 /// handed to the cluster (DESIGN.md §5: they wait `will_stop_grace`).
 pub(crate) fn hand_over_wills() {
     shard_state(|sc| sc.handing_over.set(true));
-}
-
-/// In cluster mode, write `message` (RETAIN set; an empty payload clears
-/// the topic `[MQTT-3.3.1-6]`) to `mqtt-retained` and return `true`: the
-/// bucket's watch applies it, on every replica in revision order. `false`
-/// alone, and for the broker's own `$SYS` topics, which are each
-/// replica's own.
-///
-/// A QoS 1 or 2 value is acknowledged only once the bucket has it
-/// (DESIGN.md §7): its PUBACK or PUBREC waits for a [`Write`] of `store`,
-/// resolved when the bridge answers — refused with 0x80 when JetStream
-/// did not take it within `cluster.session_log_append_wait` (the bridge
-/// then undoes it should it land later, putting `previous` back), 0x97
-/// when it cannot fit NATS `max_payload`. This replica applies the value
-/// only from the watch, as every other does, so a refused or failed
-/// write leaves no replica with a value the others lack.
-///
-/// [`Write`]: crate::store::Write
-pub(crate) fn publish_retained(
-    message: &fleetmq_core::session::Message,
-    previous: impl FnOnce() -> Option<Arc<fleetmq_core::session::Message>>,
-    store: &crate::store::ShardStore,
-) -> bool {
-    let Some(node) = shard_state(|sc| sc.node.borrow().clone()) else {
-        return false;
-    };
-    if message.topic.starts_with("$SYS") {
-        return false;
-    }
-    let record = (!message.payload.is_empty()).then(|| {
-        let now_ms = crate::store::unix_ms();
-        RetainedRecord::of(message, now_ms).with_format(node.status().write_format()).to_value().into()
-    });
-    let waits = message.qos != fleetmq_core::packet::QoS::AtMostOnce;
-    let (reply, outcome) = match waits {
-        true => {
-            let (reply, outcome) = tokio::sync::oneshot::channel();
-            (Some(reply), Some(outcome))
-        }
-        false => (None, None),
-    };
-    let previous = if waits { previous() } else { None };
-    let request = Request::RetainedPut {
-        topic: message.topic.to_string(),
-        record,
-        previous,
-        wait: node.append_wait,
-        reply,
-    };
-    let write = waits.then(|| store.expect_write(message.origin));
-    if node.bridge.send(request).is_err() {
-        tracing::warn!(target: "cluster", topic = %message.topic, "cluster: bridge queue full, retained message not stored");
-        if let Some(write) = write {
-            write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
-        }
-        return true;
-    }
-    if let (Some(write), Some(outcome)) = (write, outcome) {
-        glommio::spawn_local(async move {
-            write.resolve(match outcome.await {
-                Ok(Ok(_)) => Outcome::Done,
-                Ok(Err(RetainedError::TooLarge { .. })) => Outcome::Refused(ReasonCode::QUOTA_EXCEEDED),
-                Ok(Err(_)) | Err(_) => Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR),
-            });
-        })
-        .detach();
-    }
-    true
 }
 
 /// Run `shard`'s cluster events until the shard stops: fencing closes

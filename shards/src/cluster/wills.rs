@@ -36,7 +36,9 @@ impl Claim {
     /// Store the connection's `will` (its topic with the workspace prefix)
     /// in `mqtt-session-will`, within `budget`, before the CONNACK;
     /// `session_expiry` is the connection's Session Expiry Interval in
-    /// force (seconds).
+    /// force (seconds); `clean_start` its CONNECT's Clean Start flag (a
+    /// delayed will of another replica's connection whose session it ends
+    /// is kept for the sweeper: see `Request::WillPut`).
     ///
     /// # Errors
     /// Why the will was not stored: the CONNECT is refused (0x88), and a
@@ -46,7 +48,7 @@ impl Claim {
         &mut self,
         will: &fleetmq_core::packet::Will,
         identity: &crate::auth::Identity,
-        session_expiry: u32,
+        (session_expiry, clean_start): (u32, bool),
         budget: Duration,
     ) -> Result<(), Refused> {
         let status = self.node.status();
@@ -69,6 +71,7 @@ impl Claim {
         let request = Request::WillPut {
             client_id: self.client_id.clone(),
             record: record.encode().into(),
+            clean_start,
             reply,
         };
         if self.node.bridge.send(request).is_err() {

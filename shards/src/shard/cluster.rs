@@ -10,6 +10,7 @@ use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::session::Message;
 
 use super::inbox::Control;
+use crate::cluster::Retained;
 use super::{Shard, State};
 
 impl Shard {
@@ -18,15 +19,30 @@ impl Shard {
     /// bucket's watch brings it back, on every replica in revision order
     /// ([`Shard::apply_retained`]; its acknowledgement waits for the
     /// bucket: [`crate::cluster::publish_retained`]); alone, it is applied
-    /// here and sent to the other shards now.
-    pub(super) fn keep_retained(&self, st: &mut State, message: &Arc<Message>, now: Instant) {
+    /// here and sent to the other shards now. `true`: the cluster delivers
+    /// it to live subscribers once the bucket has it
+    /// ([`Shard::deliver_written`]), not the caller now.
+    pub(super) fn keep_retained(&self, st: &mut State, message: &Arc<Message>, now: Instant) -> bool {
         let previous = || st.retained.get(&message.topic);
-        if crate::cluster::publish_retained(message, previous, &self.store) {
-            return;
+        match crate::cluster::publish_retained(message, previous, &self.store) {
+            Retained::Held => return true,
+            Retained::Written => return false,
+            Retained::Local => {}
         }
         let seq = self.global.retain_seq.fetch_add(1, Ordering::Relaxed);
         st.retained.apply(seq, message.clone(), now);
         self.broadcast(Control::Retain { seq, message: message.clone() });
+        false
+    }
+
+    /// Deliver a retained value that waited for `mqtt-retained` (see
+    /// [`crate::cluster::Retained::Held`]) to the live subscribers, as
+    /// [`Shard::route`] delivers any other.
+    pub(crate) fn deliver_written(&self, message: Arc<Message>) {
+        let mut st = self.state.borrow_mut();
+        self.dispatch(&mut st, message, Instant::now());
+        drop(st);
+        self.try_flush();
     }
 
     /// Publish the will of a gone replica's connection (this replica is the

@@ -22,6 +22,7 @@ mod inbox;
 mod index;
 mod restore;
 mod placement;
+mod route;
 mod retained;
 mod wills;
 
@@ -901,33 +902,6 @@ impl Shard {
         if send_retained {
             self.start_feed(st, slot, filter, subscription);
         }
-    }
-
-    /// Route a message: retained-store update, local subscribers, and the
-    /// other shards whose routes match. Returns the shards it went to, one
-    /// bit per shard (this one's bit for its own subscribers).
-    fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) -> u64 {
-        if message.retain {
-            self.keep_retained(st, &message, now);
-        }
-        if self.shards == 1 {
-            // Alone: no route table to consult.
-            self.dispatch_local(st, &message, self.id, now);
-            return 1;
-        }
-        self.catch_up(st);
-        let shards = st.routes.shards_for(&message.topic);
-        let mut reach = 0;
-        for shard in shards.iter() {
-            reach |= 1 << shard;
-            if shard == self.id {
-                self.dispatch_local(st, &message, self.id, now);
-            } else {
-                st.outbox_bytes += message.payload.len();
-                st.outbox[shard].push(message.clone());
-            }
-        }
-        reach
     }
 
     /// Deliver a message to this shard's matching subscribers: one delivery

@@ -1,9 +1,11 @@
 //! Retained messages in cluster mode against real NATS (DESIGN.md §7): a
-//! QoS 1/2 retained value is acknowledged only once `mqtt-retained` has
-//! it; when JetStream cannot take it within
+//! QoS 1/2 retained value is acknowledged, and delivered to live
+//! subscribers, only once `mqtt-retained` has it; when JetStream cannot
+//! take it within
 //! `cluster.session_log_append_wait` it is refused (MQTT 5: 0x80; 3.1.1:
 //! the connection closes after what came before) and retained nowhere
-//! afterwards; acknowledgements stay in order per connection; values are
+//! afterwards, and delivered to nobody; acknowledgements and deliveries
+//! stay in order per connection; values are
 //! carried byte-exact up to NATS `max_payload`, and refused beyond (0x97).
 //!
 //! One NATS server with the fault proxy in front of it: replica A talks to
@@ -148,8 +150,11 @@ fn wait_metric(broker: &Broker, name: &str, at_least: f64, within: Duration) {
     }
 }
 
+/// A PUBACK with a reason code of 0x80 or above says the broker did not
+/// accept the PUBLISH (MQTT 5 §3.4.2.1): a value that may still be
+/// refused is delivered to nobody until `mqtt-retained` has it.
 #[test]
-fn a_retained_publish_is_acknowledged_only_once_nats_has_it_and_live_delivery_does_not_wait() {
+fn a_retained_publish_is_acknowledged_and_delivered_live_only_once_nats_has_it() {
     let s = setup(&[]);
     let mut watcher = client(&s.a, "watcher", true);
     watcher.send(&build::subscribe(1, "plant/#", 0, true));
@@ -161,15 +166,11 @@ fn a_retained_publish_is_acknowledged_only_once_nats_has_it_and_live_delivery_do
 
     s.proxy.set_hold(true);
     publisher.send(&publish("plant/boiler", b"82C", 1, true, 1, true));
-    // Subscribers here get the value live, whatever NATS does.
-    match watcher.read(Duration::from_secs(1)) {
-        Incoming::Packet { header, body } if header & 0xf0 == 0x30 => {
-            assert!(body.ends_with(b"82C"))
-        }
-        other => panic!("no live delivery while NATS is held: {}", short(&other)),
-    }
+    // Not delivered while it may still be refused.
+    let early = watcher.read(Duration::from_secs(1));
+    assert_eq!(early, Incoming::TimedOut, "delivered while NATS held its answer: {}", short(&early));
     // DESIGN.md §7: no PUBACK before mqtt-retained has the value.
-    let early = publisher.read(Duration::from_secs(2));
+    let early = publisher.read(Duration::from_secs(1));
     assert_eq!(
         early,
         Incoming::TimedOut,
@@ -177,6 +178,12 @@ fn a_retained_publish_is_acknowledged_only_once_nats_has_it_and_live_delivery_do
         short(&early)
     );
     s.proxy.set_hold(false);
+    match watcher.read(Duration::from_secs(5)) {
+        Incoming::Packet { header, body } if header & 0xf0 == 0x30 => {
+            assert!(body.ends_with(b"82C"))
+        }
+        other => panic!("no live delivery once NATS has it: {}", short(&other)),
+    }
     assert_eq!(
         next_ack(&mut publisher, Duration::from_secs(5)),
         (0x40, 1, 0)
@@ -312,9 +319,16 @@ fn a_qos2_identifier_refused_with_0x80_is_free_and_its_reuse_is_retained_and_for
     assert!(matches!(watcher.read(Duration::from_secs(2)), Incoming::Packet { header: 0x90, .. }));
     let mut publisher = client(&s.a, "q2publisher", true);
     set_retained(&s, &mut publisher, "line/speed", b"10");
+    // The subscriber got the value set before (published at QoS 1).
+    match watcher.read(Duration::from_secs(2)) {
+        Incoming::Packet { header, body } if header & 0xf6 == 0x32 => watcher.send(&build::packet(0x40, &body[12..14])),
+        other => panic!("expected the QoS 1 PUBLISH of 10: {}", short(&other)),
+    }
     refused_while_held_at(&s, &mut publisher, ("line/speed", b"20"), 2, 7);
     wait_retained(&s.b, "line/speed", Some(b"10"), Duration::from_secs(5));
-    while watcher.read(Duration::from_millis(500)) != Incoming::TimedOut {}
+    // PUBREC 0x80: not accepted, so never forwarded.
+    let refused = watcher.read(Duration::from_millis(500));
+    assert_eq!(refused, Incoming::TimedOut, "the refused value was forwarded: {}", short(&refused));
 
     s.proxy.set_hold(true);
     publisher.send(&publish("line/speed", b"30", 2, true, 7, true));
@@ -342,6 +356,9 @@ fn a_qos2_identifier_refused_with_0x80_is_free_and_its_reuse_is_retained_and_for
 #[test]
 fn a_3_1_1_client_whose_retained_publish_is_refused_is_closed_after_what_came_before() {
     let s = setup(&WAIT_5S);
+    let mut watcher = client(&s.a, "line-watcher", false);
+    watcher.send(&build::subscribe(1, "line/#", 0, false));
+    assert!(matches!(watcher.read(Duration::from_secs(2)), Incoming::Packet { header: 0x90, .. }));
     let mut device = client(&s.a, "old-device", false);
     s.proxy.set_hold(true);
     let sent = Instant::now();
@@ -356,6 +373,15 @@ fn a_3_1_1_client_whose_retained_publish_is_refused_is_closed_after_what_came_be
     s.proxy.set_hold(false);
     assert_eq!(seen, vec![(0x40, vec![0, 1])], "packets before the close");
     assert!(took >= Duration::from_millis(4500), "closed after {took:?}");
+    // Nor was anything after the first delivered: the resends are the
+    // only copies.
+    let mut delivered = Vec::new();
+    while let Incoming::Packet { header, body } = watcher.read(Duration::from_millis(500)) {
+        if header & 0xf0 == 0x30 {
+            delivered.push(String::from_utf8_lossy(&body[2 + 10..]).into_owned());
+        }
+    }
+    assert_eq!(delivered, ["1"], "delivered to the watcher");
 }
 
 /// MQTT 3.1.1: a retained QoS 2 publish NATS does not take within the
@@ -588,4 +614,85 @@ fn records_of_format_1_are_read_and_a_cluster_at_floor_1_gets_format_1_written()
         next_ack(&mut publisher, Duration::from_secs(10)),
         (0x40, 2, 0x97)
     );
+}
+
+/// `KV_mqtt-retained` refuses every write (`refuse`: its
+/// `max_msg_size` 1 byte), or takes them again (-1: no limit).
+fn refuse_retained_writes(nats: &NatsCluster, refuse: bool) {
+    crate::nats::block_on(async {
+        let client = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js.get_stream("KV_mqtt-retained").await.unwrap();
+        let mut config = stream.info().await.unwrap().config.clone();
+        config.max_message_size = if refuse { 1 } else { -1 };
+        js.update_stream(config).await.unwrap();
+    });
+}
+
+/// The payloads of the PUBLISHes `watcher` (MQTT 5, QoS 1 subscription
+/// to `tank/#`) gets within `within`, acknowledged.
+fn deliveries(watcher: &mut RawClient, within: Duration) -> Vec<String> {
+    let mut payloads = Vec::new();
+    while let Incoming::Packet { header, body } = watcher.read(within) {
+        if header & 0xf0 != 0x30 {
+            continue;
+        }
+        let topic_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+        let mut at = 2 + topic_len;
+        if header & 0x06 != 0 {
+            watcher.send(&build::packet(0x40, &body[at..at + 2]));
+            at += 2;
+        }
+        // MQTT 5 properties: none besides a short length here.
+        let props = usize::from(body[at]);
+        payloads.push(String::from_utf8_lossy(&body[at + 1 + props..]).into_owned());
+    }
+    payloads
+}
+
+/// JetStream refuses a retained value (larger than the bucket's
+/// `max_msg_size`): PUBACK 0x80 — the broker did not accept the PUBLISH
+/// (MQTT 5 §3.4.2.1) — and no subscriber on any replica got it; the
+/// publisher's next PUBLISH, behind it, is delivered after the refusal
+/// `[MQTT-4.6.0-5]`; once JetStream takes writes again, the resend is
+/// the one copy every subscriber gets (before: the refused value reached
+/// the live subscribers at once, and the resend a second time).
+#[test]
+fn a_retained_value_jetstream_refuses_is_delivered_to_nobody_and_its_resend_once() {
+    let nats = NatsCluster::start(1);
+    let args = ["--set", "cluster.nats_replicas=1", "--set", "cluster.session_log_append_wait=2s"];
+    let a = replica("ra", &nats.urls(), &args);
+    let b = replica("rb", &nats.urls(), &args);
+    let mut watchers: Vec<RawClient> = [(&a, "watch-a"), (&b, "watch-b")]
+        .into_iter()
+        .map(|(broker, id)| {
+            let mut watcher = client(broker, id, true);
+            watcher.send(&build::subscribe(1, "tank/#", 1, true));
+            assert!(matches!(watcher.read(Duration::from_secs(2)), Incoming::Packet { header: 0x90, .. }));
+            watcher
+        })
+        .collect();
+    let mut publisher = client(&a, "tank-sensor", true);
+    publisher.send(&publish("tank/level", b"10", 1, true, 1, true));
+    assert_eq!(next_ack(&mut publisher, Duration::from_secs(5)), (0x40, 1, 0));
+    // On A at once; on B through the bucket's watch (retained, no mesh).
+    assert_eq!(deliveries(&mut watchers[0], Duration::from_millis(500)), ["10"]);
+    wait_retained(&b, "tank/level", Some(b"10"), Duration::from_secs(5));
+
+    refuse_retained_writes(&nats, true);
+    publisher.send(&publish("tank/level", b"20", 1, true, 2, true));
+    publisher.send(&publish("tank/level", b"after", 1, false, 3, true));
+    assert_eq!(next_ack(&mut publisher, Duration::from_secs(5)), (0x40, 2, 0x80));
+    assert_eq!(next_ack(&mut publisher, Duration::from_secs(5)), (0x40, 3, 0));
+    assert_eq!(deliveries(&mut watchers[0], Duration::from_millis(500)), ["after"], "the refused value went out");
+    assert!(a.metric_sum("fleetmq_cluster_retained_refused_total") >= 1.0);
+
+    refuse_retained_writes(&nats, false);
+    publisher.send(&publish("tank/level", b"20", 1, true, 4, true));
+    assert_eq!(next_ack(&mut publisher, Duration::from_secs(5)), (0x40, 4, 0));
+    assert_eq!(deliveries(&mut watchers[0], Duration::from_secs(1)), ["20"], "the resend, once");
+    assert!(deliveries(&mut watchers[1], Duration::from_millis(300)).is_empty(), "B's live subscribers: no mesh yet");
+    for broker in [&a, &b] {
+        wait_retained(broker, "tank/level", Some(b"20"), Duration::from_secs(5));
+    }
 }

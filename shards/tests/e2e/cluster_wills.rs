@@ -169,3 +169,107 @@ fn on_one_node_clean_start_sends_a_pending_delayed_will_at_once_and_a_resume_doe
         "[MQTT-3.1.3-9]: {wills:?}"
     );
 }
+
+/// How a client back on replica B after A was killed leaves (see
+/// [`BackCase`]).
+#[derive(Clone, Copy, PartialEq)]
+enum Leave {
+    Stays,
+    /// DISCONNECT 0x00: its will is deleted `[MQTT-3.14.4-3]`.
+    Normally,
+    /// The network connection drops: its will is published
+    /// `[MQTT-3.1.2-8]`, after its own delay.
+    Abnormally,
+}
+
+/// A device with a will (payload `from-a`, Will Delay `a_delay` s) on A;
+/// A is SIGKILLed; the device is back on B within `will_stop_grace` with
+/// Clean Start `clean`, a will of its own (payload `from-b`, Will Delay
+/// the given seconds) or none, then `leave`s. `expect`: the will payloads
+/// that must arrive on `wills/<id>`, each exactly once.
+struct BackCase {
+    id: &'static str,
+    a_delay: u32,
+    clean: bool,
+    b_will: Option<u32>,
+    leave: Leave,
+    expect: &'static [&'static str],
+}
+
+/// MQTT 5 §3.1.2.5 and DESIGN.md §5 for a client back on another replica
+/// after its replica was killed, whether or not its new CONNECT declares
+/// a will of its own (which is stored over the killed replica's record in
+/// `mqtt-session-will`):
+/// - the killed replica's will without a delay is not sent, the client
+///   being back within the grace (DESIGN.md §5);
+/// - its delayed will is not sent when the client resumes the session
+///   (Clean Start 0) `[MQTT-3.1.3-9]`, and is sent once when Clean Start 1
+///   ended the session ("until the Will Delay Interval has passed or the
+///   Session ends, whichever happens first");
+/// - the new connection's own will follows the usual rules: deleted by a
+///   normal DISCONNECT `[MQTT-3.14.4-3]`, published (after its own delay)
+///   when the connection drops `[MQTT-3.1.2-8]`.
+#[test]
+fn a_client_back_from_a_killed_replica_with_or_without_a_will_gets_exactly_the_wills_mqtt_says() {
+    use Leave::*;
+    let cases = [
+        BackCase { id: "n-will-drop", a_delay: 0, clean: true, b_will: Some(0), leave: Abnormally, expect: &["from-b"] },
+        BackCase { id: "n-will-bye", a_delay: 0, clean: true, b_will: Some(0), leave: Normally, expect: &[] },
+        BackCase { id: "n-none-drop", a_delay: 0, clean: true, b_will: None, leave: Abnormally, expect: &[] },
+        BackCase { id: "n-delayed-drop", a_delay: 0, clean: false, b_will: Some(2), leave: Abnormally, expect: &["from-b"] },
+        BackCase { id: "d-resume-drop", a_delay: DELAY, clean: false, b_will: Some(0), leave: Abnormally, expect: &["from-b"] },
+        BackCase { id: "d-resume-bye", a_delay: DELAY, clean: false, b_will: None, leave: Normally, expect: &[] },
+        BackCase { id: "d-fresh-stay", a_delay: DELAY, clean: true, b_will: Some(0), leave: Stays, expect: &["from-a"] },
+        BackCase { id: "d-fresh-drop", a_delay: DELAY, clean: true, b_will: Some(0), leave: Abnormally, expect: &["from-a", "from-b"] },
+        BackCase { id: "d-fresh-bye", a_delay: DELAY, clean: true, b_will: Some(0), leave: Normally, expect: &["from-a"] },
+    ];
+    let nats = NatsCluster::start(1);
+    let mut a = replica("ra", &nats.urls(), &ARGS);
+    let b = replica("rb", &nats.urls(), &ARGS);
+    let mut watcher = MosquittoSub::start(&b, &["-t", "wills/#", "-v"]);
+    let topics: Vec<String> = cases.iter().map(|c| format!("wills/{}", c.id)).collect();
+    let connect = |broker: &Broker, case: &BackCase, topic: &str, will: Option<(&'static [u8], u32)>, clean: bool| {
+        let connect = build::Connect {
+            will: will.map(|(payload, delay)| build::Will { topic, payload, delay_secs: Some(delay), payload_format: None }),
+            clean,
+            session_expiry: Some(3600),
+            ..build::Connect::v5(case.id)
+        };
+        let mut client = RawClient::connect(broker.mqtt);
+        assert_eq!(client.handshake(&connect.encode()).1, 0, "CONNECT of {}", case.id);
+        client
+    };
+    let on_a: Vec<RawClient> =
+        cases.iter().zip(&topics).map(|(c, t)| connect(&a, c, t, Some((b"from-a", c.a_delay)), true)).collect();
+    // Older than the flap delay: B takes them over at once.
+    thread::sleep(Duration::from_millis(1200));
+    a.kill();
+    drop(on_a);
+    let t0 = Instant::now();
+    thread::sleep(Duration::from_secs(1));
+    let mut stay = Vec::new();
+    for (case, topic) in cases.iter().zip(&topics) {
+        let mut client = connect(&b, case, topic, case.b_will.map(|d| (&b"from-b"[..], d)), case.clean);
+        match case.leave {
+            Stays => stay.push(client),
+            Normally => client.send(&build::disconnect_v5(0x00)),
+            Abnormally => drop(client),
+        }
+    }
+    // A is taken for gone ~7.5 s after its last write, its wills handed
+    // over then; the grace (2 s) is over by ~10 s.
+    let mut seen: Vec<(String, String)> = Vec::new();
+    while t0.elapsed() < Duration::from_secs(16) {
+        if let Some(line) = watcher.next_message(Duration::from_millis(200)) {
+            let mut words = line.split_whitespace().rev();
+            let (payload, topic) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+            seen.push((topic.to_owned(), payload.to_owned()));
+        }
+    }
+    for (case, topic) in cases.iter().zip(&topics) {
+        let mut got: Vec<&str> = seen.iter().filter(|(t, _)| t == topic).map(|(_, p)| p.as_str()).collect();
+        got.sort_unstable();
+        assert_eq!(got, case.expect, "{}: wills {seen:?}", case.id);
+    }
+    drop(stay);
+}
