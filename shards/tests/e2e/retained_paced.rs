@@ -379,9 +379,12 @@ fn a_thousand_subscribers_at_once_get_every_retained_message_in_bounded_memory()
             .into_iter()
             .map(|mut chunk| {
                 scope.spawn(move || {
-                    let deadline = Instant::now() + Duration::from_secs(40);
+                    // A bound against a hang, not a rate: 1,500,000
+                    // deliveries by a debug build on a loaded 2-CPU machine
+                    // took 56 s once (the rate is measured in perf/).
+                    let deadline = Instant::now() + Duration::from_secs(150);
                     while chunk.iter().any(|s| s.counted.retained.len() < N) {
-                        assert!(Instant::now() < deadline, "not all retained within 40 s");
+                        assert!(Instant::now() < deadline, "not all retained within 150 s");
                         for s in chunk.iter_mut().filter(|s| s.counted.retained.len() < N) {
                             s.read_some(Duration::from_millis(1), 64 << 10);
                         }
