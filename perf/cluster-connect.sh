@@ -13,7 +13,9 @@
 # broker in turn (the order alternates by round). nats-server's MQTT
 # speaks 3.1.1 only, so both kinds are 3.1.1. KINDS="clean persistent"
 # chooses the kinds; BROKERS="fleetmq nats" the brokers (one alone: to
-# profile it).
+# profile it; add "single" for the same fleetmq binary as a single node,
+# no NATS, in the same run: the rate this machine allows without the
+# cluster).
 #
 # FLEETMQ_ARGS: more `fleetmq serve` arguments (e.g. "--shards 1").
 # Pinning (taskset CPU lists; empty: unpinned): FLEETMQ_CPUS, NATS_CPUS,
@@ -40,6 +42,10 @@ NATS_CPUS=${NATS_CPUS:-}
 LOADGEN_CPUS=${LOADGEN_CPUS:-}
 KEEP=${KEEP:-}
 FLEETMQ_ARGS=${FLEETMQ_ARGS:-}
+# Loadgen threads: one thread caps a storm at ~12k CONNACK/s on these
+# machines (a single node reached 11.9k with 1, 14–20k with 2:
+# perf/RESULTS.md, issue 23, wt-23c), below what fleetmq answers.
+LOADGEN_THREADS=${LOADGEN_THREADS:-2}
 RUNS=${RUNS:-3}
 CONNECTIONS=${CONNECTIONS:-5000}
 RATE=${RATE:-100000}
@@ -75,6 +81,21 @@ PIDS+=($FLEETMQ_PID)
 NATS_PIDS="${PIDS[0]} ${PIDS[1]} ${PIDS[2]}"
 for _ in $(seq 1 100); do grep -q "fleetmq: ready" "$WORK/fleetmq.out" && break; sleep 0.2; done
 grep -q "fleetmq: ready" "$WORK/fleetmq.out" || { echo "fleetmq did not start:"; cat "$WORK/fleetmq.log"; exit 1; }
+# "single" in BROKERS: the same fleetmq binary as a single node (no
+# [cluster], the default local store) beside them, for the CONNECT rate
+# without NATS on the same machine in the same run.
+SINGLE_PORT=$(free_port)
+SINGLE_PID=
+case " $BROKERS " in *" single "*)
+    pin "$FLEETMQ_CPUS" "$FLEETMQ" serve --listen "127.0.0.1:$SINGLE_PORT" --admin "" \
+        --set "store.dir=$WORK/single" --set limits.max_connections_per_credential=1000000 $FLEETMQ_ARGS \
+        >"$WORK/single.out" 2>"$WORK/single.log" &
+    SINGLE_PID=$!
+    PIDS+=($SINGLE_PID)
+    for _ in $(seq 1 100); do grep -q "fleetmq: ready" "$WORK/single.out" && break; sleep 0.2; done
+    grep -q "fleetmq: ready" "$WORK/single.out" || { echo "single fleetmq did not start:"; cat "$WORK/single.log"; exit 1; }
+    ;;
+esac
 
 : >"$OUT"
 [ -n "$KEEP" ] && mkdir -p "$KEEP"
@@ -83,9 +104,9 @@ cpu_s() { # pids...: CPU seconds (user + system) of these processes
     for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done
     echo "$t"
 }
-bridge_cpu_s() { # the fleetmq-bridge thread's CPU ticks
+bridge_cpu_s() { # pid: its fleetmq-bridge thread's CPU ticks
     local t
-    for t in /proc/"$FLEETMQ_PID"/task/*; do
+    for t in /proc/"$1"/task/*; do
         if [ "$(cat "$t/comm" 2>/dev/null)" = fleetmq-bridge ]; then awk '{print $14 + $15}' "$t/stat"; return; fi
     done
     echo 0
@@ -94,8 +115,9 @@ refusals() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | grep '^fleetmq_con
 storm() { # broker url kind round
     local name=$1 url=$2 kind=$3 round=$4 extra=()
     if [ "$kind" = persistent ]; then extra=(--keep-session); fi
-    local before_f before_b before_n load
-    before_f=$(cpu_s "$FLEETMQ_PID"); before_b=$(bridge_cpu_s); before_n=$(cpu_s $NATS_PIDS)
+    local before_f before_b before_n load pid=$FLEETMQ_PID
+    if [ "$name" = single ]; then pid=$SINGLE_PID; fi
+    before_f=$(cpu_s "$pid"); before_b=$(bridge_cpu_s "$pid"); before_n=$(cpu_s $NATS_PIDS)
     refusals >"$WORK/refused.before"
     python3 perf/cluster_connect_row.py --nats-counts "${HPORT[@]}" >"$WORK/nats.before"
     load=$(cut -d' ' -f1 /proc/loadavg)
@@ -103,7 +125,7 @@ storm() { # broker url kind round
     if [ -n "$LOADGEN_CPUS" ]; then loadgen=(taskset -c "$LOADGEN_CPUS" "$LOADGEN"); fi
     rm -f "$WORK/run.json"
     # A run with failed CONNECTs exits non-zero and still writes its report.
-    "${loadgen[@]}" run connect-storm --url "$url" --connections "$CONNECTIONS" --connect-rate "$RATE" \
+    "${loadgen[@]}" run connect-storm --threads "$LOADGEN_THREADS" --url "$url" --connections "$CONNECTIONS" --connect-rate "$RATE" \
         --client-id-prefix "r${round}${kind:0:1}$name" "${extra[@]}" --json "$WORK/run.json" >"$WORK/run.txt" 2>"$WORK/loadgen.err" ||
         echo "$name $kind round $round: $(tail -1 "$WORK/loadgen.err")"
     [ -s "$WORK/run.json" ] || { echo "$name $kind round $round: no report"; return 0; }
@@ -113,7 +135,7 @@ storm() { # broker url kind round
     sleep "${SETTLE:-1}"
     refusals >"$WORK/refused.after"
     python3 perf/cluster_connect_row.py --nats-counts "${HPORT[@]}" >"$WORK/nats.after"
-    CPU_FLEETMQ=$(( $(cpu_s "$FLEETMQ_PID") - before_f )) CPU_BRIDGE=$(( $(bridge_cpu_s) - before_b )) \
+    CPU_FLEETMQ=$(( $(cpu_s "$pid") - before_f )) CPU_BRIDGE=$(( $(bridge_cpu_s "$pid") - before_b )) \
     CPU_NATS=$(( $(cpu_s $NATS_PIDS) - before_n )) TICK=$tick LOAD=$load \
     NATS_BEFORE="$WORK/nats.before" NATS_AFTER="$WORK/nats.after" \
         python3 perf/cluster_connect_row.py "$WORK/run.json" "$name" "$kind" "$round" \
@@ -123,6 +145,7 @@ storm() { # broker url kind round
 for round in $(seq 1 "$RUNS"); do
     order=("fleetmq mqtt://127.0.0.1:$MQTT_PORT" "nats mqtt://127.0.0.1:${MPORT[0]}")
     if [ $((round % 2)) -eq 0 ]; then order=("${order[1]}" "${order[0]}"); fi
+    order+=("single mqtt://127.0.0.1:$SINGLE_PORT")
     for kind in $KINDS; do
         for entry in "${order[@]}"; do
             set -- $entry

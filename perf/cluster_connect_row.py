@@ -79,6 +79,9 @@ elif sys.argv[1] == "--summary":
         f, n = rates.get((kind, "fleetmq")), rates.get((kind, "nats"))
         if f and n:
             print(f"{kind}: fleetmq / nats-server = {f / n:.2f}")
+        s = rates.get((kind, "single"))
+        if s and n:
+            print(f"{kind}: fleetmq single node (no NATS) / nats-server = {s / n:.2f}")
 else:
     report = json.load(open(sys.argv[1]))
     c = report.get("connections") or {}
@@ -97,7 +100,7 @@ else:
     for name in ("FLEETMQ", "BRIDGE", "NATS"):
         if f"CPU_{name}" in os.environ:
             row[f"cpu_{name.lower()}_s"] = int(os.environ[f"CPU_{name}"]) / tick
-    if sys.argv[2] == "fleetmq" and "CPU_BRIDGE" in os.environ:
+    if sys.argv[2] in ("fleetmq", "single") and "CPU_BRIDGE" in os.environ:
         row["bridge_cpu_us_per_connect"] = int(os.environ["CPU_BRIDGE"]) / tick / connected * 1e6
         row["fleetmq_cpu_us_per_connect"] = int(os.environ["CPU_FLEETMQ"]) / tick / connected * 1e6
     if "CPU_NATS" in os.environ:
