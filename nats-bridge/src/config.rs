@@ -36,12 +36,15 @@ pub(crate) const JS_TIMEOUT: Duration = Duration::from_secs(5);
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Connect to NATS as `name` (`fleetmq-<replica>-state` or `-lease`),
-/// with the credentials and TLS of `cluster`.
+/// with the credentials and TLS of `cluster`: to any of
+/// `cluster.nats_urls` (in random order, as on every reconnect), or with
+/// `first` (one of them) to that one, falling back to the others in their
+/// configured order, and on every reconnect in that order too.
 ///
 /// # Errors
 /// [`StartError::Connect`] when no server answers within the connection
 /// timeout, or a credentials or certificate file cannot be read.
-pub(crate) async fn connect(cluster: &Cluster, name: String) -> Result<Client, StartError> {
+pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>) -> Result<Client, StartError> {
     let label = name.clone();
     let mut options = ConnectOptions::new()
         .event_callback(move |event| {
@@ -95,9 +98,13 @@ pub(crate) async fn connect(cluster: &Cluster, name: String) -> Result<Client, S
     if file(&cluster.nats_tls_cert) {
         options = options.add_client_certificate(cluster.nats_tls_cert.clone(), cluster.nats_tls_key.clone());
     }
-    let urls: Vec<async_nats::ServerAddr> = cluster
-        .nats_urls
-        .iter()
+    let mut ordered: Vec<&String> = cluster.nats_urls.iter().collect();
+    if let Some(first) = first {
+        ordered.sort_by_key(|u| u.as_str() != first);
+        options = options.retain_servers_order();
+    }
+    let urls: Vec<async_nats::ServerAddr> = ordered
+        .into_iter()
         .map(|u| u.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {u:?}: {e}"))))
         .collect::<Result<_, _>>()?;
     options

@@ -134,6 +134,42 @@ impl Shared {
     }
 }
 
+/// The state connection made again to the server that leads
+/// `KV_mqtt-sessions`, when `client` is connected elsewhere and that server
+/// is one of `cluster.nats_urls` (`None`: keep `client`). Every CONNECT
+/// writes that bucket and its watch delivers every write back (DESIGN.md
+/// §8): at the leader, a write, its acknowledgement and its delivery are
+/// relayed between no NATS servers; elsewhere each one is (perf/RESULTS.md,
+/// issue 23, wt-23c: NATS messages and CPU per cluster CONNECT). Chosen
+/// once at start: when leadership moves later (a NATS server restarted),
+/// the connection stays where it is (slower, not wrong), and after a
+/// disconnect it tries the leader's URL first, then the others in order.
+async fn at_sessions_leader(
+    config: &BridgeConfig,
+    client: &async_nats::Client,
+    state: &Context,
+    name: &str,
+) -> Option<async_nats::Client> {
+    if config.cluster.nats_urls.len() < 2 {
+        return None;
+    }
+    let stream = format!("KV_{}", fleetmq_core::cluster::records::bucket::SESSIONS);
+    let leader = state.get_stream(&stream).await.ok()?.info().await.ok()?.cluster.as_ref()?.leader.clone()?;
+    if client.server_info().server_name == leader {
+        return None;
+    }
+    for url in &config.cluster.nats_urls {
+        // Connected to `url` if it answers (else to another, dropped: its
+        // name differs).
+        let Ok(probe) = connect(&config.cluster, name.to_owned(), Some(url)).await else { continue };
+        if probe.server_info().server_name == leader {
+            info!(target: "bridge", %leader, %url, "bridge: state connection at the mqtt-sessions leader");
+            return Some(probe);
+        }
+    }
+    None
+}
+
 /// Connect, check and set up JetStream (retrying what did not answer for
 /// a while), and make what the bridge's tasks share.
 pub(crate) async fn start(
@@ -142,8 +178,8 @@ pub(crate) async fn start(
     mailboxes: Vec<Arc<Mailbox<Event>>>,
 ) -> Result<Arc<Shared>, StartError> {
     let name = |part: &str| format!("fleetmq-{}-{part}", config.replica_id);
-    let state_client = connect(&config.cluster, name("state")).await?;
-    let lease_client = connect(&config.cluster, name("lease")).await?;
+    let state_client = connect(&config.cluster, name("state"), None).await?;
+    let lease_client = connect(&config.cluster, name("lease"), None).await?;
     let context = |client: async_nats::Client| {
         jetstream::ContextBuilder::new().timeout(JS_TIMEOUT).build(client)
     };
@@ -171,6 +207,13 @@ pub(crate) async fn start(
     };
     info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
     status.raise_floor(floor);
+    let (state_client, state) = match at_sessions_leader(&config, &state_client, &state, &name("state")).await {
+        Some(client) => {
+            let context = context(client.clone());
+            (client, context)
+        }
+        None => (state_client, state),
+    };
     let sessions = state
         .get_key_value(fleetmq_core::cluster::records::bucket::SESSIONS)
         .await

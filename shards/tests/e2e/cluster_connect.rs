@@ -7,6 +7,9 @@
 //! One NATS server with the fault proxy in front: the replica's every
 //! round trip takes at least 1 s, so the claims of a burst are all in
 //! flight at once.
+//!
+//! And where a replica's claims go: its state connection is at the NATS
+//! server that leads `KV_mqtt-sessions`.
 
 use std::thread;
 use std::time::Duration;
@@ -70,4 +73,24 @@ fn connects_waiting_for_their_claim_do_not_fill_the_pending_limit() {
         refused.is_empty(),
         "refused by the pending limit: {refused:?}"
     );
+}
+
+/// Each replica's state connection (every claim of a CONNECT, and the
+/// ownership watch that brings each write back) is at the NATS server
+/// that leads `KV_mqtt-sessions`, whichever of the three URLs it reached
+/// first: no claim, acknowledgement or watch delivery is relayed between
+/// NATS servers. Three replicas: by chance all three would be there one
+/// time in 27.
+#[test]
+fn each_replicas_state_connection_is_at_the_ownership_buckets_leader() {
+    let nats = NatsCluster::start(3);
+    let ids = ["sl1", "sl2", "sl3"];
+    let _brokers: Vec<_> = ids.iter().map(|id| replica(id, &nats.urls(), &[])).collect();
+    let leader = nats.stream_leader("KV_mqtt-sessions").expect("KV_mqtt-sessions has a leader");
+    for id in ids {
+        let name = format!("fleetmq-{id}-state");
+        let at: Vec<usize> =
+            (0..nats.len()).filter(|&i| nats.connection_names(i).contains(&name)).collect();
+        assert_eq!(at, vec![leader], "{name}: on servers {at:?}, the leader is n{leader}");
+    }
 }

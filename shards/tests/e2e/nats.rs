@@ -463,6 +463,39 @@ impl NatsCluster {
         current + 1 >= running.len()
     }
 
+    /// The index of the server that leads stream `name` (its RAFT
+    /// leader), as the first answering server's `/jsz` reports it; `None`
+    /// when none knows.
+    pub(crate) fn stream_leader(&self, name: &str) -> Option<usize> {
+        self.answering().into_iter().find_map(|i| {
+            let (status, body) =
+                http_get(self.monitor_addr(i), "/jsz?accounts=true&streams=true").ok()?;
+            let jsz: serde_json::Value =
+                (status == 200).then(|| serde_json::from_str(&body).ok())??;
+            let leader = jsz["account_details"].as_array()?.iter().find_map(|account| {
+                let streams = account["stream_detail"].as_array()?;
+                let stream = streams.iter().find(|s| s["name"].as_str() == Some(name))?;
+                stream["cluster"]["leader"].as_str().map(str::to_owned)
+            })?;
+            self.servers.iter().position(|s| s.name == leader)
+        })
+    }
+
+    /// The names of the client connections server `i` has now (`/connz`;
+    /// empty when it does not answer).
+    pub(crate) fn connection_names(&self, i: usize) -> Vec<String> {
+        let Ok((200, body)) = http_get(self.monitor_addr(i), "/connz?limit=100000") else {
+            return Vec::new();
+        };
+        let connz: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        connz["connections"]
+            .as_array()
+            .map(|conns| {
+                conns.iter().filter_map(|c| c["name"].as_str().map(str::to_owned)).collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// `/jsz` of server `i`, parsed; `None` when it does not answer.
     fn jsz(&self, i: usize) -> Option<serde_json::Value> {
         let (status, body) = http_get(self.monitor_addr(i), "/jsz").ok()?;
