@@ -22,7 +22,8 @@
 # LOADGEN_CPUS. KEEP=DIR keeps the logs, each run's loadgen report and
 # the broker's refusal counters there.
 #
-# Prints one JSON line per run to $OUT (default
+# Prints which NATS server has fleetmq's state connection and which leads
+# KV_mqtt-sessions, then one JSON line per run to $OUT (default
 # target/cluster-connect.jsonl): CONNACKs per second, CONNACK p50/p99,
 # failed CONNECTs with loadgen's error kinds, fleetmq's refusals by
 # reason, the CPU seconds fleetmq's bridge thread, fleetmq and the NATS
@@ -81,6 +82,9 @@ PIDS+=($FLEETMQ_PID)
 NATS_PIDS="${PIDS[0]} ${PIDS[1]} ${PIDS[2]}"
 for _ in $(seq 1 100); do grep -q "fleetmq: ready" "$WORK/fleetmq.out" && break; sleep 0.2; done
 grep -q "fleetmq: ready" "$WORK/fleetmq.out" || { echo "fleetmq did not start:"; cat "$WORK/fleetmq.log"; exit 1; }
+# Where fleetmq's claims go (a state connection away from the
+# KV_mqtt-sessions leader relays every claim and watch delivery).
+python3 perf/cluster_connect_row.py --placement "${HPORT[@]}" || true
 # "single" in BROKERS: the same fleetmq binary as a single node (no
 # [cluster], the default local store) beside them, for the CONNECT rate
 # without NATS on the same machine in the same run.

@@ -50,7 +50,24 @@ def nats_per_connect(before, after, connected):
     return row
 
 
-if sys.argv[1] == "--nats-counts":
+def placement(ports):
+    """Which server (n0, n1, ...: index in `ports`) has fleetmq's state
+    connection, and which leads KV_mqtt-sessions."""
+    import urllib.request
+    get = lambda port, path: json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5))
+    state = [f"n{i}" for i, port in enumerate(ports)
+             if any((c.get("name") or "").endswith("-state") for c in get(port, "/connz?limit=100000").get("connections") or [])]
+    leader = None
+    for account in get(ports[0], "/jsz?accounts=true&streams=true").get("account_details") or []:
+        for stream in account.get("stream_detail") or []:
+            if stream["name"] == "KV_mqtt-sessions":
+                leader = (stream.get("cluster") or {}).get("leader")
+    return f"fleetmq state connection on {','.join(state) or '?'}, KV_mqtt-sessions leader {leader}"
+
+
+if sys.argv[1] == "--placement":
+    print(placement(sys.argv[2:]))
+elif sys.argv[1] == "--nats-counts":
     print(json.dumps(nats_counts(sys.argv[2:])))
 elif sys.argv[1] == "--summary":
     rows = [json.loads(line) for line in open(sys.argv[2])]

@@ -37,13 +37,13 @@ const PING_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Connect to NATS as `name` (`fleetmq-<replica>-state` or `-lease`),
 /// with the credentials and TLS of `cluster`: to any of
-/// `cluster.nats_urls` (in random order, as on every reconnect), or with
-/// `first` (one of them) to that one, falling back to the others in their
-/// configured order, and on every reconnect in that order too.
+/// `cluster.nats_urls`, or with `first` (one of them) to that one; after a
+/// disconnect, to any of them again.
 ///
 /// # Errors
 /// [`StartError::Connect`] when no server answers within the connection
-/// timeout, or a credentials or certificate file cannot be read.
+/// timeout (with `first`: when that one does not), or a credentials or
+/// certificate file cannot be read.
 pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>) -> Result<Client, StartError> {
     let label = name.clone();
     let mut options = ConnectOptions::new()
@@ -98,13 +98,22 @@ pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>
     if file(&cluster.nats_tls_cert) {
         options = options.add_client_certificate(cluster.nats_tls_cert.clone(), cluster.nats_tls_key.clone());
     }
-    let mut ordered: Vec<&String> = cluster.nats_urls.iter().collect();
     if let Some(first) = first {
-        ordered.sort_by_key(|u| u.as_str() != first);
-        options = options.retain_servers_order();
+        let first: async_nats::ServerAddr =
+            first.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {first:?}: {e}")))?;
+        // Asked before every connection attempt, the first included: that
+        // one goes to `first`, the others (reconnects) anywhere.
+        let pending = std::sync::atomic::AtomicBool::new(true);
+        options = options.reconnect_to_server_callback(move |_, _| {
+            let pick = pending
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+                .then(|| async_nats::ReconnectToServer { addr: first.clone(), delay: Some(Duration::ZERO) });
+            std::future::ready(pick)
+        });
     }
-    let urls: Vec<async_nats::ServerAddr> = ordered
-        .into_iter()
+    let urls: Vec<async_nats::ServerAddr> = cluster
+        .nats_urls
+        .iter()
         .map(|u| u.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {u:?}: {e}"))))
         .collect::<Result<_, _>>()?;
     options

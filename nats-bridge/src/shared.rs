@@ -141,9 +141,9 @@ impl Shared {
 /// §8): at the leader, a write, its acknowledgement and its delivery are
 /// relayed between no NATS servers; elsewhere each one is (perf/RESULTS.md,
 /// issue 23, wt-23c: NATS messages and CPU per cluster CONNECT). Chosen
-/// once at start: when leadership moves later (a NATS server restarted),
-/// the connection stays where it is (slower, not wrong), and after a
-/// disconnect it tries the leader's URL first, then the others in order.
+/// once at start: when leadership moves later, or the connection is made
+/// again after a disconnect (to any server, as before), it stays where it
+/// is (slower, not wrong).
 async fn at_sessions_leader(
     config: &BridgeConfig,
     client: &async_nats::Client,
@@ -159,8 +159,6 @@ async fn at_sessions_leader(
         return None;
     }
     for url in &config.cluster.nats_urls {
-        // Connected to `url` if it answers (else to another, dropped: its
-        // name differs).
         let Ok(probe) = connect(&config.cluster, name.to_owned(), Some(url)).await else { continue };
         if probe.server_info().server_name == leader {
             info!(target: "bridge", %leader, %url, "bridge: state connection at the mqtt-sessions leader");
