@@ -790,7 +790,7 @@ fn drive(
             writing: BytesMut::new(),
             unflushed: false,
             move_to: None,
-            paused: false,
+            paused: None,
         };
         let mut mover = Mover::default();
         if !conn.parkable.get() || !shard.is_home_of(slot) {
@@ -807,10 +807,10 @@ fn drive(
                 if let Some(close) = conn.close.get() {
                     break 'conn (close.publish_will, Linger::AFTER_DISCONNECT);
                 }
-                // A retained value of this client waits for the cluster
-                // before it is delivered: what it sent after waits too.
-                if shard.store.delivery_waits(conn.key) {
-                    io.paused = true;
+                // Too many of this client's values wait behind a retained
+                // value the cluster has not stored yet: read no more.
+                if let Some(origin) = shard.pause_publisher(slot, &conn) {
+                    io.paused = Some(origin);
                     break;
                 }
                 match decode(&mut buf, Some(protocol), max_packet) {
@@ -955,10 +955,10 @@ struct Io {
     unflushed: bool,
     /// Move to this shard once nothing is pending (see `shard::placement`).
     move_to: Option<usize>,
-    /// No packet is read or handled until a retained value this client
-    /// published is in `mqtt-retained` or refused (cluster mode, see
-    /// `crate::cluster::Retained::Held`): its later values stay behind it.
-    paused: bool,
+    /// No packet is read or handled while this publisher (by its client
+    /// key) has as many values held as the shard holds (cluster mode,
+    /// see `crate::shard::held`).
+    paused: Option<u64>,
 }
 
 impl Io {
@@ -979,9 +979,9 @@ impl Io {
             if let Err(()) = self.poll_write(cx, shard, conn, transport) {
                 return Poll::Ready(Event::WriteFailed);
             }
-            if self.paused {
-                if !shard.store.delivery_waits(conn.key) {
-                    self.paused = false;
+            if let Some(origin) = self.paused {
+                if !shard.held_full(origin) {
+                    self.paused = None;
                     return Poll::Ready(Event::Resume);
                 }
             } else {

@@ -23,14 +23,18 @@ pub(crate) enum Retained {
     /// Not the cluster's: a single node, or a `$SYS` topic (each
     /// replica's own). The shard keeps it itself.
     Local,
+    /// A value its publisher waits for that was not written (the bridge's
+    /// queue is full): its acknowledgement is refused, and it is
+    /// delivered to nobody.
+    Refused,
     /// Written to `mqtt-retained`; nobody waits for it (QoS 0, a will):
     /// delivered to live subscribers now.
     Written,
     /// Written to `mqtt-retained`, and its publisher waits: delivered to
-    /// live subscribers (by [`crate::shard::Shard::deliver_written`]) once
-    /// the bucket has it, never if refused. The publisher's connection
-    /// handles no later packet until then, so its values stay in order
-    /// `[MQTT-4.6.0-5]`.
+    /// live subscribers (by [`crate::shard::Shard::written`]) once the
+    /// bucket has it, never if refused. What its publisher sent after it
+    /// is delivered after it, so its values stay in order
+    /// `[MQTT-4.6.0-5]` (the shard holds them meanwhile).
     Held,
 }
 
@@ -49,8 +53,9 @@ pub(crate) enum Retained {
 /// reason code of 0x80 or above) means the broker did not accept the
 /// PUBLISH (MQTT 5 §2.4, §3.4.2.1): the client sends it again, so a
 /// refused value must not have been delivered — its live delivery waits
-/// for the write too ([`Retained::Held`]), and at QoS 2 a resend is never
-/// a second copy. This replica applies the value only from the watch, as
+/// for the write too ([`Retained::Held`]: `write` numbers it for
+/// [`crate::shard::Shard::written`]), and at QoS 2 a resend is never a
+/// second copy. This replica applies the value only from the watch, as
 /// every other does, so a refused or failed write leaves no replica with
 /// a value the others lack.
 ///
@@ -59,6 +64,7 @@ pub(crate) fn publish_retained(
     message: &Arc<Message>,
     previous: impl FnOnce() -> Option<Arc<Message>>,
     store: &crate::store::ShardStore,
+    write_no: u64,
 ) -> Retained {
     let Some((node, shard)) = shard_state(|sc| Some((sc.node.borrow().clone()?, sc.shard.borrow().clone()?))) else {
         return Retained::Local;
@@ -96,10 +102,11 @@ pub(crate) fn publish_retained(
         if let Some(write) = write {
             write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
         }
-        return if held { Retained::Held } else { Retained::Written };
+        // Refused: delivered to nobody (nothing would release it).
+        return if held { Retained::Refused } else { Retained::Written };
     }
     if let (Some(write), Some(outcome)) = (write, outcome) {
-        let message = held.then(|| message.clone());
+        let origin = message.origin;
         glommio::spawn_local(async move {
             // glommio runs a task it spawns at once: the shard's state is
             // borrowed until the caller is done.
@@ -109,11 +116,10 @@ pub(crate) fn publish_retained(
                 Ok(Err(RetainedError::TooLarge { .. })) => Outcome::Refused(ReasonCode::QUOTA_EXCEEDED),
                 Ok(Err(_)) | Err(_) => Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR),
             };
-            // Delivered before it is acknowledged, and before its
-            // connection handles its next packet (the write's resolution
-            // lets it go on).
-            if let (Outcome::Done, Some(message), Some(shard)) = (outcome, message, shard.upgrade()) {
-                shard.deliver_written(message);
+            // Delivered (with what its publisher sent after it) before
+            // it is acknowledged.
+            if let (true, Some(shard)) = (held, shard.upgrade()) {
+                shard.written(origin, write_no, outcome == Outcome::Done);
             }
             write.resolve(outcome);
         })

@@ -11,6 +11,7 @@ use fleetmq_core::session::Message;
 
 use super::inbox::Control;
 use crate::cluster::Retained;
+use super::held::Delivery;
 use super::{Shard, State};
 
 impl Shard {
@@ -19,30 +20,21 @@ impl Shard {
     /// bucket's watch brings it back, on every replica in revision order
     /// ([`Shard::apply_retained`]; its acknowledgement waits for the
     /// bucket: [`crate::cluster::publish_retained`]); alone, it is applied
-    /// here and sent to the other shards now. `true`: the cluster delivers
-    /// it to live subscribers once the bucket has it
-    /// ([`Shard::deliver_written`]), not the caller now.
-    pub(super) fn keep_retained(&self, st: &mut State, message: &Arc<Message>, now: Instant) -> bool {
+    /// here and sent to the other shards now. When live subscribers get
+    /// it: [`Delivery`] (see [`super::held`]).
+    pub(super) fn keep_retained(&self, st: &mut State, message: &Arc<Message>, now: Instant) -> Delivery {
         let previous = || st.retained.get(&message.topic);
-        match crate::cluster::publish_retained(message, previous, &self.store) {
-            Retained::Held => return true,
-            Retained::Written => return false,
+        let write = st.held.next_write();
+        match crate::cluster::publish_retained(message, previous, &self.store, write) {
+            Retained::Held => return Delivery::After(write),
+            Retained::Refused => return Delivery::Never,
+            Retained::Written => return Delivery::Now,
             Retained::Local => {}
         }
         let seq = self.global.retain_seq.fetch_add(1, Ordering::Relaxed);
         st.retained.apply(seq, message.clone(), now);
         self.broadcast(Control::Retain { seq, message: message.clone() });
-        false
-    }
-
-    /// Deliver a retained value that waited for `mqtt-retained` (see
-    /// [`crate::cluster::Retained::Held`]) to the live subscribers, as
-    /// [`Shard::route`] delivers any other.
-    pub(crate) fn deliver_written(&self, message: Arc<Message>) {
-        let mut st = self.state.borrow_mut();
-        self.dispatch(&mut st, message, Instant::now());
-        drop(st);
-        self.try_flush();
+        Delivery::Now
     }
 
     /// Publish the will of a gone replica's connection (this replica is the

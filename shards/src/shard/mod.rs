@@ -18,6 +18,7 @@
 mod durable;
 mod cluster;
 mod groups;
+mod held;
 mod inbox;
 mod index;
 mod restore;
@@ -400,6 +401,9 @@ struct State {
     moved_in: HashMap<Slot, u64>,
     /// Wills recovered without a session, published at the first tick.
     restored_wills: Vec<(ByteString, Will)>,
+    /// Values held behind their publisher's retained value that the
+    /// cluster has not stored yet (see [`held`]).
+    held: held::Held,
 }
 
 /// Why [`Shard::attach`] did not attach a connection.
@@ -490,6 +494,7 @@ impl Shard {
                 moved: HashMap::new(),
                 moved_in: HashMap::new(),
                 restored_wills: Vec::new(),
+                held: held::Held::default(),
             }),
         }
     }
@@ -823,7 +828,8 @@ impl Shard {
                 Output::Publish(mut message) => {
                     message.origin = st.clients[slot as usize].key;
                     let logged = self.store.log_value(&mut message, now);
-                    reach |= if logged { self.route(st, Arc::new(message), now) } else { 0 };
+                    let v5 = Some(conn.protocol.is_v5());
+                    reach |= if logged { self.route_from(st, Arc::new(message), v5, now) } else { 0 };
                 }
                 Output::Subscribed {
                     filter,

@@ -6,18 +6,27 @@ use std::time::Instant;
 
 use fleetmq_core::session::Message;
 
+use super::held::Delivery;
 use super::{Shard, State};
 
 impl Shard {
     /// Route a message: retained-store update, local subscribers, and the
     /// other shards whose routes match. Returns the shards it went to, one
     /// bit per shard (this one's bit for its own subscribers; none when
-    /// the cluster holds a retained value until `mqtt-retained` has it).
+    /// it is held: a retained value the cluster delivers once
+    /// `mqtt-retained` has it, and what its publisher sent after it, see
+    /// [`super::held`]).
     pub(super) fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) -> u64 {
-        if message.retain && self.keep_retained(st, &message, now) {
-            return 0;
-        }
-        self.dispatch(st, message, now)
+        self.route_from(st, message, None, now)
+    }
+
+    /// [`Shard::route`] for a message a client published on a connection
+    /// speaking MQTT 5 (`v5`: `Some(true)`) or 3.1.x (`Some(false)`): what
+    /// a refusal of a value held before it does to it depends on that
+    /// (see [`super::held`]).
+    pub(super) fn route_from(&self, st: &mut State, message: Arc<Message>, v5: Option<bool>, now: Instant) -> u64 {
+        let delivery = if message.retain { self.keep_retained(st, &message, now) } else { Delivery::Now };
+        super::held::route_after(self, st, message, delivery, v5, now)
     }
 
     /// [`Shard::route`] past the retained store: local subscribers and

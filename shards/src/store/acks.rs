@@ -95,12 +95,6 @@ impl Write {
         self.outcome.set(outcome);
         if let (Some(acks), Some(conn)) = (self.acks.upgrade(), self.conn.get()) {
             acks.release_chain(conn);
-            // Its connection handles its next packet now (see
-            // `AckQueue::write_pending`), even when the acknowledgement
-            // waits for the local store still.
-            if let Some(p) = acks.chains.borrow().get(&conn).and_then(|c| c.front()) {
-                p.conn.wake();
-            }
         }
     }
 }
@@ -230,18 +224,6 @@ impl AckQueue {
     /// new one must queue behind them.
     pub(crate) fn is_held(&self, conn: u64) -> bool {
         !self.chains.borrow().is_empty() && self.chains.borrow().contains_key(&conn)
-    }
-
-    /// Whether a write that an acknowledgement of connection `conn` waits
-    /// for is not resolved yet: a retained value in cluster mode not yet
-    /// in `mqtt-retained`. The connection handles no later packet until
-    /// it is (see `crate::cluster::Retained::Held`).
-    pub(crate) fn write_pending(&self, conn: u64) -> bool {
-        let chains = self.chains.borrow();
-        !chains.is_empty()
-            && chains.get(&conn).is_some_and(|chain| {
-                chain.iter().any(|p| p.write.as_ref().is_some_and(|w| w.outcome.get() == Outcome::Pending))
-            })
     }
 
     /// Park `packet` for `conn` until the store is durable up to `token`

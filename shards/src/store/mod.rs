@@ -182,14 +182,6 @@ impl ShardStore {
         write
     }
 
-    /// Whether connection `conn` (by key) must handle no further packet
-    /// yet: a retained value it published waits for `mqtt-retained`
-    /// before it is delivered (cluster mode; see
-    /// `crate::cluster::Retained::Held`).
-    pub(crate) fn delivery_waits(&self, conn: u64) -> bool {
-        self.clustered && self.acks.write_pending(conn)
-    }
-
     /// Write `packets`, the acknowledgements of one packet from `conn`,
     /// once everything appended so far is durable and the write the
     /// packet caused (if any: [`ShardStore::expect_write`] for the client

@@ -71,6 +71,14 @@ fn client(broker: &Broker, id: &str, v5: bool) -> RawClient {
     c
 }
 
+/// An MQTT 5 client subscribed to `filter` at `qos` (SUBACK read).
+fn subscribed(broker: &Broker, id: &str, filter: &str, qos: u8) -> RawClient {
+    let mut c = client(broker, id, true);
+    c.send(&build::subscribe(1, filter, qos, true));
+    assert!(matches!(c.read(Duration::from_secs(2)), Incoming::Packet { header: 0x90, .. }));
+    c
+}
+
 /// The next packet: an acknowledgement (PUBACK 0x40, PUBREC 0x50) as
 /// (packet type, packet identifier, reason code).
 fn next_ack(c: &mut RawClient, within: Duration) -> (u8, u16, u8) {
@@ -443,6 +451,66 @@ fn acknowledgements_stay_in_order_when_retained_and_other_publishes_mix() {
         acks,
         vec![(0x40, 1, 0), (0x40, 2, 0), (0x50, 3, 0), (0x40, 4, 0)]
     );
+}
+
+/// A publisher's values reach subscribers in the order it sent them
+/// `[MQTT-4.6.0-5]` even when retained values the cluster has not stored
+/// yet are among them: what came after a held value is held behind it,
+/// not sent ahead of it — while the connection goes on reading (its
+/// PINGREQ is answered, the other values' writes go out meanwhile).
+#[test]
+fn values_behind_a_retained_value_nats_has_not_stored_wait_in_order_while_the_connection_reads_on() {
+    let s = setup(&[]);
+    let mut watcher = subscribed(&s.a, "order-watcher", "seq/#", 1);
+    let mut publisher = client(&s.a, "sequencer", true);
+    s.proxy.set_hold(true);
+    publisher.send(&publish("seq/r", b"r1", 1, true, 1, true));
+    publisher.send(&build::packet(0x30, &[build::string(b"seq/n"), b"\0a".to_vec()].concat()));
+    publisher.send(&publish("seq/n", b"b", 1, false, 2, true));
+    publisher.send(&publish("seq/r", b"r2", 1, true, 3, true));
+    publisher.send(&build::packet(0x30, &[build::string(b"seq/n"), b"\0c".to_vec()].concat()));
+    // The connection reads on: PINGREQ answered while NATS holds the
+    // writes (the acknowledgements wait, in order).
+    publisher.send(&[0xc0, 0]);
+    assert!(
+        matches!(publisher.read(Duration::from_secs(2)), Incoming::Packet { header: 0xd0, .. }),
+        "no PINGRESP while retained writes were held"
+    );
+    let early = watcher.read(Duration::from_secs(1));
+    assert_eq!(early, Incoming::TimedOut, "delivered ahead of the held value: {}", short(&early));
+    s.proxy.set_hold(false);
+    let acks: Vec<_> = (0..3).map(|_| next_ack(&mut publisher, Duration::from_secs(5))).collect();
+    assert_eq!(acks, vec![(0x40, 1, 0), (0x40, 2, 0), (0x40, 3, 0)]);
+    assert_eq!(deliveries(&mut watcher, Duration::from_secs(2)), ["r1", "a", "b", "r2", "c"]);
+    wait_retained(&s.b, "seq/r", Some(b"r2"), Duration::from_secs(5));
+}
+
+/// Past the values a shard holds for one publisher (256) its
+/// connection stops reading until the cluster answers, then goes on:
+/// every value arrives, in order, none lost to the pause.
+#[test]
+fn a_publisher_with_a_full_held_queue_pauses_and_resumes_losing_nothing() {
+    let s = setup(&[]);
+    let mut watcher = subscribed(&s.a, "flood-watcher", "flood/#", 0);
+    let mut publisher = client(&s.a, "flooder", true);
+    // Past the 256 held, and with them under the 1,000 writes a QoS 0
+    // subscriber may have pending (beyond, the watcher's own drops).
+    const N: usize = 600;
+    s.proxy.set_hold(true);
+    publisher.send(&publish("flood/r", b"first", 1, true, 1, true));
+    let mut burst = Vec::new();
+    for i in 0..N {
+        burst.extend(build::packet(0x30, &[build::string(b"flood/n"), vec![0], i.to_string().into_bytes()].concat()));
+    }
+    publisher.send(&burst);
+    let early = watcher.read(Duration::from_secs(1));
+    assert_eq!(early, Incoming::TimedOut, "delivered ahead of the held value: {}", short(&early));
+    s.proxy.set_hold(false);
+    assert_eq!(next_ack(&mut publisher, Duration::from_secs(5)), (0x40, 1, 0));
+    let got = deliveries(&mut watcher, Duration::from_secs(2));
+    let expected: Vec<String> = std::iter::once("first".to_owned()).chain((0..N).map(|i| i.to_string())).collect();
+    assert_eq!(got, expected, "every value, in the order sent [MQTT-4.6.0-5]");
+    assert_eq!(s.a.metric_sum("fleetmq_messages_dropped_total"), 0.0);
 }
 
 #[test]

@@ -1,0 +1,188 @@
+//! A publisher's values held behind a retained value of its own that the
+//! cluster has not stored yet (DESIGN.md §7; see
+//! [`crate::cluster::Retained::Held`]).
+//!
+//! In cluster mode a QoS 1/2 retained value reaches live subscribers only
+//! once `mqtt-retained` has it, and never if the write is refused (the
+//! client sends a refused PUBLISH again, MQTT 5 §3.4.2.1). What the same
+//! client published after it waits behind it, so that subscribers get a
+//! publisher's values in the order it sent them `[MQTT-4.6.0-5]`, while
+//! the connection goes on reading: its later values, retained ones
+//! included, are written to the bucket meanwhile (pipelined), and only
+//! their delivery waits. A queue longer than [`HELD_MAX`] pauses the
+//! connection's reading until it is shorter again (QoS 1/2 are bounded by
+//! the Receive Maximum anyway; this bounds QoS 0).
+
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use fleetmq_core::session::Message;
+
+use super::{Shard, State};
+use super::ConnShared;
+
+/// Values one publisher may have held before its connection stops
+/// reading until the cluster answers. They go out at once when it does:
+/// well under the 1,000 writes a QoS 0 subscriber may have pending
+/// (`limits.max_client_writes_pending`'s default), so that the burst
+/// alone does not make a subscriber of this one publisher drop any.
+pub(crate) const HELD_MAX: usize = 256;
+
+/// One held value.
+struct Entry {
+    message: Arc<Message>,
+    /// The retained write it waits for (`Some`), or ready to go once
+    /// everything before it went (`None`).
+    waits_for: Option<u64>,
+}
+
+/// The values of one publisher (by its client key, `Message::origin`),
+/// in the order it published them.
+#[derive(Default)]
+struct Queue {
+    entries: VecDeque<Entry>,
+    /// An MQTT 3.1.1 publisher: a refusal closes its connection and
+    /// acknowledges nothing it sent after (the client sends those again),
+    /// so none of them is delivered either.
+    refusal_ends_all: bool,
+    /// The connection paused because the queue was full: woken when it
+    /// is not.
+    paused: Option<Rc<ConnShared>>,
+}
+
+/// Every publisher's held values on one shard.
+#[derive(Default)]
+pub(super) struct Held {
+    queues: HashMap<u64, Queue>,
+    next_write: u64,
+}
+
+impl Held {
+    /// A number for a retained write whose delivery waits (passed back to
+    /// [`Shard::written`]).
+    pub(super) fn next_write(&mut self) -> u64 {
+        self.next_write += 1;
+        self.next_write
+    }
+
+    /// Whether values of `origin` wait: a value of it must wait behind
+    /// them.
+    pub(super) fn holds(&self, origin: u64) -> bool {
+        self.queues.contains_key(&origin)
+    }
+
+    /// Hold `message` of `origin` behind its earlier held values, waiting
+    /// for the retained write `waits_for` too when it is one. `v5`: from
+    /// an MQTT 5 connection (`None`: not from a connection, a will).
+    pub(super) fn push(&mut self, origin: u64, message: Arc<Message>, waits_for: Option<u64>, v5: Option<bool>) {
+        let queue = self.queues.entry(origin).or_default();
+        if let Some(v5) = v5 {
+            queue.refusal_ends_all = !v5;
+        }
+        queue.entries.push_back(Entry { message, waits_for });
+    }
+}
+
+impl Shard {
+    /// The retained write `write` of publisher `origin` ended: stored
+    /// (`stored`: delivered in its turn) or refused (dropped). Delivers
+    /// the publisher's held values that no longer wait, in order, and
+    /// wakes its connection if it paused on a full queue.
+    pub(crate) fn written(&self, origin: u64, write: u64, stored: bool) {
+        let mut guard = self.state.borrow_mut();
+        let st = &mut *guard;
+        let Some(queue) = st.held.queues.get_mut(&origin) else { return };
+        if let Some(i) = queue.entries.iter().position(|e| e.waits_for == Some(write)) {
+            if stored {
+                queue.entries[i].waits_for = None;
+            } else if queue.refusal_ends_all {
+                queue.entries.truncate(i);
+            } else {
+                queue.entries.remove(i);
+            }
+        }
+        let now = Instant::now();
+        let mut ready = Vec::new();
+        while queue.entries.front().is_some_and(|e| e.waits_for.is_none()) {
+            ready.extend(queue.entries.pop_front().map(|e| e.message));
+        }
+        let waiter = (queue.entries.len() < HELD_MAX).then(|| queue.paused.take()).flatten();
+        if queue.entries.is_empty() {
+            st.held.queues.remove(&origin);
+        }
+        for message in ready {
+            self.dispatch(st, message, now);
+        }
+        drop(guard);
+        if let Some(conn) = waiter {
+            conn.wake();
+        }
+        self.try_flush();
+    }
+
+    /// Whether the connection `conn` of the client in `slot` must stop
+    /// reading: its publisher has [`HELD_MAX`] values held. It is woken
+    /// when fewer are (then [`Shard::held_full`] says `false`).
+    pub(crate) fn pause_publisher(&self, slot: u32, conn: &Rc<ConnShared>) -> Option<u64> {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        if st.held.queues.is_empty() {
+            return None;
+        }
+        let origin = st.clients.get(slot as usize)?.key;
+        let queue = st.held.queues.get_mut(&origin)?;
+        if queue.entries.len() < HELD_MAX {
+            return None;
+        }
+        queue.paused = Some(conn.clone());
+        Some(origin)
+    }
+
+    /// Whether publisher `origin` still has [`HELD_MAX`] values held.
+    pub(crate) fn held_full(&self, origin: u64) -> bool {
+        self.state.borrow().held.queues.get(&origin).is_some_and(|q| q.entries.len() >= HELD_MAX)
+    }
+}
+
+/// When a message's live subscribers may get it, as far as the retained
+/// store is concerned (see [`Shard::keep_retained`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Delivery {
+    /// In its publisher's order: now, unless values of the publisher are
+    /// held.
+    Now,
+    /// Once the cluster stored its retained write with this number
+    /// ([`Shard::written`]).
+    After(u64),
+    /// Never: the cluster refused it.
+    Never,
+}
+
+/// Route `message` (its [`Delivery`] given), or hold it behind its
+/// publisher's held values: what [`Shard::route`] does past the retained
+/// store. `v5`: whether its publisher's connection speaks MQTT 5 (`None`:
+/// not from a connection). Returns the shards it went to (none when
+/// held).
+pub(super) fn route_after(
+    shard: &Shard,
+    st: &mut State,
+    message: Arc<Message>,
+    delivery: Delivery,
+    v5: Option<bool>,
+    now: Instant,
+) -> u64 {
+    match delivery {
+        Delivery::Never => 0,
+        Delivery::After(write) => {
+            st.held.push(message.origin, message, Some(write), v5);
+            0
+        }
+        Delivery::Now if st.held.holds(message.origin) => {
+            st.held.push(message.origin, message, None, v5);
+            0
+        }
+        Delivery::Now => shard.dispatch(st, message, now),
+    }
+}
