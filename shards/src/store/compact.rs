@@ -33,7 +33,11 @@
 //! are at least as large as the snapshot and an eighth of
 //! `store.max_bytes` (so compaction costs O(1) per byte logged), when the
 //! log passes half of `store.max_bytes` with a sixteenth of it new, and,
-//! while the store is full, every second that something was logged.
+//! while the store is full, at most once a second and only if records were
+//! committed since the last compaction began (an acknowledgement, an ended
+//! session: what may free space). The segment headers a compaction's own
+//! roll writes do not count: a store full of live data that nobody touches
+//! is not rewritten again and again.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -54,7 +58,8 @@ const POLL: Duration = Duration::from_millis(100);
 /// How long the compactor waits for every shard to roll its log.
 const ROLL_WAIT: Duration = Duration::from_secs(10);
 
-/// While the store is full, at most one compaction this often.
+/// While the store is full, at most one compaction this often (and only
+/// after records were committed since the last one began).
 const FULL_RETRY: Duration = Duration::from_secs(1);
 
 /// The compactor's request to the shards to roll their logs at a cut (see
@@ -121,7 +126,8 @@ impl Roll {
 
 /// Whether a compaction is due for a log of `bytes` whose newest snapshot
 /// holds `snapshot` of them, bounded by `max`; `full_retry`: the store is
-/// full and the last compaction was at least [`FULL_RETRY`] ago.
+/// full, the last compaction was at least [`FULL_RETRY`] ago and records
+/// were committed since it began.
 pub(crate) fn due(bytes: u64, snapshot: u64, max: u64, full_retry: bool) -> bool {
     let new = bytes.saturating_sub(snapshot);
     new >= snapshot.max(max / 8) || (bytes >= max / 2 && new >= max / 16) || (full_retry && new > 0)
@@ -190,10 +196,16 @@ fn run(ctx: CompactorContext, stop: &AtomicBool) {
     }
     let stopping = || stop.load(Ordering::Acquire) || ctx.shutdown.is_triggered();
     let mut last: Option<Instant> = None;
+    // `Health::records` when the last compaction began: a full store is
+    // retried only once records were committed after that (the roll's new
+    // segment headers are no reason to rewrite what is live again).
+    let mut records_then: Option<u64> = None;
     while !stopping() {
         std::thread::park_timeout(POLL);
         let health = &ctx.health;
-        let full_retry = health.refusing() && last.is_none_or(|l| l.elapsed() >= FULL_RETRY);
+        let full_retry = health.refusing()
+            && last.is_none_or(|l| l.elapsed() >= FULL_RETRY)
+            && records_then != Some(health.records());
         if stopping()
             || !due(
                 health.bytes(),
@@ -205,6 +217,7 @@ fn run(ctx: CompactorContext, stop: &AtomicBool) {
             continue;
         }
         last = Some(Instant::now());
+        records_then = Some(health.records());
         health.compacting(true);
         let result = compact(&ctx, &stopping);
         health.compacting(false);

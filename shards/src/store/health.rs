@@ -99,6 +99,9 @@ pub(crate) struct Health {
     bytes: AtomicU64,
     /// Bytes of the newest snapshot.
     snapshot_bytes: AtomicU64,
+    /// Bytes of records committed since the start (not segment headers:
+    /// a compaction's roll writes those, and they free nothing).
+    records: AtomicU64,
     max_bytes: u64,
     /// The compactor thread, woken when a compaction becomes due.
     compactor: std::sync::OnceLock<std::thread::Thread>,
@@ -127,6 +130,7 @@ impl Health {
             any_failing: AtomicBool::new(false),
             bytes: AtomicU64::new(total),
             snapshot_bytes: AtomicU64::new(snapshot_bytes),
+            records: AtomicU64::new(0),
             max_bytes,
             compactor: std::sync::OnceLock::new(),
         };
@@ -142,6 +146,13 @@ impl Health {
     /// Bytes of the newest snapshot.
     pub(crate) fn snapshot_bytes(&self) -> u64 {
         self.snapshot_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of records the shards committed since the broker started
+    /// (segment headers, which every compaction's roll writes, not
+    /// counted): the compactor retries a full store only when this moved.
+    pub(crate) fn records(&self) -> u64 {
+        self.records.load(Ordering::Relaxed)
     }
 
     /// `store.max_bytes`.
@@ -192,6 +203,7 @@ impl Health {
         let label = ShardLabel { shard };
         self.metrics.fsync_seconds.get_or_create(&label).observe(took.as_secs_f64());
         self.metrics.syncs.get_or_create(&label).inc();
+        self.records.fetch_add(bytes, Ordering::Relaxed);
         self.grew(shard, bytes);
     }
 

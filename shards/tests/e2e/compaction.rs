@@ -139,7 +139,8 @@ async fn the_log_is_compacted_while_serving_to_what_is_live() {
 /// `store.max_bytes` bounds what is live: when values a persistent session
 /// keeps fill it, MQTT 5 publishes get PUBACK 0x97 Quota exceeded, an
 /// MQTT 3.1.1 publisher is disconnected, readiness answers 503 naming the
-/// bound; the session can still resume and take its values, which frees
+/// bound; left idle, the full store is not compacted again and again
+/// (at most twice in 6 s); the session can still resume and take its values, which frees
 /// the space, and the broker takes publishes again by itself. Every
 /// value that got a successful PUBACK was delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,6 +202,18 @@ async fn a_store_full_of_live_values_refuses_publishes_until_they_are_taken() {
         body.contains("store full") && body.contains("store.max_bytes = 1048576"),
         "{body}"
     );
+    // Full and idle: nothing written could free space, so the live values
+    // are not rewritten again and again (was: a compaction every second,
+    // each roll's new segment headers counting as something new).
+    let before = broker.metric_sum("fleetmq_store_compactions_total");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let idle = broker.metric_sum("fleetmq_store_compactions_total") - before;
+    assert!(
+        idle <= 2.0,
+        "{idle} compactions in 6 s of a full, idle store: {}",
+        broker.stderr()
+    );
+    assert_eq!(broker.admin_get("/health/ready").0, 503);
     // MQTT 3.1.1 has no reason code: the connection is closed.
     let mut old = v4::Client::connect(port, &unique("full311")).await;
     old.client
