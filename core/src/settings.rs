@@ -512,8 +512,8 @@ pub enum SettingsError {
         key: &'static str,
         /// The value given.
         value: String,
-        /// What is allowed.
-        allowed: &'static str,
+        /// Why not, and what is allowed.
+        allowed: String,
     },
 }
 

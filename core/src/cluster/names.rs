@@ -112,21 +112,25 @@ pub fn replica_id_from_host(host_name: &str) -> String {
 pub const NATS_SCHEMES: [&str; 4] = ["nats", "tls", "ws", "wss"];
 
 /// Checks a NATS URL: `scheme://host[:port]` with a scheme of
-/// [`NATS_SCHEMES`], or a bare `host[:port]` (dialled as `nats://`).
+/// [`NATS_SCHEMES`], or a bare `host[:port]` (dialled as `nats://`),
+/// parsed as async-nats parses it at the start (`ServerAddr::from_str`:
+/// the WHATWG URL rules of the `url` crate), so a URL `fleetmq
+/// check-config` passes is one the start takes (a port above 65535, say,
+/// is refused by both).
 ///
 /// # Errors
 /// Why not, in words.
 pub fn check_nats_url(url: &str) -> Result<(), String> {
-    let rest = match url.split_once("://") {
+    let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => {
             if !NATS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
                 return Err(format!(
                     "scheme {scheme:?} is not one of nats, tls, ws, wss"
                 ));
             }
-            rest
+            (scheme, rest)
         }
-        None => url,
+        None => ("nats", url),
     };
     let host = rest.rsplit('@').next().unwrap_or_default();
     if host.is_empty() || host.starts_with(':') || host.starts_with('/') {
@@ -135,7 +139,11 @@ pub fn check_nats_url(url: &str) -> Result<(), String> {
     if url.chars().any(char::is_whitespace) {
         return Err("contains white space".to_owned());
     }
-    Ok(())
+    match url::Url::parse(&format!("{scheme}://{rest}")) {
+        Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => Ok(()),
+        Ok(_) => Err("no host".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -190,6 +198,15 @@ mod tests {
         assert!(check_nats_url("nats://").unwrap_err().contains("no host"));
         assert!(check_nats_url("").is_err());
         assert!(check_nats_url("nats://h :4222").is_err());
+        // What async-nats refuses at the start (its `ServerAddr` parse).
+        assert_eq!(
+            check_nats_url("nats://127.0.0.1:99999"),
+            Err("invalid port number".to_owned())
+        );
+        assert!(check_nats_url("127.0.0.1:65536").is_err());
+        assert!(check_nats_url("nats://h:4222x").is_err());
+        assert!(check_nats_url("nats://[::1:4222").is_err());
+        assert_eq!(check_nats_url("nats://[::1]:4222"), Ok(()));
     }
 
     proptest! {

@@ -163,22 +163,27 @@ impl Cluster {
                 value: self.replica_id.clone(),
                 allowed: "a DNS name (ASCII letters, digits and '-' in dot-separated parts of 1 to 63, \
                           not starting or ending with '-'; 253 bytes at most), not an IP address, not \"ca\" \
-                          (as `fleetmq cert --names` takes)",
+                          (as `fleetmq cert --names` takes)".into(),
             });
         }
         if self.nats_urls.is_empty() {
             return Err(SettingsError::Invalid {
                 key: "cluster.nats_urls",
                 value: String::new(),
-                allowed: "at least one NATS URL, e.g. [\"nats://127.0.0.1:4222\"]",
+                allowed: "at least one NATS URL, e.g. [\"nats://127.0.0.1:4222\"]".into(),
             });
         }
-        if let Some(url) = self.nats_urls.iter().find(|u| check_nats_url(u).is_err()) {
-            return Err(SettingsError::Invalid {
-                key: "cluster.nats_urls",
-                value: url.clone(),
-                allowed: "URLs with the scheme nats://, tls://, ws:// or wss:// (or host:port), e.g. \"nats://127.0.0.1:4222\"",
-            });
+        for url in &self.nats_urls {
+            if let Err(why) = check_nats_url(url) {
+                return Err(SettingsError::Invalid {
+                    key: "cluster.nats_urls",
+                    value: url.clone(),
+                    allowed: format!(
+                        "{why}; URLs with the scheme nats://, tls://, ws:// or wss:// (or host:port) with a port of at \
+                         most 65535, e.g. \"nats://127.0.0.1:4222\""
+                    ),
+                });
+            }
         }
         Ok(())
     }

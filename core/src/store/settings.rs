@@ -106,7 +106,7 @@ impl Store {
             return Err(SettingsError::Invalid {
                 key: "store.dir",
                 value: String::new(),
-                allowed: "a directory path",
+                allowed: "a directory path".into(),
             });
         }
         Ok(())

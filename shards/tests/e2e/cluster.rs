@@ -408,7 +408,7 @@ fn the_will_of_a_client_back_on_another_replica_and_gone_again_within_the_grace_
 }
 
 #[test]
-fn check_config_refuses_a_nats_url_async_nats_cannot_dial_and_a_replica_id_fleetmq_cert_refuses() {
+fn check_config_and_serve_refuse_a_nats_url_async_nats_cannot_dial_and_a_replica_id_fleetmq_cert_refuses() {
     let fleetmq = |args: &[&str]| {
         let out = run_with_timeout(Command::new(env!("CARGO_BIN_EXE_fleetmq")).args(args), Duration::from_secs(10));
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -418,6 +418,19 @@ fn check_config_refuses_a_nats_url_async_nats_cannot_dial_and_a_replica_id_fleet
     assert!(stderr.contains("cluster.nats_urls") && stderr.contains("http://127.0.0.1:4222"), "{stderr}");
     let (ok, _) = fleetmq(&["check-config", "--set", r#"cluster.nats_urls=["tls://nats.example:4222","ws://h:8080"]"#]);
     assert!(ok);
+    // A URL async-nats does not parse (port above 65535): check-config and
+    // serve refuse it alike, before anything starts, exit status 2, naming
+    // the key, the URL and why (was: check-config passed it, serve refused).
+    let bad = r#"cluster.nats_urls=["nats://127.0.0.1:99999"]"#;
+    for command in [&["check-config", "--set", bad][..], &["serve", "--set", bad, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]] {
+        let out = run_with_timeout(Command::new(env!("CARGO_BIN_EXE_fleetmq")).args(command), Duration::from_secs(10));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("cluster.nats_urls") && stderr.contains("nats://127.0.0.1:99999") && stderr.contains("invalid port number"),
+            "{command:?}: {stderr}"
+        );
+    }
     // One rule for `cluster.replica_id` and `fleetmq cert --names`.
     let dir = crate::security::TempDir::new("replica-names");
     for (name, valid) in [("node_1", false), ("10.0.0.1", false), ("ca", false), ("node-1.example.net", true), ("r2", true)] {
