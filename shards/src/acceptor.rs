@@ -22,6 +22,10 @@
 //! accepted and accepts no more until one leaves: a reconnect storm waits
 //! in the kernel's listen queue instead of being refused or evicted
 //! (issue 27).
+//!
+//! With more than one shard, a plain TCP connection whose whole CONNECT is
+//! there at once and names a client identifier another shard owns goes
+//! to that shard before anything is built for it here (`crate::arrival`).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
@@ -34,10 +38,11 @@ use glommio::timer::sleep;
 use socket2::SockRef;
 use tracing::warn;
 
-use crate::connection::{accepted, refused, Admitted, ConnSettings};
+use crate::arrival::{first_read, Fresh};
+use crate::connection::{accepted, refused, Admitted, ConnSettings, FirstRead};
 use crate::limits::ShardGate;
 use crate::metrics::RefuseReason;
-use crate::pending::Admission;
+use crate::pending::{Admission, PendingGuard};
 use crate::shard::Shard;
 use crate::transport::ListenerKind;
 
@@ -53,15 +58,14 @@ const ERROR_PAUSE: Duration = Duration::from_millis(10);
 const ROOM_RECHECK: Duration = Duration::from_millis(10);
 
 /// One accept loop per listening socket of this shard, until the shard's
-/// stop signal.
+/// stop signal; `doors`: the shard's pending connections and credential
+/// checks, for every listener of the shard.
 pub(crate) fn spawn_acceptors(
     shard: &Rc<Shard>,
     settings: &Rc<ConnSettings>,
+    doors: &Rc<ShardGate>,
     fds: Vec<(OwnedFd, ListenerKind)>,
 ) {
-    // The shard's pending connections and credential checks, for every
-    // listener of the shard.
-    let doors = ShardGate::new(settings.connect_timeout, shard.shards);
     for (fd, kind) in fds {
         if let Err(e) = SockRef::from(&fd).set_nonblocking(true) {
             warn!(target: "broker", error = %e, "listener not made non-blocking");
@@ -75,7 +79,7 @@ pub(crate) fn spawn_acceptors(
 
 /// What the loop does next.
 enum Next {
-    Accepted(TcpStream, IpAddr),
+    Accepted(socket2::Socket, IpAddr),
     /// Nothing to accept now, or an error: waited, look again.
     Wait,
     Stop,
@@ -91,17 +95,18 @@ async fn accept_loop(
     let mut batch = 0;
     while !shard.stopping.get() {
         match accept_one(&shard, &listener).await {
-            Next::Accepted(stream, peer) => {
+            Next::Accepted(socket, peer) => {
                 // Refused ones count too: a loop refusing a flood yields.
-                if let Some(admitted) = admit(&shard, &settings, &doors, stream, peer, kind).await {
-                    // Connection tasks are made aside (crate::alloc): they
-                    // end when their connection parks.
-                    crate::alloc::spawn_aside(accepted(
-                        shard.clone(),
-                        settings.clone(),
-                        doors.clone(),
-                        admitted,
-                    ));
+                if let Some((source_slot, pending)) = admit(&shard, &settings, &doors, &socket, peer).await {
+                    let fresh = Fresh { socket, peer, source_slot, pending };
+                    let stays = if shard.shards > 1 && kind == ListenerKind::Tcp {
+                        first_read(&shard, &settings, fresh)
+                    } else {
+                        Some((fresh, FirstRead::Bytes(Default::default())))
+                    };
+                    if let Some((fresh, first)) = stays {
+                        serve_here(&shard, &settings, &doors, fresh, first, kind);
+                    }
                 }
                 batch += 1;
                 if batch == ACCEPT_BATCH {
@@ -115,33 +120,46 @@ async fn accept_loop(
     }
 }
 
+/// Serve the connection in `fresh` on this shard, in a task of its own,
+/// with what was read of it (`first`).
+fn serve_here(
+    shard: &Rc<Shard>,
+    settings: &Rc<ConnSettings>,
+    doors: &Rc<ShardGate>,
+    fresh: Fresh,
+    first: FirstRead,
+    kind: ListenerKind,
+) {
+    let Fresh { socket, peer, source_slot, pending } = fresh;
+    // The stream's state is aside: it lives while the connection is awake
+    // (crate::alloc).
+    // SAFETY: `socket` is a connected socket we own; the stream owns it now.
+    let stream = crate::alloc::aside(|| unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) });
+    let admitted = Admitted { stream, peer, kind, source_slot, pending, first };
+    // Connection tasks are made aside (crate::alloc): they end when their
+    // connection parks.
+    crate::alloc::spawn_aside(accepted(shard.clone(), settings.clone(), doors.clone(), admitted));
+}
+
 /// The limits that hold before anything is read, for a connection just
-/// accepted: its slots, or `None` when it is refused (closed, counted) or
-/// the shard stops. Waits while the shard is behind (see the module docs).
+/// accepted: its slots (source, pending), or `None` when it is refused
+/// (closed, counted) or the shard stops. Waits while the shard is behind
+/// (see the module docs).
 async fn admit(
     shard: &Shard,
     settings: &ConnSettings,
     doors: &ShardGate,
-    stream: TcpStream,
+    socket: &socket2::Socket,
     peer: IpAddr,
-    kind: ListenerKind,
-) -> Option<Admitted> {
+) -> Option<(Option<crate::limits::Slot>, PendingGuard)> {
     let Ok(source_slot) = settings.gate.source(peer) else {
         refused(shard, settings, RefuseReason::MaxConnectionsPerSource);
         return None;
     };
     loop {
-        let fd = Some(stream.as_raw_fd());
+        let fd = Some(socket.as_raw_fd());
         match doors.pending.admit(&settings.gate, Instant::now(), fd) {
-            Admission::In(pending) => {
-                return Some(Admitted {
-                    stream,
-                    peer,
-                    kind,
-                    source_slot,
-                    pending,
-                })
-            }
+            Admission::In(pending) => return Some((source_slot, pending)),
             Admission::Refused => {
                 refused(shard, settings, RefuseReason::MaxPendingConnections);
                 return None;
@@ -170,12 +188,7 @@ async fn accept_one(shard: &Shard, listener: &TcpListener) -> Next {
             let peer = addr
                 .as_socket()
                 .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-            // The stream's state is aside: it lives while the connection
-            // is awake (crate::alloc).
-            // SAFETY: `socket` is a connected socket we own; the stream owns it now.
-            let stream =
-                crate::alloc::aside(|| unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) });
-            Next::Accepted(stream, peer)
+            Next::Accepted(socket, peer)
         }
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
             // The pending wait's poll is not aside: it lives until the

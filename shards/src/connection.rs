@@ -136,6 +136,7 @@ async fn open_and_read_connect(
     pending: &PendingGuard,
     kind: ListenerKind,
     stream: TcpStream,
+    first: BytesMut,
 ) -> Result<(Transport, Option<String>, Box<Connect>, BytesMut), (Option<Transport>, Early)> {
     if kind != ListenerKind::Tcp {
         // A handshake's first byte, left for the handshake to read: until
@@ -147,8 +148,9 @@ async fn open_and_read_connect(
     let (mut transport, tls_identity) = transport::open(kind, stream, settings.tls.as_deref())
         .await
         .map_err(|e| (None, Early::Handshake(e)))?;
-    let mut buf = BytesMut::new();
-    if kind != ListenerKind::Tcp {
+    // What the accept loop read already (plain TCP only: `crate::arrival`).
+    let mut buf = first;
+    if kind != ListenerKind::Tcp || !buf.is_empty() {
         pending.connect_read(&buf, Instant::now());
     }
     loop {
@@ -235,6 +237,16 @@ pub(crate) struct Admitted {
     pub(crate) kind: ListenerKind,
     pub(crate) source_slot: Option<LimitSlot>,
     pub(crate) pending: PendingGuard,
+    /// What the accept loop read of it already.
+    pub(crate) first: FirstRead,
+}
+
+/// What was read of a connection before its task began (`crate::arrival`).
+pub(crate) enum FirstRead {
+    /// Bytes of its CONNECT (possibly none yet, or not a CONNECT at all).
+    Bytes(BytesMut),
+    /// Its whole CONNECT, decoded, and the bytes read after it.
+    Connect(Box<Connect>, BytesMut),
 }
 
 /// Serve an [`Admitted`] connection (`TCP_NODELAY` already set:
@@ -247,15 +259,23 @@ pub(crate) async fn accepted(
     doors: Rc<ShardGate>,
     admitted: Admitted,
 ) {
-    let Admitted { stream, peer, kind, source_slot, pending } = admitted;
-    let opened = or(
-        async { Some(open_and_read_connect(&shard, &settings, &pending, kind, stream).await) },
-        async {
-            or(sleep(settings.connect_timeout), pending.evicted()).await;
-            None
-        },
-    )
-    .await;
+    let Admitted { stream, peer, kind, source_slot, pending, first } = admitted;
+    let opened = match first {
+        FirstRead::Connect(connect, rest) => {
+            pending.complete(Instant::now());
+            Some(Ok((Transport::Tcp(stream), None, connect, rest)))
+        }
+        FirstRead::Bytes(first) => {
+            or(
+                async { Some(open_and_read_connect(&shard, &settings, &pending, kind, stream, first).await) },
+                async {
+                    or(sleep(settings.connect_timeout), pending.evicted()).await;
+                    None
+                },
+            )
+            .await
+        }
+    };
     let connect_at = Instant::now();
     let (mut transport, tls_identity, connect, buf) = match opened {
         Some(Ok(opened)) => opened,
@@ -408,6 +428,7 @@ pub(crate) async fn accepted(
         crate::alloc::spawn_aside(serve(shard, settings, handoff, None));
         return;
     }
+    shard.metrics.handed_over_at_sign_in.inc();
     Box::pin(hand_off(&shard, owner, Route::Fresh, handoff)).await;
 }
 

@@ -6,6 +6,7 @@
 //! the admin HTTP thread and returns when [`shutdown::Shutdown`] fires.
 
 mod acceptor;
+mod arrival;
 mod access;
 pub mod admin;
 pub mod alloc;

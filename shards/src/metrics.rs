@@ -13,6 +13,7 @@
 //! | `fleetmq_clients_connected` | gauge | shard |
 //! | `fleetmq_connections_parked` | gauge | shard |
 //! | `fleetmq_publishers_moved_total` | counter | shard (the one it left) |
+//! | `fleetmq_connections_handed_over_total` | counter | shard (the one that accepted), at (`accept`, `sign_in`) |
 //! | `fleetmq_messages_in_total` | counter | shard |
 //! | `fleetmq_messages_out_total` | counter | shard |
 //! | `fleetmq_messages_dropped_total` | counter | shard, reason ([`DropReason`]) |
@@ -405,6 +406,13 @@ struct ShardLabel {
     shard: usize,
 }
 
+/// A shard and the step a connection was handed over at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ShardStep {
+    shard: usize,
+    at: &'static str,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ShardReason {
     shard: usize,
@@ -419,6 +427,7 @@ pub struct Metrics {
     clients_connected: Family<ShardLabel, Gauge>,
     connections_parked: Family<ShardLabel, Gauge>,
     publishers_moved: Family<ShardLabel, Counter>,
+    handed_over: Family<ShardStep, Counter>,
     messages_in: Family<ShardLabel, Counter>,
     messages_out: Family<ShardLabel, Counter>,
     bytes_in: Family<ShardLabel, Counter>,
@@ -474,6 +483,7 @@ impl Metrics {
             clients_connected: Family::default(),
             connections_parked: Family::default(),
             publishers_moved: Family::default(),
+            handed_over: Family::default(),
             messages_in: Family::default(),
             messages_out: Family::default(),
             bytes_in: Family::default(),
@@ -502,6 +512,12 @@ impl Metrics {
             "publishers_moved",
             "Publishers moved from this shard to the shard of their subscribers",
             m.publishers_moved.clone(),
+        );
+        r.register(
+            "connections_handed_over",
+            "Connections this shard accepted and handed to the shard that owns their client identifier, \
+             at accept (the whole CONNECT in the first read) or after sign-in",
+            m.handed_over.clone(),
         );
         r.register(
             "messages_in",
@@ -578,10 +594,16 @@ impl Metrics {
                 })
                 .clone()
         });
+        // One statement each: the family's guard lives to the end of its
+        // statement, and a second `get_or_create` within it would deadlock.
+        let handed_over_at_accept = self.handed_over.get_or_create(&ShardStep { shard, at: "accept" }).clone();
+        let handed_over_at_sign_in = self.handed_over.get_or_create(&ShardStep { shard, at: "sign_in" }).clone();
         ShardMetrics {
             clients_connected: self.clients_connected.get_or_create(&label).clone(),
             connections_parked: self.connections_parked.get_or_create(&label).clone(),
             publishers_moved: self.publishers_moved.get_or_create(&label).clone(),
+            handed_over_at_accept,
+            handed_over_at_sign_in,
             messages_in: self.messages_in.get_or_create(&label).clone(),
             messages_out: self.messages_out.get_or_create(&label).clone(),
             bytes_in: self.bytes_in.get_or_create(&label).clone(),
@@ -675,6 +697,15 @@ pub struct ShardMetrics {
     /// `fleetmq_publishers_moved_total{shard}`: publishers this shard moved
     /// to the shard of their subscribers.
     pub publishers_moved: Counter,
+    /// `fleetmq_connections_handed_over_total{shard,at="accept"}`:
+    /// connections this shard accepted and handed, with their whole
+    /// CONNECT read at accept, to the shard that owns their client
+    /// identifier (`crate::arrival`).
+    pub handed_over_at_accept: Counter,
+    /// `fleetmq_connections_handed_over_total{shard,at="sign_in"}`: the
+    /// same, handed over after this shard read their CONNECT later and
+    /// signed them in.
+    pub handed_over_at_sign_in: Counter,
     /// `fleetmq_messages_in_total{shard}`: PUBLISH packets received.
     pub messages_in: Counter,
     /// `fleetmq_messages_out_total{shard}`: PUBLISH packets sent.

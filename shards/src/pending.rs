@@ -314,6 +314,33 @@ impl PendingSet {
         })
     }
 
+    /// Take in a connection another shard admitted, read the whole
+    /// CONNECT of and handed here (`crate::arrival`), with the pending
+    /// `slot` it held there: its CONNECT is complete, so it is never
+    /// evicted, and it holds the slot until it is signed in as those
+    /// accepted here do. `now`: when it arrived.
+    pub(crate) fn adopt(self: &Rc<Self>, gate: &Arc<Gate>, slot: Option<Slot>, now: Instant) -> PendingGuard {
+        let mut progress = Progress::new(now);
+        progress.stage = Stage::Complete;
+        let entry = Rc::new(Pending {
+            accepted: now,
+            progress: Cell::new(progress),
+            index: Cell::new(usize::MAX),
+            slot: Cell::new(slot),
+            evicted: Signal::default(),
+            unread: Cell::new(false),
+            fd: None,
+        });
+        let mut entries = self.entries.borrow_mut();
+        entry.index.set(entries.len());
+        entries.push(entry.clone());
+        PendingGuard {
+            set: self.clone(),
+            gate: gate.clone(),
+            entry,
+        }
+    }
+
     /// Resolves once a pending connection of this shard has left the set
     /// since the call (its CONNECT complete, or its task ended): room for
     /// a newcomer held at [`Admission::Behind`]. Room made on another
@@ -480,6 +507,14 @@ impl PendingGuard {
             progress.last = now;
             self.entry.progress.set(progress);
         }
+    }
+
+    /// The connection leaves this shard's set for another shard's
+    /// (`crate::arrival`, [`PendingSet::adopt`]): its process-wide pending
+    /// slot, which goes with it (`None` if it was evicted).
+    pub(crate) fn hand_over(self) -> Option<Slot> {
+        // Drop takes it out of the set and makes room; the slot is taken first.
+        self.entry.slot.take()
     }
 
     /// Whether the connection was evicted to make room for another.
@@ -720,5 +755,26 @@ mod tests {
             assert!(set.silent.borrow().len() <= 2 * set.len() + 65);
         }
         assert_eq!(set.len(), 4);
+    }
+
+    #[test]
+    fn a_connection_handed_to_another_shard_takes_its_pending_slot_along() {
+        let gate = Gate::new(1, 1, None, 1);
+        let (here, there) = (set(), set());
+        let t0 = Instant::now();
+        let guard = here.admit(&gate, t0, None).guard().unwrap();
+        let slot = guard.hand_over();
+        assert!(slot.is_some());
+        assert_eq!(here.len(), 0, "it left the accepting shard's set");
+        let adopted = there.adopt(&gate, slot, t0 + ms(1));
+        assert_eq!(there.len(), 1);
+        assert!(gate.pending().is_none(), "the slot is still held, by the owner now");
+        // Complete: never evicted, so a newcomer at the limit is refused
+        // or held, never given its slot.
+        assert!(matches!(there.admit(&gate, t0 + ms(5_000), None), Admission::Refused | Admission::Behind));
+        assert!(adopted.entry.in_set());
+        drop(adopted);
+        assert_eq!(there.len(), 0);
+        assert!(gate.pending().is_some(), "the slot came back when the owner let it go");
     }
 }

@@ -20,6 +20,7 @@ use glommio::timer::sleep;
 use tracing::warn;
 
 use crate::connection::{handed_over, moved_in, resume, ConnSettings};
+use crate::limits::ShardGate;
 use crate::metrics::Metrics;
 use crate::park::Parker;
 use crate::shard::{Route, Shard, ShardMsg};
@@ -67,11 +68,14 @@ pub(crate) async fn run_shard(
         cluster,
         sys,
     } = start;
-    spawn_inbox_readers(&shard, &settings, receivers);
+    // The shard's pending connections and credential checks, for every
+    // listener of the shard and the connections other shards hand it.
+    let doors = ShardGate::new(settings.connect_timeout, shard.shards);
+    spawn_inbox_readers(&shard, &settings, &doors, receivers);
     if let Some(node) = cluster {
         crate::cluster::spawn_events(shard.clone(), node);
     }
-    crate::acceptor::spawn_acceptors(&shard, &settings, fds);
+    crate::acceptor::spawn_acceptors(&shard, &settings, &doors, fds);
     spawn_flusher(&shard);
     let committer = shard.store.start();
     let parker = start_parker(&shard, &settings);
@@ -94,10 +98,11 @@ pub(crate) async fn run_shard(
 fn spawn_inbox_readers(
     shard: &Rc<Shard>,
     settings: &Rc<ConnSettings>,
+    doors: &Rc<ShardGate>,
     mut receivers: Receivers<ShardMsg>,
 ) {
     for (from, mut stream) in receivers.streams() {
-        let (shard, settings) = (shard.clone(), settings.clone());
+        let (shard, settings, doors) = (shard.clone(), settings.clone(), doors.clone());
         glommio::spawn_local(async move {
             while let Some(msg) = stream.next().await {
                 // Connections are taken here, in channel order, before the
@@ -113,6 +118,11 @@ fn spawn_inbox_readers(
                             settings.clone(),
                             *handoff,
                         ));
+                    }
+                    ShardMsg::Arrivals(arrivals) => {
+                        for arrival in arrivals {
+                            crate::arrival::arrived(&shard, &settings, &doors, arrival);
+                        }
                     }
                     ShardMsg::Move(moving) => {
                         if let Some(moved) = shard.move_in(from, *moving) {

@@ -93,6 +93,11 @@ mod floods;
 #[path = "e2e/placement.rs"]
 mod placement;
 
+/// CONNECTs read whole at accept on a shard that does not own their client
+/// identifier: handed over at once, answered and taken over as any other.
+#[path = "e2e/arrivals.rs"]
+mod arrivals;
+
 /// `fleetmq cert`: the mesh CA and replica certificates, proven by a
 /// mutual TLS 1.3 handshake.
 #[path = "e2e/cert.rs"]

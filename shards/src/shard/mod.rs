@@ -129,6 +129,9 @@ pub(crate) enum ShardMsg {
     Deliver(Vec<Arc<Message>>),
     /// A connection whose client identifier the receiving shard owns.
     Handoff(Box<Handoff>),
+    /// Connections accepted by the sending shard, whose client identifiers
+    /// the receiving shard owns (`crate::arrival`).
+    Arrivals(Vec<crate::arrival::Arrival>),
     /// A message a group chose a member (owned by the receiving shard)
     /// for. Boxed: it is rare and large, and every slot of a cross-shard
     /// channel is as large as the largest message (`SHARD_CHANNEL_CAPACITY`
@@ -1108,7 +1111,7 @@ impl Shard {
                 let SharedDelivery { key, client_id, subscription, message } = *shared;
                 self.deliver_shared_local(st, key, &client_id, subscription, message, now);
             }
-            ShardMsg::Handoff(_) | ShardMsg::Move(_) | ShardMsg::Forget(_) => {
+            ShardMsg::Handoff(_) | ShardMsg::Arrivals(_) | ShardMsg::Move(_) | ShardMsg::Forget(_) => {
                 unreachable!("connections are taken by the shard's receiving task, Forget above")
             }
         }

@@ -53,6 +53,7 @@ use tracing::{debug, warn};
 pub(crate) use fleetmq_core::placement::Mover;
 
 use super::{owner_of, ConnShared, Shard, ShardMsg, Slot, State};
+use crate::arrival::Arrival;
 use crate::connection::Admission;
 
 /// A shard busier than this (per mille of the last tick, see
@@ -270,6 +271,24 @@ impl Shard {
         }
         st.control.push((peer, msg));
         self.flush_signal.notify();
+    }
+
+    /// Queue a connection accepted here for shard `peer`, which owns its
+    /// client identifier (`crate::arrival`). It joins the arrivals already
+    /// queued for `peer` when they are the last message queued for it, and
+    /// the flusher sends them once the tasks ready now have run: one
+    /// channel message, and at most one wake-up of `peer`, per turn of
+    /// this shard. Arrivals are not ordered with other messages: the
+    /// connection has no session yet.
+    pub(crate) fn queue_arrival(&self, peer: usize, arrival: Arrival) {
+        let mut st = self.state.borrow_mut();
+        let st = &mut *st;
+        if let Some((_, ShardMsg::Arrivals(arrivals))) = st.control.iter_mut().rev().find(|(p, _)| *p == peer) {
+            arrivals.push(arrival);
+            self.flush_signal.notify();
+            return;
+        }
+        self.queue_ordered(st, peer, ShardMsg::Arrivals(vec![arrival]));
     }
 
     /// Queue `msg` for shard `peer` in order (see

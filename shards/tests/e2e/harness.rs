@@ -263,8 +263,26 @@ impl Broker {
 
     /// Freezes the broker (SIGSTOP): its sockets stay open, it answers
     /// nothing and its timers do not run, until [`Broker::resume`].
+    /// Returns once every thread of it is stopped (at most 2 s): the
+    /// signal is delivered asynchronously, and a connection made just
+    /// after it could otherwise still be accepted and read.
     pub(crate) fn pause(&self) {
         self.signal(libc::SIGSTOP);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.all_threads_stopped() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Whether every thread of the broker is in state `T` (stopped).
+    fn all_threads_stopped(&self) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) else { return false };
+        tasks.flatten().all(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+                .unwrap_or(false)
+        })
     }
 
     /// Thaws the broker (SIGCONT) after [`Broker::pause`].
