@@ -75,7 +75,9 @@ pub(crate) struct Fresh {
 /// other than this one owns, queue it for that shard (`None`: handed
 /// over). Otherwise the connection stays here, with what was read:
 /// nothing (not there yet, or the socket's end or error, which its stream
-/// sees again), some bytes, or the decoded CONNECT and the bytes after it.
+/// sees again), some bytes, or the decoded CONNECT and the bytes after it;
+/// its pending entry is told what was read (`PendingGuard::connect_read`,
+/// `PendingGuard::complete`), as its task would have.
 pub(crate) fn first_read(
     shard: &Shard,
     settings: &ConnSettings,
@@ -103,8 +105,14 @@ pub(crate) fn first_read(
     let connect = match decode(&mut buf, None, settings.max_connect_packet_bytes) {
         Ok(Some(Packet::Connect(connect))) => connect,
         // Incomplete, malformed or another packet: the stream's path
-        // answers it, from the bytes read.
-        _ => return Some((fresh, FirstRead::Bytes(whole))),
+        // answers it, from the bytes read. Its progress is told now:
+        // the bytes are out of the socket, where an eviction's
+        // `FIONREAD` would have seen them (`crate::pending`), and its
+        // task has not run yet.
+        _ => {
+            fresh.pending.connect_read(&whole, Instant::now());
+            return Some((fresh, FirstRead::Bytes(whole)));
+        }
     };
     // An empty client identifier gets one this shard owns (negotiate).
     let owner = (!connect.client_id.is_empty()).then(|| owner_of(&connect.client_id, shard.shards));
@@ -128,7 +136,12 @@ pub(crate) fn first_read(
             shard.metrics.handed_over_at_accept.inc();
             None
         }
-        _ => Some((fresh, FirstRead::Connect(connect, buf))),
+        _ => {
+            // Complete: never evicted from here on (as above, its task
+            // has not run yet).
+            fresh.pending.complete(Instant::now());
+            Some((fresh, FirstRead::Connect(connect, buf)))
+        }
     }
 }
 
