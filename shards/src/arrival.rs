@@ -26,6 +26,17 @@
 //! served by the accepting shard as before, with the bytes already read
 //! (a CONNECT decoded here goes with it too, so it is decoded once).
 //!
+//! A CONNECT with a password or a JWT to check stays too, and is handed
+//! over after sign-in as before: its check waits in the accepting shard's
+//! queue (`crate::signin`), whose eviction at the process-wide
+//! `limits.max_connects_authenticating` relies on the kernel spreading a
+//! flood over the shards. Handed to the owner at accept, a flood of wrong
+//! passwords under one client identifier queued every check on one
+//! shard, and a device of the other shard found no check there to evict
+//! and was refused busy (e2e `floods::a_flood_of_wrong_passwords_...`).
+//! Such sign-ins cost milliseconds of argon2, next to which the hand-over
+//! after sign-in is small.
+//!
 //! The pending slot (`limits.max_pending_connections`) travels with the
 //! arrival: the connection leaves the accepting shard's pending set and
 //! joins the owner's as complete ([`crate::pending::PendingSet::adopt`]),
@@ -41,6 +52,7 @@ use fleetmq_core::packet::codec::decode;
 use fleetmq_core::packet::{Connect, Packet};
 use glommio::net::TcpStream;
 
+use crate::auth::Credentials;
 use crate::connection::{accepted, Admitted, ConnSettings, FirstRead};
 use crate::limits::{ShardGate, Slot};
 use crate::pending::PendingGuard;
@@ -114,8 +126,10 @@ pub(crate) fn first_read(
             return Some((fresh, FirstRead::Bytes(whole)));
         }
     };
-    // An empty client identifier gets one this shard owns (negotiate).
-    let owner = (!connect.client_id.is_empty()).then(|| owner_of(&connect.client_id, shard.shards));
+    // An empty client identifier gets one this shard owns (negotiate); a
+    // password or JWT is checked here (see the module docs).
+    let owner = (!connect.client_id.is_empty() && !verifies_secret(settings, &connect, fresh.peer))
+        .then(|| owner_of(&connect.client_id, shard.shards));
     match owner {
         Some(owner) if owner != shard.id => {
             let Fresh {
@@ -143,6 +157,17 @@ pub(crate) fn first_read(
             Some((fresh, FirstRead::Connect(connect, buf)))
         }
     }
+}
+
+/// Whether signing `connect` in from `peer` checks a password or a JWT.
+fn verifies_secret(settings: &ConnSettings, connect: &Connect, peer: IpAddr) -> bool {
+    settings.auth.verifies_secret(&Credentials {
+        username: connect.username.as_deref(),
+        password: connect.password.as_deref(),
+        client_id: &connect.client_id,
+        peer,
+        tls_identity: None,
+    })
 }
 
 /// Serve an [`Arrival`] another shard handed here, as a connection this

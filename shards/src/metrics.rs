@@ -703,8 +703,9 @@ pub struct ShardMetrics {
     /// identifier (`crate::arrival`).
     pub handed_over_at_accept: Counter,
     /// `fleetmq_connections_handed_over_total{shard,at="sign_in"}`: the
-    /// same, handed over after this shard read their CONNECT later and
-    /// signed them in.
+    /// same, handed over after this shard signed them in (their CONNECT
+    /// came later, over TLS or WebSocket, or with a password or JWT to
+    /// check: `crate::arrival`).
     pub handed_over_at_sign_in: Counter,
     /// `fleetmq_messages_in_total{shard}`: PUBLISH packets received.
     pub messages_in: Counter,

@@ -288,6 +288,13 @@ impl Authenticator {
         }
     }
 
+    /// Whether signing in `creds` verifies a password or a JWT: the costly
+    /// check ([`Admitted::is_costly`]) that waits in a shard's queue of
+    /// checks. Cheap (a load of the credential sources); records nothing.
+    pub fn verifies_secret(&self, creds: &Credentials) -> bool {
+        self.verifies_a_secret(&self.loaded(), creds)
+    }
+
     /// Gives back what [`Authenticator::admit`] reserved for a check that
     /// will not run (its turn never came): the user name's budget share.
     pub fn abandon(&self, admitted: Admitted, now: SystemTime) {

@@ -13,6 +13,7 @@ use fleetmq_shards::home_shard;
 use crate::clients::unique;
 use crate::harness::Broker;
 use crate::raw::{wire, Incoming, RawClient};
+use crate::security::{passwd, set, set_str, start, Login, TempDir};
 
 const READ: Duration = Duration::from_secs(10);
 
@@ -46,6 +47,24 @@ fn connect_while_paused(broker: &Broker, ids: &[String]) -> Vec<RawClient> {
         .collect();
     broker.resume();
     clients
+}
+
+/// A client per id that has sent the first half of its CONNECT (encoded
+/// by `connect`), and the second half, to send later.
+fn half_connects(
+    broker: &Broker,
+    ids: &[String],
+    connect: impl Fn(&str) -> Vec<u8>,
+) -> Vec<(RawClient, Vec<u8>)> {
+    ids.iter()
+        .map(|id| {
+            let mut client = RawClient::connect(broker.mqtt);
+            let bytes = connect(id);
+            let (head, tail) = bytes.split_at(bytes.len() / 2);
+            client.send(head);
+            (client, tail.to_vec())
+        })
+        .collect()
 }
 
 #[test]
@@ -132,16 +151,7 @@ fn bad_connects_waiting_whole_at_accept_are_still_answered() {
         .collect();
     // Half a CONNECT, the rest after the broker resumed: still connected.
     let ids: Vec<String> = (0..20).map(|_| unique("halves")).collect();
-    let mut halves: Vec<(RawClient, Vec<u8>)> = ids
-        .iter()
-        .map(|id| {
-            let mut client = RawClient::connect(broker.mqtt);
-            let connect = wire::Connect::v5(id).encode();
-            let (head, tail) = connect.split_at(connect.len() / 2);
-            client.send(head);
-            (client, tail.to_vec())
-        })
-        .collect();
+    let mut halves = half_connects(&broker, &ids, |id| wire::Connect::v5(id).encode());
     broker.resume();
     for client in &mut unsupported {
         assert_eq!(client.packets_until_closed(READ), vec![(0x20, vec![0, 1])]);
@@ -183,16 +193,7 @@ fn a_connect_begun_at_accept_is_not_evicted_as_silent() {
     let broker = Broker::two_shards(&["--set", "limits.max_pending_connections=20"]);
     let ids: Vec<String> = (0..10).map(|_| unique("begun")).collect();
     broker.pause();
-    let mut halves: Vec<(RawClient, Vec<u8>)> = ids
-        .iter()
-        .map(|id| {
-            let mut client = RawClient::connect(broker.mqtt);
-            let connect = wire::Connect::v311(id).encode();
-            let (head, tail) = connect.split_at(connect.len() / 2);
-            client.send(head);
-            (client, tail.to_vec())
-        })
-        .collect();
+    let mut halves = half_connects(&broker, &ids, |id| wire::Connect::v311(id).encode());
     let silent: Vec<RawClient> = (0..100).map(|_| RawClient::connect(broker.mqtt)).collect();
     broker.resume();
     // Every connection is accepted (or held) by now; the silent ones
@@ -207,4 +208,53 @@ fn a_connect_begun_at_accept_is_not_evicted_as_silent() {
         }
     }
     broker.wait_for_clients(ids.len(), READ);
+}
+
+/// A CONNECT with a password to check is signed in by the shard that
+/// accepted it, even when it is whole at accept: the check waits in that
+/// shard's queue (`crate::signin`), which a flood spreads over the shards
+/// as the kernel does (see `floods::a_flood_of_wrong_passwords_...`). It
+/// is then handed to its home shard and answered CONNACK 0 there
+/// (3.1.1 return code 0); a wrong password gets return code 4, bad user
+/// name or password (MQTT 3.1.1 §3.2.2.3), and the close.
+#[test]
+fn connects_with_a_password_are_signed_in_where_accepted() {
+    let dir = TempDir::new("arrivals-passwords");
+    let file = dir.path("passwd");
+    // A user name each: the failed sign-in guard bounds the checks per
+    // user name and second.
+    let users: Vec<String> = (0..6).map(|i| format!("device{i}")).collect();
+    for user in &users {
+        passwd(&file, user, "right", None);
+    }
+    let mut args = vec!["--shards".to_owned(), "2".to_owned()];
+    set_str(&mut args, "auth.password_file", &file.display().to_string());
+    set(&mut args, "auth.allow_anonymous", "false");
+    let broker = start(&args);
+    let ids: Vec<String> = (0..6).map(|_| unique("password")).collect();
+    broker.pause();
+    let mut clients: Vec<RawClient> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let mut client = RawClient::connect(broker.mqtt);
+            let password = if i == 0 { "wrong" } else { "right" };
+            client.send(&Login::v311(id).user(&users[i], password).encode());
+            client
+        })
+        .collect();
+    broker.resume();
+    for (i, (client, id)) in clients.iter_mut().zip(&ids).enumerate() {
+        let code = if i == 0 { 4 } else { 0 };
+        match client.read(READ) {
+            Incoming::Packet { header: 0x20, body } => assert_eq!(body, [0, code], "{id}"),
+            other => panic!("{id}: expected CONNACK, got {other:02x?}"),
+        }
+    }
+    broker.wait_for_clients(ids.len() - 1, READ);
+    for shard in 0..2 {
+        let home = ids[1..].iter().filter(|id| home_shard(id, 2) == shard).count();
+        assert_eq!(connected_on(&broker, shard), home as f64, "shard {shard}");
+    }
+    assert_eq!(handed_over(&broker, "accept"), 0.0, "every CONNECT had a password to check");
 }
