@@ -171,43 +171,9 @@ fn bad_connects_waiting_whole_at_accept_are_still_answered() {
         let home = ids.iter().filter(|id| home_shard(id, 2) == shard).count();
         assert_eq!(connected_on(&broker, shard), home as f64, "shard {shard}");
     }
-    assert_eq!(
-        handed_over(&broker, "accept"),
-        0.0,
-        "no whole CONNECT came at accept"
-    );
-}
-
-/// A CONNECT the accepting shard has read part of at accept is
-/// progressing, not silent: its bytes have left the socket, where the
-/// eviction's `FIONREAD` used to see them (`crate::pending`), so the
-/// accept loop says so at once (glommio usually runs the new task at
-/// once too, which then says it as well). With
-/// `limits.max_pending_connections` at 20, ten half CONNECTs and then 100
-/// silent connections wait for the paused broker: the silent ones give
-/// way to each other (or are refused), never the halves, which are
-/// answered CONNACK 0 once the rest of their CONNECT comes
-/// [MQTT-3.2.0-1].
-#[test]
-fn a_connect_begun_at_accept_is_not_evicted_as_silent() {
-    let broker = Broker::two_shards(&["--set", "limits.max_pending_connections=20"]);
-    let ids: Vec<String> = (0..10).map(|_| unique("begun")).collect();
-    broker.pause();
-    let mut halves = half_connects(&broker, &ids, |id| wire::Connect::v311(id).encode());
-    let silent: Vec<RawClient> = (0..100).map(|_| RawClient::connect(broker.mqtt)).collect();
-    broker.resume();
-    // Every connection is accepted (or held) by now; the silent ones
-    // leave, making room for any half held at the limit.
-    std::thread::sleep(Duration::from_millis(300));
-    drop(silent);
-    for ((client, tail), id) in halves.iter_mut().zip(&ids) {
-        client.send(tail);
-        match client.read(READ) {
-            Incoming::Packet { header: 0x20, body } => assert_eq!(body, [0, 0], "{id}"),
-            other => panic!("{id}: expected CONNACK, got {other:02x?}"),
-        }
-    }
-    broker.wait_for_clients(ids.len(), READ);
+    // Not asserted: that none was handed over at accept. On a loaded
+    // machine a half's connection may be accepted only after its tail
+    // came, and is then rightly handed over whole.
 }
 
 /// A CONNECT with a password to check is signed in by the shard that
