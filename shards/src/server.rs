@@ -324,10 +324,12 @@ fn start_shards(
     let global = Arc::new(Global::new(shards));
     let mesh = MeshBuilder::<ShardMsg, _>::full(shards, SHARD_CHANNEL_CAPACITY);
     let started = Arc::new(AtomicUsize::new(0));
+    // Shards that restored what the local store recovered (see below).
+    let restored = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::new();
     for (id, fds) in per_shard.into_iter().enumerate() {
         let cpu = cpus[id % cpus.len()];
-        let (mesh, global) = (mesh.clone(), global.clone());
+        let (mesh, global, restored) = (mesh.clone(), global.clone(), restored.clone());
         let (conn_settings, limits) = (plan.conn_settings.clone(), plan.limits.clone());
         let metrics = plan.metrics.shard(id);
         let local = plan.store.clone();
@@ -349,6 +351,16 @@ fn start_shards(
                 let shard = Rc::new(Shard::new(id, shards, limits, metrics, global, senders, store));
                 if let Some(local) = local {
                     shard.restore(&local.opened.recovered, crate::store::unix_ms());
+                }
+                // No shard takes connections before every shard restored
+                // its sessions: their subscriptions' routes are in every
+                // inbox by then, so a value published at once reaches a
+                // recovered subscriber on another shard (before, a shard
+                // that restored sooner routed it to nobody live: it was
+                // logged, and delivered only after the next restart).
+                restored.fetch_add(1, Ordering::AcqRel);
+                while restored.load(Ordering::Acquire) < shards {
+                    glommio::timer::sleep(Duration::from_millis(1)).await;
                 }
                 run_shard(shard, Rc::new(conn_settings), receivers, start).await;
             })
