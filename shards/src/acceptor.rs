@@ -39,7 +39,8 @@ use socket2::SockRef;
 use tracing::warn;
 
 use crate::arrival::{first_read, Fresh};
-use crate::connection::{accepted, refused, Admitted, ConnSettings, FirstRead};
+use crate::arrival::FirstRead;
+use crate::connection::{accepted, refused, Admitted, ConnSettings};
 use crate::limits::ShardGate;
 use crate::metrics::RefuseReason;
 use crate::pending::{Admission, PendingGuard};

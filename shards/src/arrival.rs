@@ -53,7 +53,7 @@ use fleetmq_core::packet::{Connect, Packet};
 use glommio::net::TcpStream;
 
 use crate::auth::Credentials;
-use crate::connection::{accepted, Admitted, ConnSettings, FirstRead};
+use crate::connection::{accepted, Admitted, ConnSettings};
 use crate::limits::{ShardGate, Slot};
 use crate::pending::PendingGuard;
 use crate::shard::{owner_of, Shard};
@@ -213,4 +213,12 @@ pub(crate) fn arrived(
         doors.clone(),
         admitted,
     ));
+}
+
+/// What was read of a connection before its task began (`crate::arrival`).
+pub(crate) enum FirstRead {
+    /// Bytes of its CONNECT (possibly none yet, or not a CONNECT at all).
+    Bytes(BytesMut),
+    /// Its whole CONNECT, decoded, and the bytes read after it.
+    Connect(Box<Connect>, BytesMut),
 }

@@ -23,6 +23,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tracing::debug;
 
+use crate::arrival::FirstRead;
 use crate::access::AclAuthorizer;
 use crate::auth::{AuthError, Authenticator, Credentials, Identity};
 use crate::closing::{self, Linger, REFUSED_IDLE};
@@ -239,14 +240,6 @@ pub(crate) struct Admitted {
     pub(crate) pending: PendingGuard,
     /// What the accept loop read of it already.
     pub(crate) first: FirstRead,
-}
-
-/// What was read of a connection before its task began (`crate::arrival`).
-pub(crate) enum FirstRead {
-    /// Bytes of its CONNECT (possibly none yet, or not a CONNECT at all).
-    Bytes(BytesMut),
-    /// Its whole CONNECT, decoded, and the bytes read after it.
-    Connect(Box<Connect>, BytesMut),
 }
 
 /// Serve an [`Admitted`] connection (`TCP_NODELAY` already set:
@@ -774,8 +767,8 @@ enum Event {
     /// Retained messages wait for its subscriptions and the socket has
     /// drained (see `shard::retained`).
     Feed,
-    /// Its packets are handled again: the retained value it published
-    /// that they waited behind is delivered or refused (`Io::paused`).
+    /// Its packets are handled again: fewer of its values are held
+    /// behind a retained value than pause it (`Io::paused`).
     Resume,
 }
 
