@@ -38,8 +38,9 @@ pub(crate) fn unix_ms() -> u64 {
 }
 
 /// This replica's entry in `mqtt-members` (`leaving`: the last one, written
-/// at a clean stop before the entry is deleted).
-fn member_record(shared: &Shared, leaving: bool) -> MemberRecord {
+/// at a clean stop before the entry is deleted; `follows`: the instance
+/// whose leaving entry this process took the replica ID over from).
+fn member_record(shared: &Shared, leaving: bool, follows: Option<&str>) -> MemberRecord {
     let config = &shared.config;
     MemberRecord {
         format: shared.status.write_format(),
@@ -56,6 +57,7 @@ fn member_record(shared: &Shared, leaving: bool) -> MemberRecord {
         reads: [*FORMATS_READ.start(), *FORMATS_READ.end()],
         epoch: shared.status.epoch(),
         leaving,
+        follows: follows.map(str::to_owned),
     }
 }
 
@@ -63,18 +65,18 @@ fn member_subject(shared: &Shared) -> String {
     format!("$KV.{}.{}", bucket::MEMBERS, shared.config.replica_id)
 }
 
-/// Another process that runs this replica ID now, read before this one
+/// Another process's entry under this replica ID, read before this one
 /// writes anything (a write first would hide it: the `mqtt-members` watch
 /// shows the last value of each key). A leaving entry is a process that
 /// stops, not a duplicate; an entry that cannot be read is taken for none.
-async fn running_elsewhere(shared: &Shared) -> Option<MemberRecord> {
+async fn entry_of_another(shared: &Shared) -> Option<MemberRecord> {
     let kv = shared.state.get_key_value(bucket::MEMBERS).await.ok()?;
     let entry = kv.entry(&shared.config.replica_id).await.ok()??;
     if entry.operation != Operation::Put {
         return None;
     }
     let record = MemberRecord::decode(&entry.value).ok()?;
-    (record.instance != shared.config.instance && !record.leaving).then_some(record)
+    (record.instance != shared.config.instance).then_some(record)
 }
 
 /// Leave at a clean stop: a last entry that says so, on the lease
@@ -89,7 +91,7 @@ pub(crate) async fn leave(shared: &Shared) {
     }
     // The shortest TTL JetStream takes.
     let leaving =
-        PublishMessage::build().payload(member_record(shared, true).encode().into()).ttl(Duration::from_secs(1));
+        PublishMessage::build().payload(member_record(shared, true, None).encode().into()).ttl(Duration::from_secs(1));
     let sent = async { shared.lease.send_publish(member_subject(shared), leaving).await?.await };
     match tokio::time::timeout(Duration::from_secs(1), sent).await {
         Ok(Ok(_)) => {}
@@ -109,17 +111,22 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
     let subject = member_subject(&shared);
     let (report, mut reports) = mpsc::unbounded_channel();
     let mut first_write = Some(first_write);
-    // Set while another process holds this replica ID (DESIGN.md §12).
-    let mut duplicate: Option<String> = None;
-    if let Some(other) = running_elsewhere(&shared).await {
-        warn!(target: "cluster", replica = %me, other = %other.instance,
-            "cluster: duplicate replica id: another process (instance {}) runs replica {me}; this one stays not ready until it is gone", other.instance);
-        duplicate = Some(other.instance);
-        publish_status(&shared, &machine, Some(FenceReason::Starting), duplicate.as_deref());
-        shared.duplicate.store(true, std::sync::atomic::Ordering::Release);
-        if let Some(first) = first_write.take() {
-            let _ = first.send(());
+    // Whether another process holds this replica ID (DESIGN.md §12), and
+    // whom this one took it over from.
+    let mut standing = Standing::default();
+    match entry_of_another(&shared).await {
+        Some(other) if other.leaving => standing.follows = Some(other.instance),
+        Some(other) => {
+            warn!(target: "cluster", replica = %me, other = %other.instance,
+                "cluster: duplicate replica id: another process (instance {}) runs replica {me}; this one stays not ready until it is gone", other.instance);
+            standing.duplicate = Some(other.instance);
+            publish_status(&shared, &machine, Some(FenceReason::Starting), standing.duplicate.as_deref());
+            shared.duplicate.store(true, std::sync::atomic::Ordering::Release);
+            if let Some(first) = first_write.take() {
+                let _ = first.send(());
+            }
         }
+        None => {}
     }
     tokio::task::spawn_local(watch_members(shared.clone(), report.clone()));
     let mut last_probe: Option<Instant> = None;
@@ -129,9 +136,9 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
     let mut fenced_reason: Option<FenceReason> = Some(FenceReason::Starting);
     while !shared.stopping.load(std::sync::atomic::Ordering::Acquire) {
         let now = Instant::now();
-        if duplicate.is_none() && machine.heartbeat_due(now) {
+        if standing.duplicate.is_none() && machine.heartbeat_due(now) {
             let id = machine.sent(now);
-            let payload = Bytes::from(member_record(&shared, false).encode());
+            let payload = Bytes::from(member_record(&shared, false, standing.follows.as_deref()).encode());
             tokio::task::spawn_local(heartbeat(shared.clone(), subject.clone(), payload, ttl, id, report.clone()));
         }
         if last_probe.is_none_or(|at| now.duration_since(at) >= PROBE_INTERVAL) {
@@ -157,16 +164,16 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
         if let Ok(mut until) = shared.decides_until.lock() {
             *until = machine.decides_until();
         }
-        publish_status(&shared, &machine, fenced_reason, duplicate.as_deref());
-        shared.duplicate.store(duplicate.is_some(), std::sync::atomic::Ordering::Release);
+        publish_status(&shared, &machine, fenced_reason, standing.duplicate.as_deref());
+        shared.duplicate.store(standing.duplicate.is_some(), std::sync::atomic::Ordering::Release);
         let next_probe = last_probe.map_or(now, |at| at + PROBE_INTERVAL);
         let deadline = machine.next_deadline(now).min(next_probe).max(now + Duration::from_millis(5));
         tokio::select! {
             Some(r) = reports.recv() => {
-                handle(&mut machine, &mut duplicate, &shared, r, &mut fenced_reason);
+                handle(&mut machine, &mut standing, &shared, r, &mut fenced_reason);
                 // Take what else arrived before the next tick.
                 while let Ok(r) = reports.try_recv() {
-                    handle(&mut machine, &mut duplicate, &shared, r, &mut fenced_reason);
+                    handle(&mut machine, &mut standing, &shared, r, &mut fenced_reason);
                 }
             }
             () = tokio::time::sleep_until(deadline.into()) => {}
@@ -175,11 +182,23 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
     }
 }
 
+/// This process's standing under its replica ID.
+#[derive(Default)]
+struct Standing {
+    /// The instance of another process that runs this replica ID: this
+    /// one stays not ready and writes nothing while it does.
+    duplicate: Option<String>,
+    /// The instance of the process that ran this replica ID before and
+    /// stopped cleanly (its leaving entry read): said in this process's
+    /// entries ([`MemberRecord::follows`]).
+    follows: Option<String>,
+}
+
 /// Feed `report` to the machine; a change it causes at once (a peer left)
 /// is applied at once, in the order of the reports.
 fn handle(
     machine: &mut Membership,
-    duplicate: &mut Option<String>,
+    standing: &mut Standing,
     shared: &Shared,
     report: Report,
     fenced_reason: &mut Option<FenceReason>,
@@ -198,25 +217,35 @@ fn handle(
             if &replica == me {
                 if let Some(other) = other_instance {
                     if other.leaving {
-                        // The other process stops: this one takes over.
-                        *duplicate = None;
+                        // The other process stops: this one takes over
+                        // and says whom from.
+                        standing.duplicate = None;
+                        standing.follows = Some(other.instance.clone());
                         return;
                     }
                     // Two processes with one replica ID: the one started
                     // later steps back (ties broken by instance).
                     let mine = (shared.config.started_at_ms, shared.config.instance.as_str());
                     if (other.started_at_ms, other.instance.as_str()) < mine {
-                        if duplicate.is_none() {
+                        if standing.duplicate.is_none() {
                             warn!(target: "cluster", replica = %me, other = %other.instance,
                                 "cluster: duplicate replica id: another process (started earlier) runs replica {me}; this one stays not ready");
                         }
-                        *duplicate = Some(other.instance.clone());
+                        standing.duplicate = Some(other.instance.clone());
                     }
                     return;
                 }
             }
             let leaving = record.as_ref().is_some_and(|r| r.leaving);
             if let Some(r) = &record {
+                let known = shared.live.lock().ok().and_then(|live| live.get(&replica).map(|(i, _)| i.clone()));
+                if known.is_some() && known == r.follows {
+                    // The process it follows stopped cleanly; its leaving
+                    // entry was replaced before this watch read it.
+                    if let Some(left @ Change::PeerLeft(_)) = machine.entry_leaving(&replica, revision, now) {
+                        apply(shared, &left, fenced_reason);
+                    }
+                }
                 if let Ok(mut reads) = shared.member_reads.lock() {
                     reads.insert(replica.clone(), r.reads);
                 }
@@ -256,9 +285,9 @@ fn handle(
             }
         }
         Report::Missing { replica, revision } => {
-            if &replica == me && duplicate.is_some() {
+            if &replica == me && standing.duplicate.is_some() {
                 // The other process is gone: this one takes over.
-                *duplicate = None;
+                standing.duplicate = None;
                 return;
             }
             machine.entry_missing(&replica, revision, now);

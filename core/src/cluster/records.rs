@@ -143,6 +143,13 @@ pub struct MemberRecord {
     /// deleted, so that the others log it as stopped rather than gone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub leaving: bool,
+    /// The instance of the process that ran this replica ID before and
+    /// stopped cleanly (this one read its leaving entry and took over).
+    /// The leaving entry can be replaced by this process's first one
+    /// before a watcher read it (one value per key): a watcher that finds
+    /// here the instance it knew logs it as stopped, not gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follows: Option<String>,
 }
 
 impl Record for MemberRecord {
@@ -278,6 +285,7 @@ mod tests {
             reads: [1, 1],
             epoch: 0,
             leaving: false,
+            follows: None,
         }
     }
 
@@ -285,6 +293,10 @@ mod tests {
     fn a_record_reads_back_as_written() {
         let m = member();
         assert_eq!(MemberRecord::decode(&m.encode()).unwrap(), m);
+        let successor = MemberRecord { follows: Some("c3d4".into()), ..member() };
+        assert_eq!(MemberRecord::decode(&successor.encode()).unwrap(), successor);
+        // Written without `follows` (and by replicas older than it): read as none.
+        assert!(!String::from_utf8(m.encode()).unwrap().contains("follows"));
     }
 
     #[test]

@@ -297,6 +297,43 @@ fn a_second_process_with_the_same_replica_id_says_so_before_ready_and_serves_onc
     assert!(!log.contains("INFO async_nats"), "{log}");
 }
 
+/// The leaving entry of a replica that stops cleanly holds the key only
+/// until its successor's first entry replaces it (one value per key), so a
+/// busy watcher may never read it. The successor names the process it
+/// follows, and the watcher logs a clean stop, not a restart after a loss.
+/// (Written here by the test, so that the replacement comes before the
+/// watcher reads, every time.)
+#[test]
+fn a_successor_naming_the_process_it_follows_is_logged_as_a_clean_stop() {
+    let nats = NatsCluster::start(3);
+    let watcher = replica("rb", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    let record = |instance: &str, follows: Option<&str>| {
+        let mut r = serde_json::json!({
+            "format": 1, "replica": "ghost", "instance": instance, "started_at_ms": 1,
+            "member_ttl_ms": 5000, "mesh": "", "mesh_versions": [1], "reads": [1, 1],
+        });
+        if let Some(f) = follows {
+            r["follows"] = f.into();
+        }
+        r.to_string()
+    };
+    let wait_log = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !watcher.stderr().contains(what) {
+            assert!(Instant::now() < deadline, "no {what:?}: {}", watcher.stderr());
+            thread::sleep(Duration::from_millis(20));
+        }
+    };
+    crate::cluster_floor::put(&nats, "mqtt-members", "ghost", record("aaaa000000000001", None));
+    wait_log("PeerJoined(\"ghost\")");
+    crate::cluster_floor::put(&nats, "mqtt-members", "ghost", record("bbbb000000000002", Some("aaaa000000000001")));
+    wait_log("peer=ghost");
+    wait_log("cluster: replica stopped");
+    let log = watcher.stderr();
+    assert!(!log.contains("replica restarted"), "{log}");
+    assert!(!log.contains("replica gone"), "{log}");
+}
+
 #[test]
 fn a_retained_message_set_on_one_replica_is_read_on_the_others_and_cleared_from_any() {
     let nats = NatsCluster::start(3);
