@@ -927,10 +927,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 pub const TOO_LARGE: &str = " is too large";
 
 /// Formats a byte count in the largest binary unit that divides it exactly:
-/// `"1MiB"`, `"64KiB"`, `"1000B"`.
+/// `"1TiB"`, `"1MiB"`, `"64KiB"`, `"1000B"`.
 pub fn format_size(bytes: usize) -> String {
     match bytes {
         0 => "0B".to_owned(),
+        b if b % (1024 * GIB) == 0 => format!("{}TiB", b / (1024 * GIB)),
         b if b % GIB == 0 => format!("{}GiB", b / GIB),
         b if b % MIB == 0 => format!("{}MiB", b / MIB),
         b if b % KIB == 0 => format!("{}KiB", b / KIB),
@@ -939,8 +940,8 @@ pub fn format_size(bytes: usize) -> String {
 }
 
 /// Parses a size: an integer of bytes optionally followed by a unit, `B`,
-/// `KiB`, `MiB`, `GiB` (powers of 1024) or `KB`, `MB`, `GB` (powers of
-/// 1000); units are case-insensitive and may follow a space (`"1 MiB"`).
+/// `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024) or `KB`, `MB`, `GB`, `TB`
+/// (powers of 1000); units are case-insensitive and may follow a space (`"1 MiB"`).
 ///
 /// # Errors
 ///
@@ -962,9 +963,11 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         "kib" => KIB,
         "mib" => MIB,
         "gib" => GIB,
+        "tib" => 1024 * GIB,
         "kb" => 1000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         _ => return Err(bad()),
     };
     let n: usize = digits.parse().map_err(|_| too_large())?;
@@ -1078,6 +1081,8 @@ mod tests {
         assert_eq!(parse_size("3MB"), Ok(3_000_000));
         assert_eq!(parse_size("10B"), Ok(10));
         assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("2TiB"), Ok(2 << 40));
+        assert_eq!(parse_size("1TB"), Ok(1_000_000_000_000));
         assert!(parse_size("1XB").is_err());
         assert!(parse_size("MiB").is_err());
         assert!(parse_size("99999999999999999999GiB").is_err());

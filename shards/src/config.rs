@@ -557,6 +557,9 @@ mod tests {
             e,
             "limits.max_packet_size = 10B is out of range 64B..=256MiB"
         );
+        // A size in a unit past GiB names the range too, not "invalid size".
+        let e = load_err(&args(), &[("FLEETMQ_STORE__MAX_BYTES", "99999TiB")]);
+        assert_eq!(e, "store.max_bytes = 99999TiB is out of range 1MiB..=1TiB");
         let mut a = args();
         a.listen = vec!["0.0.0.0:1883".into()];
         let e = load_err(&a, &[]);

@@ -116,7 +116,7 @@ pub const NATS_SCHEMES: [&str; 4] = ["nats", "tls", "ws", "wss"];
 /// parsed as async-nats parses it at the start (`ServerAddr::from_str`:
 /// the WHATWG URL rules of the `url` crate), so a URL `fleetmq
 /// check-config` passes is one the start takes (a port above 65535, say,
-/// is refused by both).
+/// is refused by both). Port 0 parses but cannot be dialled: refused.
 ///
 /// # Errors
 /// Why not, in words.
@@ -140,6 +140,7 @@ pub fn check_nats_url(url: &str) -> Result<(), String> {
         return Err("contains white space".to_owned());
     }
     match url::Url::parse(&format!("{scheme}://{rest}")) {
+        Ok(parsed) if parsed.port() == Some(0) => Err("port 0 cannot be dialled".to_owned()),
         Ok(parsed) if parsed.host_str().is_some_and(|h| !h.is_empty()) => Ok(()),
         Ok(_) => Err("no host".to_owned()),
         Err(e) => Err(e.to_string()),
@@ -207,6 +208,9 @@ mod tests {
         assert!(check_nats_url("nats://h:4222x").is_err());
         assert!(check_nats_url("nats://[::1:4222").is_err());
         assert_eq!(check_nats_url("nats://[::1]:4222"), Ok(()));
+        // Parses, but nothing listens on port 0: the start would retry it forever.
+        assert_eq!(check_nats_url("nats://h:0"), Err("port 0 cannot be dialled".to_owned()));
+        assert!(check_nats_url("h:0").is_err());
     }
 
     proptest! {

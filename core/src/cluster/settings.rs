@@ -179,8 +179,8 @@ impl Cluster {
                     key: "cluster.nats_urls",
                     value: url.clone(),
                     allowed: format!(
-                        "{why}; URLs with the scheme nats://, tls://, ws:// or wss:// (or host:port) with a port of at \
-                         most 65535, e.g. \"nats://127.0.0.1:4222\""
+                        "{why}; URLs with the scheme nats://, tls://, ws:// or wss:// (or host:port) with a port from 1 \
+                         to 65535, e.g. \"nats://127.0.0.1:4222\""
                     ),
                 });
             }

@@ -65,7 +65,7 @@ pub struct Store {
     /// Bound on the log (snapshot and segments): compaction keeps it near
     /// what is live; while it is over this, publishes are refused (0x97)
     /// until compaction brings it back under. Default 1 GiB,
-    /// 1MiB..=1024GiB.
+    /// 1MiB..=1TiB.
     #[serde(with = "size")]
     pub max_bytes: usize,
     /// Start even when a log is damaged in the middle, dropping the
@@ -93,7 +93,7 @@ impl Store {
     ///
     /// # Errors
     /// `store.fsync_window` outside 100µs..=100ms, `store.max_bytes`
-    /// outside 1MiB..=1024GiB, an empty `store.dir` for the local store, or
+    /// outside 1MiB..=1TiB, an empty `store.dir` for the local store, or
     /// `store.kind = "jetstream"` (not in this build).
     pub fn validate(&self) -> Result<(), SettingsError> {
         if self.kind == StoreKind::Jetstream {
@@ -125,7 +125,7 @@ mod tests {
         assert_eq!(s.validate().unwrap_err().to_string(), "store.fsync_window = 1s is out of range 100us..=100ms");
         s.fsync_window = Duration::from_millis(2);
         s.max_bytes = 1000;
-        assert_eq!(s.validate().unwrap_err().to_string(), "store.max_bytes = 1000B is out of range 1MiB..=1024GiB");
+        assert_eq!(s.validate().unwrap_err().to_string(), "store.max_bytes = 1000B is out of range 1MiB..=1TiB");
         s.kind = StoreKind::Jetstream;
         assert_eq!(
             s.validate().unwrap_err().to_string(),

@@ -14,7 +14,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use bytes::{Bytes, BytesMut};
@@ -170,7 +170,16 @@ pub(crate) fn replay(snapshot: Option<&Path>, segments: &[&[PathBuf]], repair: R
     Ok(Replayed { recovered, covered, read_bytes, snapshot_bytes, segment_bytes })
 }
 
-/// Lock `dir/LOCK` for this process and write its PID there.
+/// How long a start waits for the lock of a process that has ended: the
+/// kernel releases a killed process's lock only once it has torn down its
+/// io_uring rings, measured here at up to 0.5 s after `kill -9`, so a
+/// supervisor that restarts at once would otherwise be refused.
+const ENDED_HOLDER_WAIT: Duration = Duration::from_secs(5);
+
+/// Lock `dir/LOCK` for this process and write its PID there. A lock held
+/// by a process that has ended (its PID gone, a zombie, or this process's
+/// own PID, as after a container restart) is waited for up to
+/// [`ENDED_HOLDER_WAIT`]; one held by a live process refuses at once.
 fn lock(dir: &Path) -> anyhow::Result<File> {
     let path = dir.join("LOCK");
     let mut file = OpenOptions::new()
@@ -180,22 +189,47 @@ fn lock(dir: &Path) -> anyhow::Result<File> {
         .truncate(false)
         .open(&path)
         .with_context(|| format!("store.dir: cannot open {}", path.display()))?;
+    let started = Instant::now();
+    let mut said = false;
     // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let mut holder = String::new();
+        file.rewind()?;
         let _ = file.read_to_string(&mut holder);
-        bail!(
-            "store.dir {} is in use by another fleetmq process (PID {}, lock file {}): one process per directory",
-            dir.display(),
-            holder.trim(),
-            path.display()
-        );
+        let holder = holder.trim().to_owned();
+        if !has_ended(&holder) || started.elapsed() >= ENDED_HOLDER_WAIT {
+            bail!(
+                "store.dir {} is in use by another fleetmq process (PID {holder}, lock file {}): one process per directory",
+                dir.display(),
+                path.display()
+            );
+        }
+        if !said {
+            said = true;
+            info!(target: "store", pid = %holder, "store: waiting for the lock of a process that ended");
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     file.set_len(0)?;
     file.rewind()?;
     writeln!(file, "{}", std::process::id())?;
     file.sync_all()?;
     Ok(file)
+}
+
+/// Whether the process whose PID the lock file names has ended: no such
+/// process, a zombie, or this process's own PID. A PID that cannot be
+/// read is taken for a live process.
+fn has_ended(pid: &str) -> bool {
+    let Ok(pid) = pid.parse::<u32>() else { return false };
+    if pid == std::process::id() {
+        return true;
+    }
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses: Z zombie, X dead.
+        Ok(stat) => stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
 }
 
 /// The files of a store directory.
@@ -341,6 +375,25 @@ mod tests {
     use fleetmq_core::store::StoredMessage;
 
     use super::*;
+
+    #[test]
+    fn a_lock_holder_has_ended_when_gone_a_zombie_or_this_process() {
+        assert!(has_ended(&std::process::id().to_string()));
+        assert!(!has_ended("1"), "init is alive");
+        assert!(!has_ended("not a pid"));
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id().to_string();
+        assert!(!has_ended(&pid), "running");
+        child.kill().unwrap();
+        // Killed and not reaped: a zombie once the signal is taken.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !has_ended(&pid) {
+            assert!(Instant::now() < deadline, "never a zombie");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.wait().unwrap();
+        assert!(has_ended(&pid), "reaped");
+    }
 
     fn temp(what: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("fleetmq-open-{what}-{}", std::process::id()));

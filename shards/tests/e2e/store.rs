@@ -318,6 +318,31 @@ async fn a_flipped_bit_in_the_middle_refuses_the_start_naming_file_and_offset() 
     assert!(topics.len() < 6 && !topics.is_empty(), "{topics:?}");
 }
 
+/// A start right after a SIGKILL (as a supervisor restarts), before the
+/// killed process is even reaped, takes the store over: the kernel
+/// releases the dead process's lock only once its io_uring rings are torn
+/// down, and the start waits for that instead of refusing "in use".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_right_after_a_sigkill_waits_for_the_dead_process_lock() {
+    let dir = TempDir::new("relock");
+    let prefix = unique("relock");
+    let mut waited = 0;
+    for round in 0..3 {
+        let broker = local(&dir.0, &[]);
+        let mut publisher = v4::Client::connect(broker.mqtt_port(), &unique("relockc")).await;
+        publisher.client.publish(format!("{prefix}/{round}"), v4::QoS::AtLeastOnce, true, "v").await.unwrap();
+        publisher.wait_for("PUBACK", |p| matches!(p, v4::Packet::PubAck(_))).await;
+        // Killed, not yet reaped (a zombie until `broker` is dropped).
+        broker.signal(libc::SIGKILL);
+        let again = local(&dir.0, &[]);
+        waited += usize::from(again.stderr().contains("waiting for the lock of a process that ended"));
+        assert_eq!(retained_topics(&again, &prefix).await.len(), round + 1);
+        drop(broker);
+        kill(again);
+    }
+    eprintln!("the start waited for the dead process's lock in {waited} of 3 rounds");
+}
+
 /// A second process on the same `store.dir` refuses to start, naming the
 /// PID of the one that holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
