@@ -85,15 +85,14 @@ impl Held {
     }
 }
 
-impl Shard {
+impl Held {
     /// The retained write `write` of publisher `origin` ended: stored
-    /// (`stored`: delivered in its turn) or refused (dropped). Delivers
-    /// the publisher's held values that no longer wait, in order, and
-    /// wakes its connection if it paused on a full queue.
-    pub(crate) fn written(&self, origin: u64, write: u64, stored: bool) {
-        let mut guard = self.state.borrow_mut();
-        let st = &mut *guard;
-        let Some(queue) = st.held.queues.get_mut(&origin) else { return };
+    /// (its value is delivered in its turn) or refused (dropped, with all
+    /// that came after it for an MQTT 3.1.1 publisher). Returns the
+    /// values that no longer wait, in the publisher's order, and its
+    /// paused connection when the queue is no longer full.
+    fn resolve(&mut self, origin: u64, write: u64, stored: bool) -> (Vec<Arc<Message>>, Option<Rc<ConnShared>>) {
+        let Some(queue) = self.queues.get_mut(&origin) else { return (Vec::new(), None) };
         if let Some(i) = queue.entries.iter().position(|e| e.waits_for == Some(write)) {
             if stored {
                 queue.entries[i].waits_for = None;
@@ -103,15 +102,28 @@ impl Shard {
                 queue.entries.remove(i);
             }
         }
-        let now = Instant::now();
         let mut ready = Vec::new();
         while queue.entries.front().is_some_and(|e| e.waits_for.is_none()) {
             ready.extend(queue.entries.pop_front().map(|e| e.message));
         }
         let waiter = (queue.entries.len() < HELD_MAX).then(|| queue.paused.take()).flatten();
         if queue.entries.is_empty() {
-            st.held.queues.remove(&origin);
+            self.queues.remove(&origin);
         }
+        (ready, waiter)
+    }
+}
+
+impl Shard {
+    /// The retained write `write` of publisher `origin` ended: stored
+    /// (`stored`: delivered in its turn) or refused (dropped). Delivers
+    /// the publisher's held values that no longer wait, in order, and
+    /// wakes its connection if it paused on a full queue.
+    pub(crate) fn written(&self, origin: u64, write: u64, stored: bool) {
+        let mut guard = self.state.borrow_mut();
+        let st = &mut *guard;
+        let (ready, waiter) = st.held.resolve(origin, write, stored);
+        let now = Instant::now();
         for message in ready {
             self.dispatch(st, message, now);
         }
@@ -184,5 +196,102 @@ pub(super) fn route_after(
             0
         }
         Delivery::Now => shard.dispatch(st, message, now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use bytestring::ByteString;
+    use fleetmq_core::packet::{Props, QoS};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn value(n: u32) -> Arc<Message> {
+        Arc::new(Message {
+            topic: ByteString::from(format!("t/{n}")),
+            payload: bytes::Bytes::from(n.to_be_bytes().to_vec()),
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            properties: Props::default(),
+            received_at: Instant::now(),
+            origin: 7,
+            stored: 0,
+        })
+    }
+
+    fn number(m: &Message) -> u32 {
+        u32::from_be_bytes(m.payload[..4].try_into().unwrap())
+    }
+
+    proptest! {
+        /// Whatever order the cluster answers in, a publisher's values
+        /// reach subscribers in the order it sent them [MQTT-4.6.0-5],
+        /// none before an earlier one that waits, a refused retained value
+        /// never, and for MQTT 3.1.1 nothing after a refused one (the
+        /// connection closes; the client sends them again); every stored
+        /// value goes out once all answers are in.
+        #[test]
+        fn held_values_go_out_in_publish_order_and_a_refusal_drops_what_it_must(
+            values in proptest::collection::vec((any::<bool>(), any::<bool>()), 1..40),
+            answers in proptest::collection::vec((any::<prop::sample::Index>(), any::<bool>()), 0..60),
+            v5 in any::<bool>(),
+        ) {
+            let mut held = Held::default();
+            // (value number, its write if it waits for one)
+            let mut writes = Vec::new();
+            let mut out = Vec::new();
+            for (n, (waits, _)) in values.iter().enumerate() {
+                let n = n as u32;
+                if *waits {
+                    let w = held.next_write();
+                    writes.push((n, w));
+                    held.push(7, value(n), Some(w), Some(v5));
+                } else if held.holds(7) {
+                    held.push(7, value(n), None, Some(v5));
+                } else {
+                    out.push(n);
+                }
+            }
+            // The cluster answers each write once, in any order: the
+            // answers drawn, then those not drawn yet.
+            let mut answered = HashSet::new();
+            let mut refused = HashSet::new();
+            let mut order: Vec<(usize, bool)> = answers
+                .iter()
+                .filter(|_| !writes.is_empty())
+                .map(|(i, stored)| (i.index(writes.len()), *stored))
+                .collect();
+            order.extend((0..writes.len()).map(|i| (i, values[writes[i].0 as usize].1)));
+            for (i, stored) in order {
+                let (n, w) = writes[i];
+                if !answered.insert(w) {
+                    continue;
+                }
+                if !stored {
+                    refused.insert(n);
+                }
+                let (ready, _) = held.resolve(7, w, stored);
+                for m in ready {
+                    let k = number(&m);
+                    // Nothing before it still waits.
+                    for (m_n, m_w) in &writes {
+                        if *m_n < k {
+                            prop_assert!(answered.contains(m_w), "{} out before {} was answered", k, m_n);
+                        }
+                    }
+                    out.push(k);
+                }
+            }
+            prop_assert!(!held.holds(7), "values left held after every answer");
+            let first_refused = refused.iter().min().copied();
+            let expected: Vec<u32> = (0..values.len() as u32)
+                .filter(|n| !refused.contains(n))
+                .filter(|n| v5 || first_refused.is_none_or(|r| *n < r))
+                .collect();
+            prop_assert_eq!(out, expected);
+        }
     }
 }
