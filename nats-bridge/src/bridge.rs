@@ -10,6 +10,7 @@ use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use tokio::sync::{oneshot, Notify};
 use tracing::{info, warn};
 
+use crate::budget::{Budget, Ticket};
 use crate::mailbox::Mailbox;
 use crate::{membership, ownership, retained, sweeper, BridgeConfig};
 
@@ -50,7 +51,9 @@ pub enum StartError {
 
 /// The handle the broker keeps: send requests, read the status, stop.
 pub struct Bridge {
-    requests: Sender<Request>,
+    requests: Sender<(Request, Option<Ticket>)>,
+    /// The retained writes waiting for NATS (see `budget.rs`).
+    budget: Arc<Budget>,
     wake: Arc<Notify>,
     status: Arc<ClusterStatus>,
     mailboxes: Vec<Arc<Mailbox<Event>>>,
@@ -107,13 +110,19 @@ impl Bridge {
                 return Err(StartError::Connect(format!("no answer within {:?}", START_WAIT * 2)));
             }
         };
-        Ok(Bridge { requests: tx, wake, status, mailboxes, thread: Mutex::new(Some(thread)), shared })
+        let budget = shared.budget.clone();
+        Ok(Bridge { requests: tx, budget, wake, status, mailboxes, thread: Mutex::new(Some(thread)), shared })
     }
 
     /// Queue `request` and wake the bridge.
     ///
     /// # Errors
-    /// The queue is full: the request is handed back.
+    /// The queue is full, or (a [`Request::RetainedPut`])
+    /// [`RETAINED_WAITING_MAX`](crate::RETAINED_WAITING_MAX) retained
+    /// writes or [`RETAINED_WAITING_BYTES`](crate::RETAINED_WAITING_BYTES)
+    /// bytes of them already wait for NATS: the request is handed back,
+    /// counted (`retained_dropped` when nobody waits for the write, else
+    /// `retained_refused`) and logged at most once a second.
     pub fn send(&self, request: Request) -> Result<(), Request> {
         self.queue(request)?;
         self.wake.notify_one();
@@ -125,16 +134,35 @@ impl Bridge {
     /// anyway, as [`Request::Release`] does: no wake, no thread switch).
     ///
     /// # Errors
-    /// The queue is full: the request is handed back.
+    /// As [`Bridge::send`].
     pub fn send_quietly(&self, request: Request) -> Result<(), Request> {
         self.queue(request)
     }
 
     fn queue(&self, request: Request) -> Result<(), Request> {
-        self.requests.try_send(request).map_err(|(TrySendError::Full(r) | TrySendError::Disconnected(r))| {
+        let ticket = match &request {
+            Request::RetainedPut { topic, record, reply, .. } => {
+                let size = topic.len() + record.as_ref().map_or(0, bytes::Bytes::len);
+                match self.budget.take(size) {
+                    Some(ticket) => Some(ticket),
+                    None => {
+                        retained::over_budget(&self.shared, topic, reply.is_some(), &self.budget);
+                        return Err(request);
+                    }
+                }
+            }
+            _ => None,
+        };
+        self.requests.try_send((request, ticket)).map_err(|(TrySendError::Full(r) | TrySendError::Disconnected(r))| {
             self.status.stats.queue_full.fetch_add(1, Ordering::Relaxed);
-            r
+            r.0
         })
+    }
+
+    /// The retained writes waiting for NATS now: how many, and their bytes
+    /// (records and topics, with 1 KiB each for the rest).
+    pub fn retained_waiting(&self) -> (usize, usize) {
+        (self.budget.count(), self.budget.bytes())
     }
 
     /// Requests queued and not yet taken by the bridge, and releases it
@@ -176,12 +204,12 @@ impl Drop for Bridge {
 
 /// Start `request` as a task of its own on the bridge thread, counted in
 /// flight (a claim also in [`Shared::claims_in_flight`] until answered).
-fn start_request(shared: &Arc<Shared>, request: Request) {
+fn start_request(shared: &Arc<Shared>, request: Request, ticket: Option<Ticket>) {
     shared.status.stats.started();
     if matches!(request, Request::Claim { .. }) {
         shared.claims_in_flight.fetch_add(1, Ordering::Relaxed);
     }
-    tokio::task::spawn_local(crate::request::handle(shared.clone(), request));
+    tokio::task::spawn_local(crate::request::handle(shared.clone(), request, ticket));
 }
 
 /// How long the stop waits for requests in flight.
@@ -191,7 +219,7 @@ async fn run(
     config: BridgeConfig,
     status: Arc<ClusterStatus>,
     mailboxes: Vec<Arc<Mailbox<Event>>>,
-    requests: Receiver<Request>,
+    requests: Receiver<(Request, Option<Ticket>)>,
     wake: Arc<Notify>,
     started: std::sync::mpsc::Sender<Result<Arc<Shared>, StartError>>,
 ) {
@@ -232,17 +260,17 @@ async fn run(
                 }
                 shared.offer_held();
                 let now = std::time::Instant::now();
-                while let Ok(request) = requests.try_recv() {
+                while let Ok((request, ticket)) = requests.try_recv() {
                     match request {
                         // Off every CONNECT's path: after the claims.
                         Request::Release { client_id, revision } => releases.hold(client_id, revision, now),
-                        request => start_request(&shared, request),
+                        request => start_request(&shared, request, ticket),
                     }
                 }
                 let stopping = shared.stopping.load(Ordering::Acquire);
                 let claims = shared.claims_in_flight.load(Ordering::Relaxed);
                 for (client_id, revision) in releases.due(claims, stopping, now) {
-                    start_request(&shared, Request::Release { client_id, revision });
+                    start_request(&shared, Request::Release { client_id, revision }, None);
                 }
                 shared.status.stats.releases_held.store(releases.len() as u64, Ordering::Relaxed);
                 if stopping {

@@ -18,6 +18,7 @@
 //! Only this crate imports async-nats.
 
 mod bridge;
+mod budget;
 mod config;
 mod floor;
 mod mailbox;
@@ -34,6 +35,7 @@ mod sweeper;
 mod watch;
 
 pub use bridge::{Bridge, TURN_AT_LEAST, ClaimError, Claimed, ClusterStatus, Event, Request, RetainedError, StartError};
+pub use budget::{Ticket, RETAINED_UNDOS_BYTES, RETAINED_UNDOS_MAX, RETAINED_WAITING_BYTES, RETAINED_WAITING_MAX};
 pub use config::BridgeConfig;
 pub use mailbox::Mailbox;
 pub use ownership::FLAP_DELAY;

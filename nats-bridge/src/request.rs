@@ -197,7 +197,7 @@ pub enum Event {
 
 /// Carry out `request` (a task of its own on the bridge thread) and count
 /// it finished.
-pub(crate) async fn handle(shared: Arc<Shared>, request: Request) {
+pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option<crate::Ticket>) {
     match request {
         Request::Claim { client_id, conn, clean_start, reply } => {
             let outcome = if shared.status.is_fenced() {
@@ -234,7 +234,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request) {
         Request::RetainedPut { topic, record, previous, wait, reply } => {
             let started = std::time::Instant::now();
             let put = retained::Put { topic, record, previous, wait, waited: reply.is_some() };
-            let outcome = retained::put(&shared, &put).await;
+            let outcome = retained::put(&shared, &put, ticket).await;
             shared.status.stats.record(crate::OpKind::Retained, started.elapsed());
             if let Err(e) = &outcome {
                 retained::failed(&shared, &put, e);

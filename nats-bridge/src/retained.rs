@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::bridge::{Event, Shared};
-use crate::RetainedError;
+use crate::{RetainedError, Ticket};
 use crate::membership::unix_ms;
 use crate::watch::{follow, Seen, Start};
 
@@ -80,14 +80,17 @@ fn subject(topic: &str) -> String {
 }
 
 /// Write `put.record` for its topic, or clear it (`None`: a delete
-/// marker), within `put.wait`; returns the revision written.
+/// marker), within `put.wait`; returns the revision written. `ticket`, the
+/// write's share of what may wait for NATS (see `budget.rs`), is given
+/// back when this returns; an undo that follows takes one of the undos'
+/// budget (none left: not undone, counted and logged).
 ///
 /// # Errors
 /// [`RetainedError::TooLarge`] when the record cannot fit the server's
 /// `max_payload`; [`RetainedError::Unavailable`] when JetStream did not
 /// take it within the wait (a write that may still land is undone, if
 /// the publisher waited: see [`undo`]).
-pub(crate) async fn put(shared: &Arc<Shared>, put: &Put) -> Result<u64, RetainedError> {
+pub(crate) async fn put(shared: &Arc<Shared>, put: &Put, ticket: Option<Ticket>) -> Result<u64, RetainedError> {
     let size = put.record.as_ref().map_or(0, Bytes::len);
     let limit = shared.state_client.max_payload();
     if size + HEADER_ROOM > limit {
@@ -105,8 +108,23 @@ pub(crate) async fn put(shared: &Arc<Shared>, put: &Put) -> Result<u64, Retained
             }
             Fate::Rejected(why) => return Err(RetainedError::Unavailable(why)),
             Fate::Unknown(why) => {
+                // The write's wait is over; its undo has a bound of its own.
+                drop(ticket);
                 if put.waited {
-                    tokio::task::spawn_local(undo(shared.clone(), put.topic.clone(), id, put.previous.clone()));
+                    let size = put.topic.len() + put.previous.as_ref().map_or(0, |m| m.payload.len());
+                    match shared.undos.take(size) {
+                        Some(ticket) => {
+                            tokio::task::spawn_local(undo(shared.clone(), put.topic.clone(), id, put.previous.clone(), ticket));
+                        }
+                        None => {
+                            shared.status.stats.retained_not_undone.fetch_add(1, Ordering::Relaxed);
+                            let error = RetainedError::Unavailable(format!(
+                                "{} undos already look for refused writes: should this one land late, it stays",
+                                crate::budget::RETAINED_UNDOS_MAX
+                            ));
+                            warn_limited(shared, &put.topic, &error, true);
+                        }
+                    }
                 }
                 return Err(RetainedError::Unavailable(why));
             }
@@ -122,9 +140,13 @@ async fn attempt(shared: &Shared, subject: &str, record: Option<Bytes>, id: &str
         None => PublishMessage::build().header("KV-Operation", "DEL"),
     }
     .header(WRITE_HEADER, id);
-    let ack = match shared.state.send_publish(subject.to_owned(), publish).await {
-        Ok(ack) => ack,
-        Err(e) => return Fate::Rejected(e.to_string()),
+    // async-nats waits for room in its acknowledgement window (5,000
+    // publishes) and its command queue with no deadline of ours: a
+    // publish still waiting there at the deadline was not sent.
+    let ack = match tokio::time::timeout_at(deadline, shared.state.send_publish(subject.to_owned(), publish)).await {
+        Ok(Ok(ack)) => ack,
+        Ok(Err(e)) => return Fate::Rejected(e.to_string()),
+        Err(_) => return Fate::Rejected("not sent to NATS in time".to_owned()),
     };
     let left = deadline.saturating_duration_since(Instant::now());
     match tokio::time::timeout(left, ack.into_future()).await {
@@ -180,8 +202,10 @@ async fn look(shared: &Shared, subject: &str, id: &str, deadline: Instant) -> Fa
 /// compare-and-set on its revision, so that a write that followed it is
 /// never undone. Every replica follows the bucket, so all of them end
 /// with what it holds: the refused value may be seen between its landing
-/// and its undoing, never after.
-async fn undo(shared: Arc<Shared>, topic: String, id: String, previous: Option<Arc<Message>>) {
+/// and its undoing, never after. Its `ticket` (of the undos' budget) is
+/// held until then.
+async fn undo(shared: Arc<Shared>, topic: String, id: String, previous: Option<Arc<Message>>, ticket: Ticket) {
+    let _ticket = ticket;
     let subject = subject(&topic);
     let until = Instant::now() + UNDO_FOR;
     let mut pause = RETRY_PAUSE;
@@ -223,6 +247,31 @@ pub(crate) fn failed(shared: &Shared, put: &Put, error: &RetainedError) {
     let stats = &shared.status.stats;
     let counter = if put.waited { &stats.retained_refused } else { &stats.retained_failed };
     counter.fetch_add(1, Ordering::Relaxed);
+    warn_limited(shared, &put.topic, error, put.waited);
+}
+
+/// Count and log (as [`failed`]) a retained write not queued because
+/// [`crate::RETAINED_WAITING_MAX`] writes or
+/// [`crate::RETAINED_WAITING_BYTES`] bytes already wait for NATS: one
+/// nobody waits for (QoS 0, a will) is dropped, one its publisher waits
+/// for is refused (MQTT 5: 0x97 Quota exceeded).
+pub(crate) fn over_budget(shared: &Shared, topic: &str, waited: bool, budget: &crate::budget::Budget) {
+    let stats = &shared.status.stats;
+    let counter = if waited { &stats.retained_refused } else { &stats.retained_dropped };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let error = RetainedError::Unavailable(format!(
+        "{} retained writes ({} bytes) already wait for NATS, at most {} ({} bytes)",
+        budget.count(),
+        budget.bytes(),
+        crate::RETAINED_WAITING_MAX,
+        crate::RETAINED_WAITING_BYTES
+    ));
+    warn_limited(shared, topic, &error, waited);
+}
+
+/// Log a retained write that was not stored, at most once per
+/// [`WARN_EVERY`] (with how many were not logged since).
+fn warn_limited(shared: &Shared, topic: &str, error: &RetainedError, waited: bool) {
     let Ok(mut warned) = shared.warned.lock() else { return };
     let now = std::time::Instant::now();
     if warned.0.is_some_and(|at| now.duration_since(at) < WARN_EVERY) {
@@ -231,8 +280,8 @@ pub(crate) fn failed(shared: &Shared, put: &Put, error: &RetainedError) {
     }
     let unlogged = std::mem::take(&mut warned.1);
     warned.0 = Some(now);
-    let qos = if put.waited { "QoS 1/2 (refused to the publisher)" } else { "QoS 0 or will (lost)" };
-    warn!(target: "cluster", topic = %put.topic, %error, qos, unlogged, "cluster: retained message not stored");
+    let qos = if waited { "QoS 1/2 (refused to the publisher)" } else { "QoS 0 or will (lost)" };
+    warn!(target: "cluster", %topic, %error, qos, unlogged, "cluster: retained message not stored");
 }
 
 /// Watch `mqtt-retained` from its start and hand every change to every

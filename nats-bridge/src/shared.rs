@@ -70,6 +70,11 @@ pub(crate) struct Shared {
     /// Another process runs this replica ID: this one must not touch its
     /// membership entry, not even to leave.
     pub(crate) duplicate: AtomicBool,
+    /// The retained writes waiting for NATS (see `budget.rs`).
+    pub(crate) budget: Arc<crate::budget::Budget>,
+    /// The undos of refused retained writes looking for them (see
+    /// `budget.rs`).
+    pub(crate) undos: Arc<crate::budget::Budget>,
 }
 
 impl Shared {
@@ -245,5 +250,7 @@ pub(crate) async fn start(
         duplicate: AtomicBool::new(false),
         writes: std::sync::atomic::AtomicU64::new(0),
         warned: Mutex::new((None, 0)),
+        budget: Arc::new(crate::budget::Budget::writes()),
+        undos: Arc::new(crate::budget::Budget::undos()),
     }))
 }

@@ -67,6 +67,14 @@ pub struct BridgeStats {
     /// Retained writes nobody waited for (QoS 0, wills) that JetStream
     /// did not take.
     pub retained_failed: AtomicU64,
+    /// Retained writes nobody waited for (QoS 0, wills) dropped before
+    /// NATS because [`crate::RETAINED_WAITING_MAX`] writes or
+    /// [`crate::RETAINED_WAITING_BYTES`] bytes already waited for it.
+    pub retained_dropped: AtomicU64,
+    /// Refused retained writes that may land late and are not looked for
+    /// (no undo), because [`crate::RETAINED_UNDOS_MAX`] undos already
+    /// were.
+    pub retained_not_undone: AtomicU64,
     /// Refused retained writes that landed late and were undone.
     pub retained_undone: AtomicU64,
     /// Client identifier claims that waited before writing over another
@@ -90,6 +98,8 @@ impl Default for BridgeStats {
             wills_withheld: AtomicU64::new(0),
             retained_refused: AtomicU64::new(0),
             retained_failed: AtomicU64::new(0),
+            retained_dropped: AtomicU64::new(0),
+            retained_not_undone: AtomicU64::new(0),
             retained_undone: AtomicU64::new(0),
             claims_delayed: AtomicU64::new(0),
         }

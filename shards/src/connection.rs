@@ -865,6 +865,14 @@ fn drive(
                         // An acknowledgement may have opened the window.
                         conn.feeding.set(Feeding::Ready);
                     }
+                    // glommio reads a socket that has bytes at once, without
+                    // a turn of the executor: a client that never stops
+                    // sending would keep this task running, and the shard's
+                    // other connections and its cluster events (a fence's
+                    // close among them) would wait for good. It gives way
+                    // once its time slice is over (glommio's preemption
+                    // timer, 100 ms by default).
+                    glommio::yield_if_needed().await;
                 }
                 // Decode what was read meanwhile.
                 Event::Resume => read_at = Instant::now(),

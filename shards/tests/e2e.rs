@@ -182,3 +182,8 @@ mod cluster_handover;
 /// connection.
 #[path = "e2e/cluster_flapping.rs"]
 mod cluster_flapping;
+
+/// A replica flooded with retained values while NATS is down or slow keeps
+/// what waits for NATS bounded (s36).
+#[path = "e2e/cluster_outage.rs"]
+mod cluster_outage;

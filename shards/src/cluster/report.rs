@@ -53,6 +53,19 @@ impl Node {
         gauge(out, "cluster_fenced", "1 while this replica is fenced (DESIGN.md §5)", u8::from(status.is_fenced()).to_string());
         gauge(out, "bridge_queue_depth", "Requests queued for the NATS bridge", self.queue_depth().to_string());
         gauge(out, "bridge_requests_in_flight", "Bridge requests taken and not yet completed", stats.in_flight.load(relaxed).to_string());
+        let (waiting, waiting_bytes) = self.bridge.retained_waiting();
+        gauge(
+            out,
+            "cluster_retained_waiting",
+            "Retained writes waiting for NATS (queued or in flight); at most 4,096",
+            waiting.to_string(),
+        );
+        gauge(
+            out,
+            "cluster_retained_waiting_bytes",
+            "Bytes of the retained writes waiting for NATS (records and topics, plus 1 KiB each); at most 32 MiB",
+            waiting_bytes.to_string(),
+        );
         let _ = writeln!(
             out,
             "# HELP fleetmq_bridge_queue_full Requests refused because the bridge queue was full\n# TYPE fleetmq_bridge_queue_full counter\nfleetmq_bridge_queue_full_total {}",
@@ -63,11 +76,21 @@ impl Node {
             ("cluster_wills_withheld", "Such wills withheld: the client came back within will_stop_grace", &stats.wills_withheld),
             (
                 "cluster_retained_refused",
-                "QoS 1/2 retained values refused to their publisher: not in mqtt-retained within session_log_append_wait (0x80), or larger than NATS max_payload (0x97)",
+                "QoS 1/2 retained values refused to their publisher: not in mqtt-retained within session_log_append_wait (0x80), larger than NATS max_payload, or 4,096 retained writes or 32 MiB of them already waiting for NATS (0x97)",
                 &stats.retained_refused,
             ),
             ("cluster_retained_failed", "QoS 0 retained values and retained wills that mqtt-retained did not take (lost)", &stats.retained_failed),
+            (
+                "cluster_retained_dropped",
+                "QoS 0 retained values and retained wills not written to mqtt-retained because 4,096 retained writes or 32 MiB of them already waited for NATS (delivered live, not retained)",
+                &stats.retained_dropped,
+            ),
             ("cluster_retained_undone", "Refused retained values that landed in mqtt-retained late and were undone", &stats.retained_undone),
+            (
+                "cluster_retained_not_undone",
+                "Refused retained values that may land in mqtt-retained late and are not looked for (4,096 undos already were)",
+                &stats.retained_not_undone,
+            ),
             (
                 "cluster_claims_delayed",
                 "Client identifier claims that waited up to 1 s before taking the identifier from another replica that claimed it less than 1 s before (a flapping client identifier)",

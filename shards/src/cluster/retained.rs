@@ -23,12 +23,17 @@ pub(crate) enum Retained {
     /// Not the cluster's: a single node, or a `$SYS` topic (each
     /// replica's own). The shard keeps it itself.
     Local,
-    /// A value its publisher waits for that was not written (the bridge's
-    /// queue is full): its acknowledgement is refused, and it is
-    /// delivered to nobody.
+    /// A value its publisher waits for that was not written (the retained
+    /// writes waiting for NATS are at their bound,
+    /// [`fleetmq_nats_bridge::RETAINED_WAITING_MAX`] and
+    /// [`fleetmq_nats_bridge::RETAINED_WAITING_BYTES`], or the bridge's
+    /// queue is full): its acknowledgement is refused (MQTT 5: 0x97 Quota
+    /// exceeded), and it is delivered to nobody.
     Refused,
-    /// Written to `mqtt-retained`; nobody waits for it (QoS 0, a will):
-    /// delivered to live subscribers now.
+    /// Written to `mqtt-retained`, or dropped when the retained writes
+    /// waiting for NATS are at their bound (counted:
+    /// `fleetmq_cluster_retained_dropped_total`); nobody waits for it (QoS
+    /// 0, a will): delivered to live subscribers now.
     Written,
     /// Written to `mqtt-retained`, and its publisher waits: delivered to
     /// live subscribers (by [`crate::shard::Shard::written`]) once the
@@ -97,10 +102,13 @@ pub(crate) fn publish_retained(
     };
     let write = waits.then(|| store.expect_write(message.origin));
     let held = waits && message.origin != BROKER_ORIGIN;
+    // Refused when what waits for NATS is at its bound (the bridge counts
+    // and logs it): a QoS 0 value is dropped (delivered live, not
+    // retained), a QoS 1/2 one refused with 0x97 Quota exceeded, like a
+    // full local store's (3.1.1: closed after what came before).
     if node.bridge.send(request).is_err() {
-        tracing::warn!(target: "cluster", topic = %message.topic, "cluster: bridge queue full, retained message not stored");
         if let Some(write) = write {
-            write.resolve(Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR));
+            write.resolve(Outcome::Refused(ReasonCode::QUOTA_EXCEEDED));
         }
         // Refused: delivered to nobody (nothing would release it).
         return if held { Retained::Refused } else { Retained::Written };

@@ -356,6 +356,25 @@ impl NatsCluster {
         }
     }
 
+    /// Starts every stopped or killed server again (same ports, config and
+    /// store folders) and waits (30 s at most) until JetStream is ready on
+    /// all of them: [`NatsCluster::restart`] one at a time cannot, after
+    /// the whole cluster was stopped (no quorum until a second one is up).
+    ///
+    /// # Panics
+    ///
+    /// They are not ready in time.
+    pub(crate) fn restart_all(&mut self) {
+        for i in 0..self.servers.len() {
+            if self.servers[i].child.is_none() {
+                self.spawn(nats_server_binary(), i);
+            }
+        }
+        if let Err(why) = self.wait_ready_or_exit(READY_TIMEOUT) {
+            panic!("restarting every server: {why}");
+        }
+    }
+
     /// Freezes server `i` (SIGSTOP): its sockets stay open, nothing answers.
     pub(crate) fn pause(&self, i: usize) {
         self.signal(i, libc::SIGSTOP);
