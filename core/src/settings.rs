@@ -328,7 +328,9 @@ pub struct Limits {
     /// Bytes in a topic name or filter. Default 1024, range 1..=65535.
     pub max_topic_bytes: u32,
     /// QoS 1/2 publishes a client may have unacknowledged towards the broker
-    /// (MQTT 5 Receive Maximum). Default 1000, range 1..=65535.
+    /// (MQTT 5 Receive Maximum, announced in CONNACK; an MQTT 5 client with
+    /// more QoS 2 flows open gets DISCONNECT 0x93). MQTT 3.1/3.1.1 has no
+    /// Receive Maximum and is not held to it. Default 1000, range 1..=65535.
     pub receive_maximum: u16,
     /// Packets queued for writing to one client before it counts as slow.
     /// Default 1000, range 1..=1,000,000.

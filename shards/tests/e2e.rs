@@ -135,6 +135,11 @@ mod compaction;
 #[path = "e2e/restart.rs"]
 mod restart;
 
+/// paho-mqtt QoS 2 clients across a SIGKILL: a publisher's backlog sent
+/// all at once after the restart reaches a persistent subscriber once.
+#[path = "e2e/paho_restart.rs"]
+mod paho_restart;
+
 /// Retained messages for a SUBSCRIBE paced, not dropped: 80,000 to one
 /// subscriber at each QoS, a slow reader, a thousand subscribers at once.
 #[path = "e2e/retained_paced.rs"]

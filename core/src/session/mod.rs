@@ -237,8 +237,10 @@ impl Default for AuthorizeCache {
 /// Limits a session enforces (DESIGN.md §9).
 #[derive(Debug, Clone)]
 pub struct SessionLimits {
-    /// Our Receive Maximum: inbound QoS 2 flows open at once before the
-    /// client gets DISCONNECT 0x93 (default 1000).
+    /// Our Receive Maximum: inbound QoS 2 flows open at once before an
+    /// MQTT 5 client gets DISCONNECT 0x93 (default 1000). MQTT 3.1/3.1.1
+    /// has no Receive Maximum: such a client may keep every packet
+    /// identifier open (65,535 at most).
     pub receive_maximum: u16,
     /// Messages waiting per session before the oldest is dropped (default
     /// 10,000).
@@ -1007,8 +1009,16 @@ impl Session {
                     if ack_reason.is_error() || refused {
                         // The flow ends at an error PUBREC: nothing to keep.
                     } else {
-                        if self.fl().inbound_qos2.len() >= usize::from(self.limits.receive_maximum) {
-                            // `[MQTT-3.3.4-9]`: beyond our Receive Maximum.
+                        // `[MQTT-3.3.4-9]`: beyond the Receive Maximum we
+                        // announced in CONNACK. MQTT 3.1/3.1.1 has none (a
+                        // client is told no limit and may keep every packet
+                        // identifier open, so at most 65,535 here): closing
+                        // it for a limit it never heard of made a client that
+                        // sends its whole backlog at a reconnect (paho-mqtt
+                        // does) reconnect and send it again, for ever, each
+                        // round's values forwarded again when its session
+                        // was clean.
+                        if v5 && self.fl().inbound_qos2.len() >= usize::from(self.limits.receive_maximum) {
                             self.close_with(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED, out);
                             return;
                         }

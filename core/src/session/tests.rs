@@ -235,6 +235,29 @@ fn client_exceeding_our_receive_maximum_gets_disconnect_0x93() {
 }
 
 #[test]
+fn a_3_1_1_client_is_held_to_no_receive_maximum_and_may_open_every_packet_identifier() {
+    // MQTT 3.1/3.1.1 has no Receive Maximum: the CONNACK announces none,
+    // so a client that sends its whole backlog at once (paho-mqtt after a
+    // reconnect) is not closed for it; each value is forwarded once and
+    // PUBREC'd [MQTT-4.3.3-8]; a resend of an open one is not forwarded
+    // again [MQTT-4.3.3-10].
+    let t0 = Instant::now();
+    for protocol in [ProtocolVersion::V3_1_1, ProtocolVersion::V3_1] {
+        let limits = SessionLimits { receive_maximum: 2, ..SessionLimits::default() };
+        let mut s = session_with(protocol, 10, limits);
+        let mut out = vec![];
+        for id in 1..=u16::MAX {
+            s.handle(publish("a", QoS::ExactlyOnce, Some(id)), t0, &mut out);
+        }
+        s.handle(publish("a", QoS::ExactlyOnce, Some(7)), t0, &mut out);
+        let forwarded = out.iter().filter(|o| matches!(o, Output::Publish(_))).count();
+        let pubrecs = out.iter().filter(|o| matches!(o, Output::Acknowledge(Packet::PubRec(_)))).count();
+        assert_eq!((forwarded, pubrecs), (65_535, 65_536), "{protocol:?}");
+        assert!(!out.iter().any(|o| matches!(o, Output::Close { .. })), "{protocol:?}");
+    }
+}
+
+#[test]
 fn qos1_publish_is_forwarded_then_acknowledged() {
     let t0 = Instant::now();
     let mut s = session_with(ProtocolVersion::V5, 10, SessionLimits::default());

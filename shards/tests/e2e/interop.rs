@@ -17,7 +17,7 @@ use crate::harness::{run_with_timeout, Broker};
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The workspace root.
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("shards/ is in the workspace")
@@ -58,7 +58,7 @@ fn run_script(program: &Path, args: &[&Path]) {
 /// # Panics
 ///
 /// None of them can import paho-mqtt 2.x.
-fn python_with_paho() -> PathBuf {
+pub(crate) fn python_with_paho() -> PathBuf {
     let mut candidates: Vec<PathBuf> = std::env::var_os("FLEETMQ_INTEROP_PYTHON")
         .map(PathBuf::from)
         .into_iter()
