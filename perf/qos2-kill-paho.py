@@ -33,6 +33,7 @@ Usage: perf/qos2-kill-paho.py --broker target/release/fleetmq [--shards 1]
 """
 
 import argparse
+import atexit
 import os
 import shutil
 import signal
@@ -53,11 +54,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+# Every broker started, stopped at exit (also on SIGTERM/SIGINT, e.g. from
+# `timeout`), so none outlives the script.
+BROKERS = []
+# Work directories to remove at exit (not with --dir or --keep).
+SCRATCH = []
+
+
 class Broker:
     def __init__(self, binary, port, data, shards, log_dir, extra):
         self.binary, self.port, self.data, self.shards, self.log_dir, self.extra = binary, port, data, shards, log_dir, extra
         self.proc = None
         self.starts = 0
+        BROKERS.append(self)
 
     def start(self):
         out = open(os.path.join(self.log_dir, f"broker-{self.starts}.out"), "w+")
@@ -122,6 +131,8 @@ def connect(c, port, protocol, persistent):
 
 def one_run(a, run):
     work = a.dir or tempfile.mkdtemp(prefix="fleetmq-q2-paho-")
+    if not a.dir and not a.keep:
+        SCRATCH.append(work)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     port = free_port()
@@ -265,7 +276,19 @@ def one_run(a, run):
     return extra == 0 and not missing_completed and (order == 0 or not a.check_order)
 
 
+def stop_all(*_):
+    for b in BROKERS:
+        b.kill()
+    for d in SCRATCH:
+        shutil.rmtree(d, ignore_errors=True)
+    if _:
+        os._exit(130)
+
+
 def main():
+    atexit.register(stop_all)
+    signal.signal(signal.SIGTERM, stop_all)
+    signal.signal(signal.SIGINT, stop_all)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--broker", required=True)
     p.add_argument("--shards", type=int, default=1)
