@@ -30,6 +30,21 @@ use super::ConnShared;
 /// alone does not make a subscriber of this one publisher drop any.
 pub(crate) const HELD_MAX: usize = 256;
 
+/// Bytes of held values one shard keeps, over all its publishers: past
+/// it, every publisher with values held stops reading until the cluster
+/// answers and they are fewer (a publisher with nothing held reads on:
+/// its values go out at once). [`HELD_MAX`] bounds the count per
+/// publisher; this bounds their size, up to `limits.max_packet_size`
+/// each (a fresh-user pass took a replica to 2.4 GB with four
+/// connections sending 1 MB retained values while NATS was down).
+pub(crate) const HELD_BYTES_MAX: usize = 64 << 20;
+
+/// What a held value counts against [`HELD_BYTES_MAX`]: its topic and
+/// payload, and a little for the rest.
+fn held_bytes(message: &Message) -> usize {
+    message.topic.len() + message.payload.len() + 128
+}
+
 /// One held value.
 struct Entry {
     message: Arc<Message>,
@@ -57,6 +72,8 @@ struct Queue {
 pub(super) struct Held {
     queues: HashMap<u64, Queue>,
     next_write: u64,
+    /// What the held values count, [`held_bytes`].
+    bytes: usize,
 }
 
 impl Held {
@@ -81,7 +98,16 @@ impl Held {
         if let Some(v5) = v5 {
             queue.refusal_ends_all = !v5;
         }
+        self.bytes += held_bytes(&message);
         queue.entries.push_back(Entry { message, waits_for });
+    }
+
+    /// Whether publisher `origin` must stop reading: it has values held,
+    /// and [`HELD_MAX`] of them or the shard [`HELD_BYTES_MAX`].
+    fn full(&self, origin: u64) -> bool {
+        self.queues
+            .get(&origin)
+            .is_some_and(|q| q.entries.len() >= HELD_MAX || self.bytes >= HELD_BYTES_MAX)
     }
 }
 
@@ -91,26 +117,44 @@ impl Held {
     /// that came after it for an MQTT 3.1.1 publisher). Returns the
     /// values that no longer wait, in the publisher's order, and its
     /// paused connection when the queue is no longer full.
-    fn resolve(&mut self, origin: u64, write: u64, stored: bool) -> (Vec<Arc<Message>>, Option<Rc<ConnShared>>) {
-        let Some(queue) = self.queues.get_mut(&origin) else { return (Vec::new(), None) };
+    fn resolve(&mut self, origin: u64, write: u64, stored: bool) -> (Vec<Arc<Message>>, Vec<Rc<ConnShared>>) {
+        let was_over = self.bytes >= HELD_BYTES_MAX;
+        let Some(queue) = self.queues.get_mut(&origin) else { return (Vec::new(), Vec::new()) };
+        let mut gone = 0;
         if let Some(i) = queue.entries.iter().position(|e| e.waits_for == Some(write)) {
             if stored {
                 queue.entries[i].waits_for = None;
             } else if queue.refusal_ends_all {
-                queue.entries.truncate(i);
+                gone += queue.entries.drain(i..).map(|e| held_bytes(&e.message)).sum::<usize>();
             } else {
-                queue.entries.remove(i);
+                gone += queue.entries.remove(i).map_or(0, |e| held_bytes(&e.message));
             }
         }
         let mut ready = Vec::new();
         while queue.entries.front().is_some_and(|e| e.waits_for.is_none()) {
-            ready.extend(queue.entries.pop_front().map(|e| e.message));
+            if let Some(e) = queue.entries.pop_front() {
+                gone += held_bytes(&e.message);
+                ready.push(e.message);
+            }
         }
-        let waiter = (queue.entries.len() < HELD_MAX).then(|| queue.paused.take()).flatten();
+        self.bytes -= gone;
+        let over = self.bytes >= HELD_BYTES_MAX;
+        let mut waiters = Vec::new();
+        // An empty queue goes: its publisher reads on whatever the shard holds.
+        if queue.entries.is_empty() || (queue.entries.len() < HELD_MAX && !over) {
+            waiters.extend(queue.paused.take());
+        }
         if queue.entries.is_empty() {
             self.queues.remove(&origin);
         }
-        (ready, waiter)
+        if was_over && !over {
+            // The shard holds less than its bound again: every publisher
+            // that paused on it (and not on its own count) reads on.
+            for q in self.queues.values_mut().filter(|q| q.entries.len() < HELD_MAX) {
+                waiters.extend(q.paused.take());
+            }
+        }
+        (ready, waiters)
     }
 }
 
@@ -122,21 +166,22 @@ impl Shard {
     pub(crate) fn written(&self, origin: u64, write: u64, stored: bool) {
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
-        let (ready, waiter) = st.held.resolve(origin, write, stored);
+        let (ready, waiters) = st.held.resolve(origin, write, stored);
         let now = Instant::now();
         for message in ready {
             self.dispatch(st, message, now);
         }
         drop(guard);
-        if let Some(conn) = waiter {
+        for conn in waiters {
             conn.wake();
         }
         self.try_flush();
     }
 
     /// Whether the connection `conn` of the client in `slot` must stop
-    /// reading: its publisher has [`HELD_MAX`] values held. It is woken
-    /// when fewer are (then [`Shard::held_full`] says `false`).
+    /// reading: its publisher has [`HELD_MAX`] values held, or some while
+    /// the shard holds [`HELD_BYTES_MAX`]. It is woken when that is no
+    /// longer so (then [`Shard::held_full`] says `false`).
     pub(crate) fn pause_publisher(&self, slot: u32, conn: &Rc<ConnShared>) -> Option<u64> {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
@@ -144,17 +189,17 @@ impl Shard {
             return None;
         }
         let origin = st.clients.get(slot as usize)?.key;
-        let queue = st.held.queues.get_mut(&origin)?;
-        if queue.entries.len() < HELD_MAX {
+        if !st.held.full(origin) {
             return None;
         }
-        queue.paused = Some(conn.clone());
+        st.held.queues.get_mut(&origin)?.paused = Some(conn.clone());
         Some(origin)
     }
 
-    /// Whether publisher `origin` still has [`HELD_MAX`] values held.
+    /// Whether publisher `origin` must still not read
+    /// ([`Shard::pause_publisher`]).
     pub(crate) fn held_full(&self, origin: u64) -> bool {
-        self.state.borrow().held.queues.get(&origin).is_some_and(|q| q.entries.len() >= HELD_MAX)
+        self.state.borrow().held.full(origin)
     }
 }
 
@@ -226,6 +271,32 @@ mod tests {
         u32::from_be_bytes(m.payload[..4].try_into().unwrap())
     }
 
+    #[test]
+    fn a_publisher_with_values_held_stops_reading_past_the_shards_bytes_and_one_without_reads_on() {
+        let mut held = Held::default();
+        let big = |n: u32| {
+            let mut m = (*value(n)).clone();
+            m.payload = bytes::Bytes::from(vec![0u8; 1 << 20]);
+            m.origin = u64::from(n % 2);
+            Arc::new(m)
+        };
+        // Publisher 0 waits for one retained write, then holds 1 MiB values.
+        let w = held.next_write();
+        held.push(0, big(0), Some(w), Some(true));
+        let mut n = 2;
+        while !held.full(0) {
+            held.push(0, big(n), None, Some(true));
+            n += 2;
+        }
+        assert!(held.queues[&0].entries.len() < HELD_MAX, "stopped by the bytes, not the count");
+        assert!(held.bytes >= HELD_BYTES_MAX && held.bytes < HELD_BYTES_MAX + (2 << 20));
+        assert!(!held.full(1), "a publisher with nothing held reads on");
+        let (ready, _) = held.resolve(0, w, true);
+        assert_eq!(ready.len(), n as usize / 2);
+        assert_eq!(held.bytes, 0);
+        assert!(!held.full(0));
+    }
+
     proptest! {
         /// Whatever order the cluster answers in, a publisher's values
         /// reach subscribers in the order it sent them [MQTT-4.6.0-5],
@@ -286,6 +357,7 @@ mod tests {
                 }
             }
             prop_assert!(!held.holds(7), "values left held after every answer");
+            prop_assert_eq!(held.bytes, 0, "held bytes not given back");
             let first_refused = refused.iter().min().copied();
             let expected: Vec<u32> = (0..values.len() as u32)
                 .filter(|n| !refused.contains(n))
