@@ -34,6 +34,32 @@ fn subject(key: &str) -> String {
     format!("$KV.{}.{key}", bucket::SESSIONS)
 }
 
+/// How long the delete marker of a released claim stays in
+/// `mqtt-sessions` (its `Nats-TTL`). A marker without one stayed for good:
+/// one subject per client identifier that ever connected cleanly (a storm
+/// of random client identifiers, each benchmark round's 3,000). When it
+/// expires the server writes its own expiry marker in its place (the
+/// watches hear of it as a purge: the key is still free, at a new
+/// revision), which goes away after the bucket's
+/// `subject_delete_marker_ttl` (5 minutes, `setup.rs`), leaving nothing
+/// (measured on nats-server 2.15.1, s36: a 2 s marker on a stream with
+/// markers of 5 s left no subject after 7 s). So a released client
+/// identifier leaves `mqtt-sessions` for good ~5 minutes 10 s after its
+/// release. Nothing waits for the marker itself: a claim that expected
+/// its revision after it expired conflicts, reads the key and claims
+/// over what it found (one more round trip), as after any other write.
+pub(crate) const RELEASED_TTL: Duration = Duration::from_secs(10);
+
+/// The delete marker that gives up a claim at `revision` (a release, or
+/// the sweep of a gone replica's claim): only if that claim is still the
+/// key's latest entry, and gone after [`RELEASED_TTL`].
+fn release_marker(revision: u64) -> PublishMessage {
+    PublishMessage::build()
+        .header("KV-Operation", "DEL")
+        .expected_last_subject_sequence(revision)
+        .ttl(RELEASED_TTL)
+}
+
 /// Whether a publish failed on its expected last subject sequence (10071,
 /// or 10164 on replicated streams: notes/jetstream.md §2.3).
 fn is_conflict(e: &async_nats::jetstream::context::PublishError) -> bool {
@@ -222,12 +248,11 @@ async fn read(shared: &Shared, key: &str) -> Result<(Known, Option<String>), Cla
 }
 
 /// Delete the claim on `client_id` if `revision` is still the latest (a
-/// delete marker expecting that revision); a later claim elsewhere stays.
+/// delete marker expecting that revision, gone after [`RELEASED_TTL`]); a
+/// later claim elsewhere stays.
 pub(crate) async fn release(shared: &Shared, client_id: &str, revision: u64) {
     let started = Instant::now();
-    let publish = PublishMessage::build()
-        .header("KV-Operation", "DEL")
-        .expected_last_subject_sequence(revision);
+    let publish = release_marker(revision);
     let key = client_key(client_id);
     let outcome = match shared.state.send_publish(subject(&key), publish).await {
         Ok(ack) => ack.await.map(|ack| shared.known_revisions().saw(&key, ack.sequence, None)),
@@ -311,7 +336,10 @@ fn handed_over(owner: &OwnerRecord, live: &HashMap<String, u64>, shared: &Shared
 /// read every entry and delete those whose owner is gone, each with a
 /// compare-and-set on the revision read, so that an entry claimed again
 /// meanwhile (by a live replica) stays. A CONNECT does not wait for this:
-/// a claim takes any entry over.
+/// a claim takes any entry over. Delete markers older than
+/// [`RELEASED_TTL`] (written before releases carried a TTL: a cluster
+/// that ran an older build) are written again with the TTL, so they go
+/// too.
 pub(crate) async fn sweep(shared: &Shared, state: &mut OwnerSweep) {
     let handovers = shared.handovers.load(Ordering::Relaxed);
     let due = state.last.is_none_or(|at| at.elapsed() >= SCAN_EVERY) || handovers != state.handovers;
@@ -336,20 +364,20 @@ pub(crate) async fn sweep(shared: &Shared, state: &mut OwnerSweep) {
         if !shared.decides_for_others() {
             return false;
         }
-        let publish = PublishMessage::build().header("KV-Operation", "DEL").expected_last_subject_sequence(revision);
-        match shared.state.send_publish(subject(&key), publish).await {
+        match shared.state.send_publish(subject(&key), release_marker(revision)).await {
             Ok(ack) => ack.await.is_ok(),
             Err(_) => false,
         }
     });
     let swept = deletes.buffer_unordered(SWEEP_WINDOW).filter(|landed| std::future::ready(*landed)).count().await;
     if swept > 0 {
-        info!(target: "cluster", swept, "cluster: swept the client identifier ownership of gone replicas");
+        info!(target: "cluster", swept, "cluster: swept the client identifier ownership of gone replicas (and delete markers without a TTL)");
     }
 }
 
-/// Every entry of `mqtt-sessions` whose owner is handed over: (key,
-/// revision).
+/// Every entry of `mqtt-sessions` whose owner is handed over, and every
+/// delete marker that outlived [`RELEASED_TTL`] (one without a TTL):
+/// (key, revision).
 async fn scan(shared: &Shared) -> Result<Vec<(String, u64)>, String> {
     let mut stream = shared.state.get_stream(format!("KV_{}", bucket::SESSIONS)).await.map_err(|e| e.to_string())?;
     let info = stream.info().await.map_err(|e| e.to_string())?;
@@ -361,15 +389,27 @@ async fn scan(shared: &Shared) -> Result<Vec<(String, u64)>, String> {
     let now_ms = unix_ms();
     let mut watch = shared.sessions.watch_with_history(">").await.map_err(|e| e.to_string())?;
     let mut stale = Vec::new();
+    // A marker with the TTL is gone RELEASED_TTL after it was written; one
+    // still there well after that has none (clocks of the replica and the
+    // NATS server may differ a little).
+    let legacy_before_s = (now_ms / 1000) as i64 - 3 * RELEASED_TTL.as_secs() as i64;
     while let Ok(Some(Ok(entry))) = tokio::time::timeout(SCAN_QUIET, watch.next()).await {
-        if entry.operation == Operation::Put {
-            if let Ok(owner) = OwnerRecord::decode(&entry.value) {
-                // This process's own current claims are live (`live` holds
-                // its instance at its epoch).
-                if handed_over(&owner, &live, shared, now_ms) {
-                    stale.push((entry.key.clone(), entry.revision));
+        match entry.operation {
+            Operation::Put => {
+                if let Ok(owner) = OwnerRecord::decode(&entry.value) {
+                    // This process's own current claims are live (`live`
+                    // holds its instance at its epoch).
+                    if handed_over(&owner, &live, shared, now_ms) {
+                        stale.push((entry.key.clone(), entry.revision));
+                    }
                 }
             }
+            Operation::Delete if entry.created.unix_timestamp() < legacy_before_s => {
+                stale.push((entry.key.clone(), entry.revision));
+            }
+            // The server's expiry markers carry the bucket's
+            // subject_delete_marker_ttl.
+            Operation::Delete | Operation::Purge => {}
         }
         if entry.delta == 0 || entry.revision >= last {
             break;

@@ -192,3 +192,8 @@ mod cluster_flapping;
 /// what waits for NATS bounded (s36).
 #[path = "e2e/cluster_outage.rs"]
 mod cluster_outage;
+
+/// `KV_mqtt-sessions` does not grow forever: released client identifiers
+/// leave it for good after a bounded time (s36).
+#[path = "e2e/cluster_sessions_bucket.rs"]
+mod cluster_sessions_bucket;
