@@ -186,9 +186,45 @@ fn failed_sign_in_note(limits: &fleetmq_core::settings::Limits) -> String {
     )
 }
 
+/// The largest settings file read (1 MiB): a real one is a few KiB, and
+/// `--config /dev/zero` must not take the machine's memory (it grew to
+/// 2.8 GB in 3 s before this bound).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The settings file at `path` as TOML. Refused before anything is read
+/// when it is not a regular file (a device, a FIFO, a directory), and when
+/// it holds more than [`MAX_CONFIG_BYTES`]; the error names the file and
+/// the bound.
 fn read_file(path: &Path) -> anyhow::Result<Table> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading config file {}", path.display()))?;
+    use std::io::Read;
+    let reading = || format!("reading config file {}", path.display());
+    // Asked before opening: opening a FIFO would wait for a writer.
+    let meta = std::fs::metadata(path).with_context(reading)?;
+    if !meta.is_file() {
+        bail!(
+            "config file {} is not a regular file (at most {MAX_CONFIG_BYTES} bytes are read from one)",
+            path.display()
+        );
+    }
+    let too_big = || {
+        anyhow!(
+            "config file {} is larger than {MAX_CONFIG_BYTES} bytes (1 MiB), the most read",
+            path.display()
+        )
+    };
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(too_big());
+    }
+    // The file may grow after the look: read one byte past the bound at most.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .with_context(reading)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .with_context(reading)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(too_big());
+    }
     text.parse::<Table>()
         .with_context(|| format!("config file {} is not valid TOML", path.display()))
 }
@@ -372,6 +408,24 @@ mod tests {
 
     fn load_err(args: &ServeArgs, vars: &[(&str, &str)]) -> String {
         format!("{:#}", load_from(args, env(vars)).expect_err("should fail"))
+    }
+
+    #[test]
+    fn a_config_file_that_is_not_regular_or_over_1_mib_is_refused_unread() {
+        // /dev/zero was read until memory ran out (2.8 GB in 3 s).
+        let zero = ServeArgs { config: Some("/dev/zero".into()), ..args() };
+        let err = load_err(&zero, &[]);
+        assert!(err.contains("/dev/zero") && err.contains("not a regular file"), "{err}");
+        assert!(err.contains("1048576"), "{err}");
+
+        let big = file(&format!("# {}\n", "x".repeat(MAX_CONFIG_BYTES as usize)));
+        let over = ServeArgs { config: Some(big.0.clone()), ..args() };
+        let err = load_err(&over, &[]);
+        assert!(err.contains(&big.0.display().to_string()) && err.contains("larger than 1048576 bytes"), "{err}");
+
+        let just = file(&format!("#{}\n", "x".repeat(MAX_CONFIG_BYTES as usize - 2)));
+        let at_bound = ServeArgs { config: Some(just.0.clone()), ..args() };
+        load_from(&at_bound, env(&[])).expect("a file of exactly 1 MiB is read");
     }
 
     fn file(text: &str) -> tempfile_path::TempPath {
