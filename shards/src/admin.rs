@@ -9,8 +9,16 @@
 //! | `GET /health/live` | 200 `ok` while the process serves HTTP |
 //! | `GET /health/ready` | 200 `ready` once the broker serves MQTT, else 503 `starting`, or 503 with the reason while the local store refuses publishes |
 //! | `GET /metrics` | 200, [`Metrics::render`] as OpenMetrics text |
+//!
+//! What a flood of the admin port can take is bounded, so that it cannot
+//! take descriptors or memory from MQTT (found by a fresh-user pass: 20,000
+//! connections that each sent `GET /x HTTP/1.1\r\n` and nothing more all
+//! stayed open, the process ran out of descriptors, new MQTT clients timed
+//! out): at most [`MAX_CONNECTIONS`] connections are served at once (one
+//! more is answered 503 if its socket takes the bytes at once, and closed),
+//! each has [`HEAD_TIMEOUT`] to send a request head (also between requests
+//! of a kept-alive connection), and a head is at most [`MAX_HEAD_BYTES`].
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,13 +29,35 @@ use anyhow::Context;
 use axum::http::{header, StatusCode};
 use axum::routing::get;
 use axum::Router;
-use tokio::sync::oneshot;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::{oneshot, watch, Semaphore};
 
 use crate::metrics::{Metrics, CONTENT_TYPE};
 
 /// How long [`AdminHandle::stop`] lets requests in progress finish before
 /// dropping their connections.
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Admin connections served at once. A connection accepted beyond it is
+/// answered `503` (when its socket takes the bytes at once) and closed.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection has to send a whole request head, from when it
+/// is accepted or its last response was written; then it is closed.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most bytes of a request read before it is answered (hyper's read
+/// buffer; a longer head is refused with 431).
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+
+/// How long the accept loop waits after an accept error (out of
+/// descriptors) before it accepts again.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// The answer to a connection beyond [`MAX_CONNECTIONS`].
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 5\r\nconnection: close\r\n\r\nbusy\n";
 
 /// The running admin server. Dropping it stops the server too.
 #[derive(Debug)]
@@ -140,27 +170,58 @@ fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
         )
 }
 
-async fn serve(listener: tokio::net::TcpListener, app: Router, stop: oneshot::Receiver<()>) {
-    let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        // A dropped sender (handle leaked without stop) also stops the server.
-        let _ = stop.await;
-        let _ = stopping_tx.send(());
-    });
-    let grace_over = async move {
-        if stopping_rx.await.is_ok() {
-            tokio::time::sleep(STOP_GRACE).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        result = server.into_future() => {
-            if let Err(err) = result {
-                tracing::error!("admin: server failed: {err}");
+/// Accepts until `stop` (or its sender is dropped), serving each
+/// connection in a task of its own within the bounds in the module docs;
+/// then lets requests in progress finish, at most [`STOP_GRACE`].
+async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: oneshot::Receiver<()>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (closing_tx, closing_rx) = watch::channel(false);
+    let mut accept_errors = 0u64;
+    loop {
+        let stream = tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    // Out of descriptors, mostly: pause instead of spinning.
+                    accept_errors += 1;
+                    if accept_errors.is_power_of_two() {
+                        tracing::warn!(error = %err, count = accept_errors, "admin: accept failed");
+                    }
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Whatever the socket does not take at once is not waited for.
+            let _ = stream.try_write(BUSY);
+            continue;
+        };
+        let app = app.clone();
+        let mut closing = closing_rx.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .max_buf_size(MAX_HEAD_BYTES);
+            let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = closing.wait_for(|closing| *closing) => conn.as_mut().graceful_shutdown(),
             }
-        }
-        () = grace_over => tracing::warn!("admin: requests still open after {STOP_GRACE:?}, dropped"),
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    let _ = closing_tx.send(true);
+    // Every connection holds a slot until it ends.
+    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
+    if tokio::time::timeout(STOP_GRACE, slots.acquire_many(all)).await.is_err() {
+        tracing::warn!("admin: requests still open after {STOP_GRACE:?}, dropped");
     }
 }
 

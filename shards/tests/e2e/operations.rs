@@ -326,3 +326,72 @@ fn a_closed_stderr_drops_log_lines_and_sigterm_still_stops_the_broker() {
     );
     drop(clients);
 }
+
+/// Reads `stream` until the broker closes it (EOF or reset), at most until
+/// `deadline`; false if it is still open then.
+fn closed_by(stream: &mut std::net::TcpStream, deadline: std::time::Instant) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 512];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// A flood of the admin port with requests that never end (found by a
+/// fresh-user pass: 20,000 connections that each sent `GET /x HTTP/1.1\r\n`
+/// and nothing more all stayed open, the broker ran out of descriptors and
+/// new MQTT clients timed out): at most 64 are served at once, the others
+/// are closed at once, and the served ones are closed when their 5 s for a
+/// request head is over. A new MQTT client connects meanwhile, and after it
+/// `/health/live` answers and the broker's descriptors are back.
+#[test]
+fn an_admin_port_flood_of_unfinished_requests_is_bounded_and_closed_within_the_head_deadline() {
+    use std::io::Write;
+    use std::time::Instant;
+    const FLOOD: usize = 1_000;
+    let broker = Broker::start(&[]);
+    let fds_before = broker.fd_count();
+    let started = Instant::now();
+    let mut flood: Vec<std::net::TcpStream> = (0..FLOOD)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(broker.admin).expect("connect to the admin port");
+            // Closed already beyond the bound: then the write may fail.
+            let _ = stream.write_all(b"GET /x HTTP/1.1\r\n");
+            stream
+        })
+        .collect();
+    let flooded = broker.fd_count();
+    assert!(flooded < fds_before + 100, "the flood holds {} descriptors", flooded - fds_before);
+
+    let mut mqtt = crate::raw::RawClient::connect(broker.mqtt);
+    let connect = crate::raw::wire::Connect::v311("during-the-flood").encode();
+    assert_eq!(mqtt.handshake(&connect).1, 0, "CONNACK accepted during the flood");
+
+    // 5 s for a head, and some slack for a loaded machine.
+    let deadline = started + Duration::from_secs(5) + Duration::from_secs(4);
+    let open: Vec<usize> = flood
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, stream)| (!closed_by(stream, deadline)).then_some(i))
+        .collect();
+    assert!(open.is_empty(), "{} of {FLOOD} flood connections still open after {:?}", open.len(), started.elapsed());
+    drop(flood);
+    drop(mqtt);
+
+    assert_eq!(broker.admin_get("/health/live"), (200, "ok".to_string()));
+    let back_by = Instant::now() + Duration::from_secs(5);
+    while broker.fd_count() > fds_before + 2 {
+        assert!(Instant::now() < back_by, "descriptors {} before the flood, {} after", fds_before, broker.fd_count());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
