@@ -50,8 +50,20 @@ use crate::transport::ListenerKind;
 /// Connections a loop accepts before it lets the shard's other tasks run.
 const ACCEPT_BATCH: usize = 64;
 
-/// How long a loop waits after an accept error (out of descriptors).
+/// How long a loop waits after an accept error (out of descriptors, mostly);
+/// each further error in a row doubles it, up to [`ERROR_PAUSE_MAX`], and a
+/// connection accepted brings it back. While the process is out of
+/// descriptors the kernel's listen queue stays readable, so without the
+/// pause the loop would spin.
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest pause after accept errors in a row.
+const ERROR_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+/// Accept errors are logged at most once per this, with how many there
+/// were since the last line (a fresh-user pass saw 1,314 lines of
+/// `accept failed error=Too many open files` in 15 s).
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a loop holding a connection at `max_pending_connections`
 /// waits before it asks again, if no pending connection of its shard left
@@ -94,9 +106,13 @@ async fn accept_loop(
     kind: ListenerKind,
 ) {
     let mut batch = 0;
+    let mut errors = AcceptErrors::default();
     while !shard.stopping.get() {
-        match accept_one(&shard, &listener).await {
+        match accept_one(&shard, &listener, &mut errors).await {
             Next::Accepted(socket, peer) => {
+                if let Some(count) = errors.accepted() {
+                    warn!(target: "broker", count, "accept failed (not logged before); accepting again");
+                }
                 // Refused ones count too: a loop refusing a flood yields.
                 if let Some((source_slot, pending)) = admit(&shard, &settings, &doors, &socket, peer).await {
                     let fresh = Fresh { socket, peer, source_slot, pending };
@@ -177,7 +193,7 @@ async fn admit(
 
 /// Accept one connection, or wait: for a connection to arrive, or after
 /// an error.
-async fn accept_one(shard: &Shard, listener: &TcpListener) -> Next {
+async fn accept_one(shard: &Shard, listener: &TcpListener, errors: &mut AcceptErrors) -> Next {
     let stopped = async {
         shard.stop_signal.wait().await;
         Next::Stop
@@ -208,12 +224,77 @@ async fn accept_one(shard: &Shard, listener: &TcpListener) -> Next {
         // A connection reset before it was accepted, or a signal.
         Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::EINTR)) => Next::Wait,
         Err(e) => {
-            warn!(target: "broker", error = %e, "accept failed");
+            let (pause, log) = errors.failed(Instant::now());
+            if let Some(count) = log {
+                warn!(target: "broker", error = %e, count, pause_ms = pause.as_millis(), "accept failed");
+            }
             or(stopped, async {
-                sleep(ERROR_PAUSE).await;
+                sleep(pause).await;
                 Next::Wait
             })
             .await
         }
+    }
+}
+
+/// An accept loop's errors in a row: the pause before the next accept and
+/// the errors not logged yet (see [`ERROR_PAUSE`], [`ERROR_LOG_EVERY`]).
+#[derive(Debug, Default)]
+struct AcceptErrors {
+    /// The pause after the last error; zero when the last accept worked.
+    pause: Duration,
+    /// When the last line was logged.
+    logged: Option<Instant>,
+    /// Errors since that line.
+    unlogged: u64,
+}
+
+impl AcceptErrors {
+    /// An accept failed at `now`: how long to pause, and the count to log
+    /// with it (this error included) when a line is due.
+    fn failed(&mut self, now: Instant) -> (Duration, Option<u64>) {
+        self.pause = (self.pause * 2).clamp(ERROR_PAUSE, ERROR_PAUSE_MAX);
+        self.unlogged += 1;
+        let due = self.logged.is_none_or(|at| now.duration_since(at) >= ERROR_LOG_EVERY);
+        if !due {
+            return (self.pause, None);
+        }
+        self.logged = Some(now);
+        (self.pause, Some(std::mem::take(&mut self.unlogged)))
+    }
+
+    /// A connection was accepted: the pause starts over; returns the count
+    /// of errors not logged yet, if any, to log now.
+    fn accepted(&mut self) -> Option<u64> {
+        self.pause = Duration::ZERO;
+        (self.unlogged > 0).then(|| std::mem::take(&mut self.unlogged))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_errors_in_a_row_are_logged_once_a_second_and_pause_longer_each_time() {
+        let mut errors = AcceptErrors::default();
+        let t0 = Instant::now();
+        assert_eq!(errors.failed(t0), (ERROR_PAUSE, Some(1)), "the first at once");
+        let (mut slept, mut now, mut failures, mut lines) = (ERROR_PAUSE, t0, 1, vec![1]);
+        // Five seconds of EMFILE: the loop sleeps what it is told between.
+        while now < t0 + Duration::from_secs(5) {
+            now += slept;
+            failures += 1;
+            let (pause, log) = errors.failed(now);
+            assert!(pause >= slept && pause <= ERROR_PAUSE_MAX, "{pause:?} after {slept:?}");
+            slept = pause;
+            lines.extend(log);
+        }
+        assert_eq!(slept, ERROR_PAUSE_MAX, "the pause grows to its bound");
+        assert!(lines.len() <= 6, "at most one line a second: {lines:?}");
+        let left = errors.accepted();
+        assert_eq!(lines.iter().sum::<u64>() + left.unwrap_or(0), failures, "every error counted once");
+        assert_eq!(errors.failed(now + ERROR_LOG_EVERY), (ERROR_PAUSE, Some(1)), "the pause starts over");
+        assert_eq!(errors.accepted(), None, "nothing left unlogged");
     }
 }
