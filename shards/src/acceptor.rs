@@ -237,10 +237,10 @@ async fn accept_one(shard: &Shard, listener: &TcpListener, errors: &mut AcceptEr
     }
 }
 
-/// An accept loop's errors in a row: the pause before the next accept and
-/// the errors not logged yet (see [`ERROR_PAUSE`], [`ERROR_LOG_EVERY`]).
+/// An accept loop's errors in a row (the MQTT listeners' and the admin
+/// port's): the pause before the next accept and the errors not logged yet (see [`ERROR_PAUSE`], [`ERROR_LOG_EVERY`]).
 #[derive(Debug, Default)]
-struct AcceptErrors {
+pub(crate) struct AcceptErrors {
     /// The pause after the last error; zero when the last accept worked.
     pause: Duration,
     /// When the last line was logged.
@@ -252,7 +252,7 @@ struct AcceptErrors {
 impl AcceptErrors {
     /// An accept failed at `now`: how long to pause, and the count to log
     /// with it (this error included) when a line is due.
-    fn failed(&mut self, now: Instant) -> (Duration, Option<u64>) {
+    pub(crate) fn failed(&mut self, now: Instant) -> (Duration, Option<u64>) {
         self.pause = (self.pause * 2).clamp(ERROR_PAUSE, ERROR_PAUSE_MAX);
         self.unlogged += 1;
         let due = self.logged.is_none_or(|at| now.duration_since(at) >= ERROR_LOG_EVERY);
@@ -265,7 +265,7 @@ impl AcceptErrors {
 
     /// A connection was accepted: the pause starts over; returns the count
     /// of errors not logged yet, if any, to log now.
-    fn accepted(&mut self) -> Option<u64> {
+    pub(crate) fn accepted(&mut self) -> Option<u64> {
         self.pause = Duration::ZERO;
         (self.unlogged > 0).then(|| std::mem::take(&mut self.unlogged))
     }

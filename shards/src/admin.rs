@@ -51,10 +51,6 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// buffer; a longer head is refused with 431).
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 
-/// How long the accept loop waits after an accept error (out of
-/// descriptors) before it accepts again.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-
 /// The answer to a connection beyond [`MAX_CONNECTIONS`].
 const BUSY: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 5\r\nconnection: close\r\n\r\nbusy\n";
@@ -176,19 +172,25 @@ fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
 async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: oneshot::Receiver<()>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (closing_tx, closing_rx) = watch::channel(false);
-    let mut accept_errors = 0u64;
+    // Paced and logged as the MQTT listeners' accept errors are.
+    let mut errors = crate::acceptor::AcceptErrors::default();
     loop {
         let stream = tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    if let Some(count) = errors.accepted() {
+                        tracing::warn!(count, "admin: accept failed (not logged before); accepting again");
+                    }
+                    stream
+                }
                 Err(err) => {
                     // Out of descriptors, mostly: pause instead of spinning.
-                    accept_errors += 1;
-                    if accept_errors.is_power_of_two() {
-                        tracing::warn!(error = %err, count = accept_errors, "admin: accept failed");
+                    let (pause, log) = errors.failed(std::time::Instant::now());
+                    if let Some(count) = log {
+                        tracing::warn!(error = %err, count, pause_ms = pause.as_millis(), "admin: accept failed");
                     }
-                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    tokio::time::sleep(pause).await;
                     continue;
                 }
             },
