@@ -262,7 +262,7 @@ pub(crate) async fn accepted(
             or(
                 async { Some(open_and_read_connect(&shard, &settings, &pending, kind, stream, first).await) },
                 async {
-                    or(sleep(settings.connect_timeout), pending.evicted()).await;
+                    or(pending.connect_deadline(settings.connect_timeout), pending.evicted()).await;
                     None
                 },
             )

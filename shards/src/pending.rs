@@ -37,6 +37,24 @@
 //! progressing connections, which the kernel spreads evenly over the
 //! shards, is still refused.
 //!
+//! # A storm whose CONNECTs come late
+//!
+//! A load generator (or a busy gateway) may open thousands of sockets
+//! before it writes their CONNECTs. Those look silent when the limit is
+//! reached, and evicting them turned most of a storm away (7,700 of
+//! 10,000 at 100,000 connections/s, perf/RESULTS.md). So the kernel keeps
+//! a connection that has sent nothing out of the accept queue for
+//! [`DEFER_ACCEPT`] (`TCP_DEFER_ACCEPT`): a connection comes in with its
+//! first bytes, or silent but already a second old. When the kernel
+//! cannot hold a connection (more are waiting to be answered than the
+//! listen backlog: it answers with SYN cookies, which skip the option) it
+//! comes in at once; such a silent connection gives way only once it is
+//! [`YOUNG`] no more, and until then the newcomer is held as when the
+//! shard is behind. A silent connection's `connect_timeout` counts from
+//! when it was opened, a second before it was accepted when the kernel
+//! held it ([`PendingGuard::connect_deadline`]), so a silent flood's
+//! sockets are closed when they were before.
+//!
 //! # Across shards
 //!
 //! The limit is per process; each shard keeps its own set (its listener's
@@ -78,6 +96,21 @@ use crate::signal::Signal;
 /// it counts as stalled: a TLS or WebSocket handshake and a CONNECT are
 /// each one flight from the client, a round trip at most.
 pub(crate) const STALL: Duration = Duration::from_secs(1);
+
+/// How long the kernel keeps a connection that has sent nothing before
+/// the broker accepts it (`TCP_DEFER_ACCEPT` on every MQTT listener,
+/// `server::bind_reuseport`): a client speaks first (a CONNECT, a TLS
+/// ClientHello, a WebSocket upgrade), so in a reconnect storm a
+/// connection is accepted with its first bytes, and a silent one is
+/// accepted only after this long (when the kernel sends its SYN-ACK
+/// again), already as old as a [`STALL`]. Whole seconds (the option's
+/// unit).
+pub(crate) const DEFER_ACCEPT: Duration = Duration::from_secs(1);
+
+/// A silent connection accepted less than this long ago, which the kernel
+/// did not hold for [`DEFER_ACCEPT`], is not evicted (see
+/// [`PendingSet::victim`]).
+pub(crate) const YOUNG: Duration = STALL;
 
 /// How long into reading its CONNECT a connection is not judged by the
 /// pace of its bytes: a CONNECT comes in one flight, and a pace needs
@@ -397,6 +430,13 @@ impl PendingSet {
     /// bytes waiting, marked `unread` instead of evicted: it is not judged
     /// until its task has read (see the module docs).
     ///
+    /// A silent connection accepted less than [`YOUNG`] ago gives way only
+    /// if the kernel held it first ([`held_by_kernel`]): the others are a
+    /// storm's sockets whose CONNECTs are on their way, which the kernel
+    /// could not hold (its queue of connections not yet answered was full,
+    /// so it answered with SYN cookies, which skip `TCP_DEFER_ACCEPT`).
+    /// While one is young the newcomer waits ([`NoVictim::Behind`]).
+    ///
     /// With none to give way: [`NoVictim::Behind`] while a pending
     /// connection of any shard waits unread (`gate`'s count: room comes
     /// as those shards catch up), or while this shard holds less than half
@@ -404,12 +444,20 @@ impl PendingSet {
     /// [`NoVictim::Progressing`].
     fn victim(&self, now: Instant, gate: &Gate) -> Result<Rc<Pending>, NoVictim> {
         let mut silent = self.silent.borrow_mut();
+        let mut young = false;
         while let Some(weak) = silent.pop_front() {
             let Some(p) = weak.upgrade().filter(|p| is_silent(p)) else { continue };
             if p.fd.map_or(0, bytes_waiting) > 0 {
                 p.unread.set(true);
                 gate.unread_changed(true);
                 continue;
+            }
+            if now.saturating_duration_since(p.accepted) < YOUNG && !p.fd.is_some_and(held_by_kernel) {
+                // Those behind it came after it: young too, or held by
+                // the kernel, and then found at the next look.
+                silent.push_front(weak);
+                young = true;
+                break;
             }
             return Ok(p);
         }
@@ -419,6 +467,7 @@ impl PendingSet {
             .iter()
             .filter(|p| {
                 !p.unread.get()
+                    && p.progress.get().stage != Stage::Silent
                     && p.progress
                         .get()
                         .stalled(p.accepted, now, self.connect_timeout)
@@ -426,7 +475,7 @@ impl PendingSet {
             .min_by_key(|p| p.progress.get().rank(p.accepted));
         match stalled {
             Some(p) => Ok(p.clone()),
-            None if gate.unread_pending() > 0 => Err(NoVictim::Behind),
+            None if young || gate.unread_pending() > 0 => Err(NoVictim::Behind),
             None if entries.len() < gate.max_pending() / (2 * self.shards) => Err(NoVictim::Behind),
             None => Err(NoVictim::Progressing),
         }
@@ -456,6 +505,48 @@ fn bytes_waiting(fd: RawFd) -> usize {
         usize::try_from(n).unwrap_or(0)
     } else {
         0
+    }
+}
+
+/// Make the listening `socket` keep a connection out of its accept queue
+/// until its first bytes come, for at most [`DEFER_ACCEPT`]
+/// (`TCP_DEFER_ACCEPT`).
+///
+/// # Errors
+/// The kernel refused the option.
+pub(crate) fn set_defer_accept(socket: &socket2::Socket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let secs = DEFER_ACCEPT.as_secs() as libc::c_int;
+    // SAFETY: a valid socket and a c_int option of the right size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            std::ptr::addr_of!(secs).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Whether the kernel held the socket `fd` before the broker accepted
+/// it: its SYN-ACK was sent again (`tcpi_total_retrans`, which a
+/// connection takes over from its handshake), as happens to a connection
+/// silent for [`DEFER_ACCEPT`]; such a connection was opened at least that
+/// long before it was accepted. False when it cannot tell.
+fn held_by_kernel(fd: RawFd) -> bool {
+    // SAFETY: a zeroed tcp_info is valid; getsockopt writes at most `len`
+    // bytes of it; `fd` is the pending connection's open socket.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, std::ptr::addr_of_mut!(info).cast(), &mut len) == 0
+            && info.tcpi_total_retrans > 0
     }
 }
 
@@ -515,6 +606,20 @@ impl PendingGuard {
     pub(crate) fn hand_over(self) -> Option<Slot> {
         // Drop takes it out of the set and makes room; the slot is taken first.
         self.entry.slot.take()
+    }
+
+    /// Resolves when the connection's time for a complete CONNECT is up:
+    /// `connect_timeout` after it was opened, which for one the kernel held
+    /// ([`held_by_kernel`]) was [`DEFER_ACCEPT`] before it was accepted.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub(crate) async fn connect_deadline(&self, connect_timeout: Duration) {
+        let first = connect_timeout.saturating_sub(DEFER_ACCEPT);
+        glommio::timer::sleep(first).await;
+        if !self.entry.fd.is_some_and(held_by_kernel) {
+            glommio::timer::sleep(connect_timeout - first).await;
+        }
     }
 
     /// Whether the connection was evicted to make room for another.
@@ -589,15 +694,59 @@ mod tests {
         let b = set.admit(&gate, t0 + ms(1), None).guard().unwrap();
         let c = set.admit(&gate, t0 + ms(2), None).guard().unwrap();
         b.connect_read(&[0x10], t0 + ms(3));
-        let d = set.admit(&gate, t0 + ms(4), None).guard()
+        let later = t0 + YOUNG + ms(2);
+        let d = set.admit(&gate, later, None).guard()
             .expect("a silent one gives way");
         assert!(evicted_now(&a), "the oldest silent one");
-        let e = set.admit(&gate, t0 + ms(5), None).guard().expect("c is silent too");
+        let e = set.admit(&gate, later, None).guard().expect("c is silent too");
         assert!(evicted_now(&c));
         assert_eq!(set.len(), 3);
         drop((b, d, e));
         assert_eq!(set.len(), 0);
         let _three: Vec<_> = (0..3).map(|_| set.admit(&gate, t0, None).guard().unwrap()).collect();
+    }
+
+    #[test]
+    fn a_young_silent_connection_holds_the_newcomer_until_it_is_old() {
+        let gate = Gate::new(2, 1, None, 1);
+        let set = set();
+        let t0 = Instant::now();
+        let a = set.admit(&gate, t0, None).guard().unwrap();
+        let b = set.admit(&gate, t0 + ms(500), None).guard().unwrap();
+        // A storm's sockets whose CONNECTs are on their way: neither goes.
+        assert!(matches!(set.admit(&gate, t0 + ms(900), None), Admission::Behind));
+        assert!(a.entry.in_set() && b.entry.in_set());
+        let c = set.admit(&gate, t0 + YOUNG, None).guard().expect("a is old now");
+        assert!(evicted_now(&a) && b.entry.in_set());
+        assert!(matches!(set.admit(&gate, t0 + YOUNG, None), Admission::Behind), "b is young");
+        drop(c);
+    }
+
+    #[test]
+    fn a_silent_connection_the_kernel_held_gives_way_at_once() {
+        use std::os::fd::AsRawFd;
+        // What `server::bind_reuseport` sets on every MQTT listener.
+        let listener = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        set_defer_accept(&listener).unwrap();
+        listener.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+        listener.listen(8).unwrap();
+        let addr = listener.local_addr().unwrap().as_socket().unwrap();
+        let opened = Instant::now();
+        let _client = std::net::TcpStream::connect(addr).unwrap();
+        let (served, _) = listener.accept().unwrap();
+        let waited = opened.elapsed();
+        assert!(waited >= DEFER_ACCEPT, "the kernel handed a silent connection over after {waited:?}");
+        assert!(held_by_kernel(served.as_raw_fd()));
+        let (_peer, fresh) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(!held_by_kernel(fresh.as_raw_fd()), "not a TCP socket: cannot tell");
+
+        let gate = Gate::new(1, 1, None, 1);
+        let set = set();
+        let t0 = Instant::now();
+        let held = set.admit(&gate, t0, Some(served.as_raw_fd())).guard().unwrap();
+        let _new = set.admit(&gate, t0 + ms(1), None).guard()
+            .expect("accepted a moment ago, but silent for a second already");
+        assert!(!held.entry.in_set());
     }
 
     #[test]
@@ -612,8 +761,9 @@ mod tests {
         client.write_all(&[0x10, 12]).unwrap();
         let waiting = set.admit(&gate, t0, Some(served.as_raw_fd())).guard().unwrap();
         let silent = set.admit(&gate, t0 + ms(1), Some(unread.as_raw_fd())).guard().unwrap();
-        let new = set.admit(&gate, t0 + ms(2), None).guard().expect("the silent one gives way");
-        new.complete(t0 + ms(2));
+        let later = t0 + YOUNG + ms(1);
+        let new = set.admit(&gate, later, None).guard().expect("the silent one gives way");
+        new.complete(later);
         assert!(waiting.entry.in_set(), "its CONNECT waits to be read: the older, kept");
         assert!(!silent.entry.in_set());
         assert!(waiting.entry.unread.get());
@@ -743,11 +893,13 @@ mod tests {
         let t0 = Instant::now();
         let mut kept = Vec::new();
         for i in 0..10_000u64 {
-            let guard = set.admit(&gate, t0 + ms(i), None).guard()
+            // A second apart: every silent one is old (not YOUNG).
+            let now = t0 + Duration::from_secs(i);
+            let guard = set.admit(&gate, now, None).guard()
                 .expect("a silent one gives way");
             if i % 3 != 0 {
                 // Most connections send their CONNECT at once and go.
-                guard.complete(t0 + ms(i));
+                guard.complete(now);
                 continue;
             }
             kept.push(guard);

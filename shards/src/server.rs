@@ -511,11 +511,22 @@ const LISTENER_RELEASE_WAIT: Duration = Duration::from_secs(1);
 /// `TCP_NODELAY` is set here once: Linux copies it to each connection the
 /// socket accepts, which saves a `setsockopt` per connection
 /// (`crate::acceptor`).
+///
+/// `TCP_DEFER_ACCEPT` keeps a connection that has sent nothing out of the
+/// accept queue for [`crate::pending::DEFER_ACCEPT`]: every MQTT client
+/// speaks first, so a storm's connections reach the broker with their
+/// CONNECT (or ClientHello, or WebSocket upgrade), and a load generator
+/// that opens its sockets faster than it writes their CONNECTs no longer
+/// fills `limits.max_pending_connections` with sockets that look silent
+/// and are evicted as such (perf/RESULTS.md, 2026-12-06, session 37).
+/// Silent connections come in only after that second, already old enough
+/// to give way to others (`crate::pending`).
 fn bind_reuseport(addr: SocketAddr) -> std::io::Result<StdListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.set_nodelay(true)?;
+    crate::pending::set_defer_accept(&socket)?;
     socket.bind(&addr.into())?;
     // Linux caps the backlog at `net.core.somaxconn`.
     socket.listen(libc::c_int::MAX)?;
