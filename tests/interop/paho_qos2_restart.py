@@ -28,7 +28,6 @@ prints `failed: why` and exits 1.
 """
 
 import sys
-import threading
 import time
 
 try:
@@ -38,77 +37,31 @@ try:
 except ImportError as e:
     sys.exit(f"paho_qos2_restart: paho-mqtt 2.x is not installed ({e}); run scripts/test.sh")
 
+from scripted import Counted, expect, fail, stop_and_count
+from scripted import wait_for as wait_up_to
+
 WARM = 100
 WAIT = 60.0
 
 
-def fail(why):
-    print(f"failed: {why}", flush=True)
-    sys.exit(1)
-
-
 def wait_for(cond, what, timeout=WAIT, or_fail=True):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    if or_fail:
-        fail(f"{what} within {timeout} s")
-    return False
-
-
-def expect(line):
-    got = sys.stdin.readline().strip()
-    if got != line:
-        fail(f"expected {line!r} from the test, got {got!r}")
+    return wait_up_to(cond, what, timeout, or_fail)
 
 
 def main():
     port, publisher_session, queued = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     tag = f"pq2r{port}"
     topic = f"{tag}/values"
-    lock = threading.Lock()
-    received = []
-    subscribed = threading.Event()
-    drops = {"sub": 0, "pub": 0}
-    connects = {"sub": 0, "pub": 0}
-    why, t0 = [], time.time()
-
-    def counted(name):
-        def on_connect(c, userdata, flags, reason, props):
-            with lock:
-                connects[name] += 1
-            if name == "sub" and not flags.session_present:
-                c.subscribe(topic, qos=2)
-
-        def on_disconnect(c, userdata, flags, reason, props):
-            with lock:
-                drops[name] += 1
-                why.append(f"{name} dropped: {reason} ({time.time() - t0:.2f} s)")
-
-        return on_connect, on_disconnect
-
+    n = Counted()
+    lock, received, connects, drops, why = n.lock, n.received, n.connects, n.drops, n.why
     sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{tag}-sub", clean_session=False)
-    sub.on_connect, sub.on_disconnect = counted("sub")
-    sub.on_subscribe = lambda c, u, mid, reasons, props: subscribed.set()
-
-    def on_message(c, userdata, m):
-        with lock:
-            received.append(int(m.payload))
-
-    sub.on_message = on_message
-    sub.reconnect_delay_set(min_delay=1, max_delay=1)
-    sub.connect("127.0.0.1", port, keepalive=30)
-    sub.loop_start()
-    if not subscribed.wait(WAIT):
-        fail("the subscriber's SUBACK")
+    n.subscribe(sub, port, topic, WAIT)
 
     if publisher_session == "default":
         pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{tag}-pub")
     else:
         pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{tag}-pub", clean_session=False)
-    pub.on_connect, pub.on_disconnect = counted("pub")
+    n.count(pub, "pub", topic)
     pub.reconnect_delay_set(min_delay=1, max_delay=1)
     pub.connect("127.0.0.1", port, keepalive=30)
     pub.loop_start()
@@ -141,16 +94,7 @@ def main():
     time.sleep(1.0)  # a duplicate would come now
     with lock:
         pub_connects, pub_drops, drop_log = connects["pub"], drops["pub"], list(why)
-    pub.loop_stop()
-    sub.loop_stop()
-    pub.disconnect()
-    sub.disconnect()
-    with lock:
-        values = list(received)
-    counts = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    duplicates = sorted(v for v, c in counts.items() if c > 1)
+    values, counts, duplicates = stop_and_count(pub, sub, lock, received)
     seen, first = set(), []
     for v in values:
         if v not in seen:
