@@ -534,20 +534,40 @@ pub(crate) fn set_defer_accept(socket: &socket2::Socket) -> std::io::Result<()> 
     }
 }
 
-/// Whether the kernel held the socket `fd` before the broker accepted
-/// it: its SYN-ACK was sent again (`tcpi_total_retrans`, which a
-/// connection takes over from its handshake), as happens to a connection
-/// silent for [`DEFER_ACCEPT`]; such a connection was opened at least that
-/// long before it was accepted. False when it cannot tell.
-fn held_by_kernel(fd: RawFd) -> bool {
+/// The longest the kernel is taken to have held a connection before the
+/// broker accepted it: two SYN-ACKs sent again (1 s, then 2 s more). A
+/// silent connection is handed over after the first (`DEFER_ACCEPT`),
+/// or after the second when the accept queue had no room for it at the
+/// first.
+const KERNEL_WAIT_MAX: Duration = Duration::from_secs(3);
+
+/// How long the kernel held the socket `fd` before the broker accepted
+/// it, at least: each time it sent its SYN-ACK again (`tcpi_total_retrans`,
+/// which a connection takes over from its handshake; the broker has sent
+/// it nothing else while it is pending) it had waited 1 s, then 2 s more
+/// (`TCP_TIMEOUT_INIT` doubling), up to [`KERNEL_WAIT_MAX`]. That happens
+/// to a connection silent for [`DEFER_ACCEPT`]. Zero when it cannot tell.
+fn kernel_wait(fd: RawFd) -> Duration {
     // SAFETY: a zeroed tcp_info is valid; getsockopt writes at most `len`
     // bytes of it; `fd` is the pending connection's open socket.
-    unsafe {
+    let resent = unsafe {
         let mut info: libc::tcp_info = std::mem::zeroed();
         let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, std::ptr::addr_of_mut!(info).cast(), &mut len) == 0
-            && info.tcpi_total_retrans > 0
+        let ok = libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, std::ptr::addr_of_mut!(info).cast(), &mut len) == 0;
+        if ok { info.tcpi_total_retrans } else { 0 }
+    };
+    match resent {
+        0 => Duration::ZERO,
+        1 => Duration::from_secs(1),
+        _ => KERNEL_WAIT_MAX,
     }
+}
+
+/// Whether the kernel held the socket `fd` before the broker accepted it
+/// ([`kernel_wait`]): such a connection was opened at least a second
+/// before.
+fn held_by_kernel(fd: RawFd) -> bool {
+    !kernel_wait(fd).is_zero()
 }
 
 fn is_silent(p: &Pending) -> bool {
@@ -610,15 +630,20 @@ impl PendingGuard {
 
     /// Resolves when the connection's time for a complete CONNECT is up:
     /// `connect_timeout` after it was opened, which for one the kernel held
-    /// ([`held_by_kernel`]) was [`DEFER_ACCEPT`] before it was accepted.
+    /// ([`kernel_wait`]) was that long before it was accepted. The kernel
+    /// is asked once, [`KERNEL_WAIT_MAX`] before the timeout (at accept
+    /// when the timeout is shorter), so a connection that sends its CONNECT
+    /// in time costs no system call.
     ///
     /// # Cancel safety
     /// Cancel safe.
     pub(crate) async fn connect_deadline(&self, connect_timeout: Duration) {
-        let first = connect_timeout.saturating_sub(DEFER_ACCEPT);
+        let first = connect_timeout.saturating_sub(KERNEL_WAIT_MAX);
         glommio::timer::sleep(first).await;
-        if !self.entry.fd.is_some_and(held_by_kernel) {
-            glommio::timer::sleep(connect_timeout - first).await;
+        let waited = self.entry.fd.map_or(Duration::ZERO, kernel_wait);
+        let rest = (connect_timeout - first).saturating_sub(waited);
+        if !rest.is_zero() {
+            glommio::timer::sleep(rest).await;
         }
     }
 
@@ -737,6 +762,8 @@ mod tests {
         let waited = opened.elapsed();
         assert!(waited >= DEFER_ACCEPT, "the kernel handed a silent connection over after {waited:?}");
         assert!(held_by_kernel(served.as_raw_fd()));
+        let held = kernel_wait(served.as_raw_fd());
+        assert!(held >= DEFER_ACCEPT && held <= waited, "held {held:?}, waited {waited:?}");
         let (_peer, fresh) = std::os::unix::net::UnixStream::pair().unwrap();
         assert!(!held_by_kernel(fresh.as_raw_fd()), "not a TCP socket: cannot tell");
 
