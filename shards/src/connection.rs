@@ -957,9 +957,30 @@ fn drive(
         };
         shard.detach(slot, &conn, publish_will, Instant::now());
         shard.flush().await;
-        // What is still queued (a DISCONNECT with its reason code, say) goes
-        // out if the client takes it within CLOSE_FLUSH.
-        or(io.drain(&shard, &conn, &mut transport), sleep(CLOSE_FLUSH)).await;
+        // What is still queued and the acknowledgements that wait for the
+        // store go out, then the DISCONNECT with its reason code, nothing
+        // after it [MQTT-3.14.4-1], if the client takes them within
+        // CLOSE_FLUSH. Acknowledgements the store has not covered by then
+        // are not sent: the client publishes those values again.
+        let flushed = or(
+            async {
+                io.drain(&shard, &conn, &mut transport, true).await;
+                true
+            },
+            async {
+                sleep(CLOSE_FLUSH).await;
+                false
+            },
+        )
+        .await;
+        if conn.close.get().is_some_and(|c| c.disconnect.is_some()) {
+            if !flushed {
+                // What waits for the store stays behind the DISCONNECT.
+                conn.out.borrow_mut().clear();
+            }
+            conn.send_disconnect();
+            or(io.drain(&shard, &conn, &mut transport, false), sleep(CLOSE_FLUSH)).await;
+        }
         drop(admission);
         shard.metrics.clients_connected.dec();
         // Boxed: only a closing connection holds this state. The shard's
@@ -1094,18 +1115,23 @@ impl Io {
         Ok(())
     }
 
-    /// Write everything queued for a closing connection.
-    async fn drain(&mut self, shard: &Shard, conn: &ConnShared, transport: &mut Transport) {
-        std::future::poll_fn(|cx| {
+    /// Write everything queued for a closing connection, and with `acks`
+    /// the acknowledgements that wait for the store too, as the store
+    /// covers them.
+    async fn drain(&mut self, shard: &Shard, conn: &ConnShared, transport: &mut Transport, acks: bool) {
+        std::future::poll_fn(|cx| loop {
             if self.poll_write(cx, shard, conn, transport).is_err() {
                 return Poll::Ready(());
             }
-            // Acknowledgements still waiting for the store come first.
             let idle = self.writing.is_empty() && !self.unflushed && conn.out.borrow().is_empty();
-            if idle && !shard.store.acks_waiting(conn) {
+            if idle && !(acks && shard.store.acks_waiting(conn)) {
                 return Poll::Ready(());
             }
-            Poll::Pending
+            // Woken when the store's acknowledgements (or anything else)
+            // are queued: go round.
+            if conn.write_signal.poll_wait(cx).is_pending() {
+                return Poll::Pending;
+            }
         })
         .await
     }

@@ -176,6 +176,12 @@ pub(crate) enum HandoffStream {
 pub(crate) struct CloseRequest {
     /// Publish the will of the connection.
     pub(crate) publish_will: bool,
+    /// The reason code of the DISCONNECT an MQTT 5 client gets (`None`:
+    /// none, MQTT 3.1.1 or a client that is gone). The connection's task
+    /// writes it last, after the acknowledgements that wait for the store
+    /// (`crate::connection`), since nothing may follow it
+    /// `[MQTT-3.14.4-1]`.
+    pub(crate) disconnect: Option<ReasonCode>,
 }
 
 /// The part of a connection that the shard writes into: its outgoing bytes
@@ -284,20 +290,26 @@ impl ConnShared {
         }
     }
 
-    /// Ask the connection to close: MQTT 5 clients first get DISCONNECT
-    /// with `reason`. The first request wins.
+    /// Ask the connection to close: MQTT 5 clients get DISCONNECT with
+    /// `reason` as its last packet, after what is queued for it and the
+    /// acknowledgements that wait for the store. The first request wins.
     pub(crate) fn request_close(&self, reason: Option<ReasonCode>, publish_will: bool) {
         if self.close.get().is_some() {
             return;
         }
-        if let (Some(reason), true) = (reason, self.protocol.is_v5()) {
+        let disconnect = reason.filter(|_| self.protocol.is_v5());
+        self.close.set(Some(CloseRequest { publish_will, disconnect }));
+        self.wake();
+    }
+
+    /// Queue the DISCONNECT of the close request, if it has one.
+    pub(crate) fn send_disconnect(&self) {
+        if let Some(reason) = self.close.get().and_then(|c| c.disconnect) {
             self.send(&Packet::Disconnect(Disconnect {
                 reason,
                 properties: Props::default(),
             }));
         }
-        self.close.set(Some(CloseRequest { publish_will }));
-        self.wake();
     }
 
     pub(crate) fn is_closing(&self) -> bool {
@@ -869,7 +881,9 @@ impl Shard {
                     reason,
                     publish_will,
                 } => {
-                    self.store.close(conn, st.clients[slot as usize].conn.as_ref(), reason, publish_will);
+                    // Its DISCONNECT follows the acknowledgements that
+                    // wait for the store (DESIGN.md §7, `crate::connection`).
+                    conn.request_close(reason, publish_will);
                     break;
                 }
                 // An acknowledgement freed room for queued messages.

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytestring::ByteString;
-use fleetmq_core::packet::{Disconnect, Packet, Props, QoS, ReasonCode};
+use fleetmq_core::packet::{Packet, QoS, ReasonCode};
 use fleetmq_core::session::{Message, SessionChange, Subscription};
 use fleetmq_core::store::{Record, StoredMessage};
 
@@ -242,30 +242,6 @@ impl ShardStore {
             } else {
                 self.acks.park(token, conn, packet, origin);
             }
-        }
-    }
-
-    /// Close `conn` as core asked (`Output::Close`): at once, unless
-    /// acknowledgements for it wait for the store; then it stops reading
-    /// now, and its DISCONNECT (MQTT 5, with `reason`) follows them, so
-    /// the client is acknowledged what came before (DESIGN.md §7).
-    /// `attached` is the shard's handle on `conn`.
-    pub(crate) fn close(
-        &self,
-        conn: &ConnShared,
-        attached: Option<&Rc<ConnShared>>,
-        reason: Option<ReasonCode>,
-        publish_will: bool,
-    ) {
-        match (self.acks.waiting_for(conn.key), attached) {
-            (true, Some(attached)) => {
-                conn.request_close(None, publish_will);
-                if let (Some(reason), true) = (reason, conn.protocol.is_v5()) {
-                    let disconnect = Disconnect { reason, properties: Props::default() };
-                    self.acks.park(self.appended(), attached, Packet::Disconnect(disconnect), None);
-                }
-            }
-            _ => conn.request_close(reason, publish_will),
         }
     }
 

@@ -270,6 +270,36 @@ fn a_client_reads_disconnect_0x81_or_0x82_for_a_malformed_packet_it_wrote_more_a
     }
 }
 
+/// A QoS 1 and a QoS 2 PUBLISH, then a malformed packet in the same
+/// write, with the default (durable) store: the PUBACK and the PUBREC,
+/// which wait until the values are on disk, come before the DISCONNECT
+/// 0x81, nothing after it [MQTT-3.14.4-1], and the stream ends well
+/// within the linger's second (a fresh-user pass saw the DISCONNECT
+/// first, the acknowledgements after it, and the close only after 2 s).
+#[test]
+fn acknowledgements_waiting_for_the_store_come_before_the_disconnect_and_nothing_after() {
+    let setup = Setup::start(&[]);
+    let qos3 = wire::packet(0x36, &[0, 1, b't', 0, 1, 0]);
+    for kind in KINDS {
+        for id in ids("ack-then-disconnect") {
+            let what = format!("{kind:?} {id}");
+            let mut c = setup.connected(kind, &id, 60, &Props::new());
+            let mut bytes = packet::publish("acks/first", 1, false, 1, Some(&Props::new()), b"one");
+            bytes.extend(packet::publish("acks/first", 2, false, 2, Some(&Props::new()), b"two"));
+            bytes.extend(&qos3);
+            let sent = Instant::now();
+            c.wire.try_send(&bytes).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let (reason, before) = hears_last(&mut c, &what, 0xE0);
+            let took = sent.elapsed();
+            assert_eq!(reason, 0x81, "{what}");
+            assert_eq!(before, [0x40, 0x50], "{what}: PUBACK and PUBREC before the DISCONNECT");
+            // hears_last writes for 150 ms; the linger ends at most 1 s
+            // after the DISCONNECT.
+            assert!(took < Duration::from_millis(1_500), "{what}: closed after {took:?}");
+        }
+    }
+}
+
 /// Keep alive: a client silent for 1.5 × its Keep Alive gets DISCONNECT
 /// 0x8D (Keep Alive timeout, [MQTT-3.1.2-22]), and reads it even though it
 /// writes after it was sent.
