@@ -441,7 +441,7 @@ struct Connecting {
 /// WebSocket connection accepted here through a local socket pair whose
 /// other end stays here, bridged to the client. Sent in order with this
 /// shard's other messages for `peer` (see `shard::placement`).
-async fn hand_off(shard: &Shard, peer: usize, route: Route, connecting: Connecting) {
+async fn hand_off(shard: &Rc<Shard>, peer: usize, route: Route, connecting: Connecting) {
     let Connecting {
         transport,
         unread,
@@ -455,7 +455,16 @@ async fn hand_off(shard: &Shard, peer: usize, route: Route, connecting: Connecti
             Ok((near, far)) => {
                 // SAFETY: into_raw_fd hands over a descriptor only we own.
                 let near = unsafe { UnixStream::from_raw_fd(near.into_raw_fd()) };
-                glommio::spawn_local(bridge(outer, near)).detach();
+                // The shard's stop waits for its bridges too
+                // (`live_connections`): what the owner shard writes last
+                // (a DISCONNECT 0x8B) still crosses them.
+                shard.live_connections.set(shard.live_connections.get() + 1);
+                let bridging = shard.clone();
+                glommio::spawn_local(async move {
+                    bridge(outer, near).await;
+                    bridging.live_connections.set(bridging.live_connections.get() - 1);
+                })
+                .detach();
                 Some(HandoffStream::Unix(OwnedFd::from(far)))
             }
             Err(_) => None,

@@ -7,6 +7,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use futures_lite::future::or;
 use futures_lite::{AsyncRead, AsyncWrite};
 use futures_rustls::server::TlsStream;
 use glommio::net::{TcpStream, UnixStream};
@@ -148,16 +149,38 @@ impl AsyncWrite for Transport {
 /// last packet, at once after the client's end.
 pub(crate) async fn bridge(mut outer: Transport, mut inner: UnixStream) {
     let (mut up, mut down) = (Pipe::new(), Pipe::new());
-    let client_ended = std::future::poll_fn(|cx| {
-        if up.poll(cx, &mut outer, &mut inner).is_ready() {
-            return Poll::Ready(true);
+    let ended = std::future::poll_fn(|cx| {
+        if let Poll::Ready(end) = up.poll(cx, &mut outer, &mut inner) {
+            return Poll::Ready((true, end));
         }
-        if down.poll(cx, &mut inner, &mut outer).is_ready() {
-            return Poll::Ready(false);
+        if let Poll::Ready(end) = down.poll(cx, &mut inner, &mut outer) {
+            return Poll::Ready((false, end));
         }
         Poll::Pending
     })
     .await;
+    let client_ended = match ended {
+        // The client ended, or the owner failed to take its bytes: the
+        // owner closed its end while the client was still writing. What
+        // the owner wrote last (its DISCONNECT) still goes to the client,
+        // up to the end of the owner's stream (bounded: the owner closes
+        // at once).
+        (true, End::Write) => {
+            or(
+                std::future::poll_fn(|cx| down.poll(cx, &mut inner, &mut outer)),
+                async {
+                    glommio::timer::sleep(crate::closing::LINGER_TIME).await;
+                    End::Read
+                },
+            )
+            .await;
+            false
+        }
+        (true, End::Read) => true,
+        // The owner ended (after its last packet), or the client is gone.
+        (false, End::Read) => false,
+        (false, End::Write) => true,
+    };
     drop((up, down));
     // The owner sees the end of its local socket: EOF when the client
     // ended, the end of its own linger otherwise.
@@ -168,6 +191,15 @@ pub(crate) async fn bridge(mut outer: Transport, mut inner: UnixStream) {
         Linger::AFTER_DISCONNECT
     };
     crate::closing::close(&mut outer, linger).await;
+}
+
+/// How one direction of a [`bridge`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The side it reads from ended (EOF) or failed.
+    Read,
+    /// The side it writes to failed.
+    Write,
 }
 
 /// One direction of a [`bridge`]: a buffer of bytes read from one side
@@ -194,8 +226,8 @@ impl Pipe {
 
     /// Move bytes from `from` to `to` until one of them would block,
     /// flushing `to` whenever `from` has nothing more for now. Ready when
-    /// `from` ended or either side failed.
-    fn poll<R, W>(&mut self, cx: &mut Context<'_>, from: &mut R, to: &mut W) -> Poll<()>
+    /// `from` ended or either side failed, saying which.
+    fn poll<R, W>(&mut self, cx: &mut Context<'_>, from: &mut R, to: &mut W) -> Poll<End>
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
@@ -207,18 +239,18 @@ impl Pipe {
                         self.start += n;
                         self.unflushed = true;
                     }
-                    Poll::Ready(_) => return Poll::Ready(()),
+                    Poll::Ready(_) => return Poll::Ready(End::Write),
                     Poll::Pending => return Poll::Pending,
                 }
             }
             match Pin::new(&mut *from).poll_read(cx, &mut self.buf) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(End::Read),
                 Poll::Ready(Ok(n)) => (self.start, self.end) = (0, n),
                 Poll::Pending => {
                     if self.unflushed {
                         match Pin::new(&mut *to).poll_flush(cx) {
                             Poll::Ready(Ok(())) => self.unflushed = false,
-                            Poll::Ready(Err(_)) => return Poll::Ready(()),
+                            Poll::Ready(Err(_)) => return Poll::Ready(End::Write),
                             Poll::Pending => {}
                         }
                     }

@@ -359,6 +359,26 @@ fn clients_writing_through_a_shutdown_read_disconnect_0x8b() {
     );
 }
 
+/// Shutdown with clients that write flat out (1 KB QoS 0 PUBLISHes as
+/// fast as their sockets take them) over TCP and WebSocket, two shards:
+/// each reads DISCONNECT 0x8B before its stream ends, also when its
+/// WebSocket connection is bridged to the shard owning its client
+/// identifier (`tests/interop/sigterm_writers.py`, standard-library
+/// Python). A fresh-user pass saw 4 of 6 WebSocket clients miss it: the
+/// bridge took the owner's closed end for the client's and stopped
+/// carrying what the owner wrote last, and the accepting shard stopped
+/// without waiting for its bridges.
+#[test]
+fn clients_writing_flat_out_through_a_shutdown_read_disconnect_0x8b() {
+    let status = std::process::Command::new("python3")
+        .arg(crate::interop::root().join("tests/interop/sigterm_writers.py"))
+        .arg(env!("CARGO_BIN_EXE_fleetmq"))
+        .args(["--shards", "2", "--clients", "3", "--runs", "3"])
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "a client missed its DISCONNECT 0x8B (see the script's lines above)");
+}
+
 /// A refusing CONNACK (0x8C Bad authentication method: the broker offers
 /// no enhanced authentication, MQTT 5 §4.12) is read whole by a client
 /// that wrote on after its CONNECT [MQTT-3.2.2-5].
