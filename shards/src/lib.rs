@@ -16,6 +16,7 @@ mod cluster;
 mod census;
 pub mod cert;
 mod closing;
+mod deferred;
 pub mod config;
 mod connection;
 mod limits;

@@ -513,7 +513,7 @@ const LISTENER_RELEASE_WAIT: Duration = Duration::from_secs(1);
 /// (`crate::acceptor`).
 ///
 /// `TCP_DEFER_ACCEPT` keeps a connection that has sent nothing out of the
-/// accept queue for [`crate::pending::DEFER_ACCEPT`]: every MQTT client
+/// accept queue for [`crate::deferred::DEFER_ACCEPT`]: every MQTT client
 /// speaks first, so a storm's connections reach the broker with their
 /// CONNECT (or ClientHello, or WebSocket upgrade), and a load generator
 /// that opens its sockets faster than it writes their CONNECTs no longer
@@ -526,7 +526,7 @@ fn bind_reuseport(addr: SocketAddr) -> std::io::Result<StdListener> {
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.set_nodelay(true)?;
-    crate::pending::set_defer_accept(&socket)?;
+    crate::deferred::set_defer_accept(&socket)?;
     socket.bind(&addr.into())?;
     // Linux caps the backlog at `net.core.somaxconn`.
     socket.listen(libc::c_int::MAX)?;
