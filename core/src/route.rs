@@ -7,6 +7,10 @@
 //! it without a lock. It is a [`SubscriptionTrie`] keyed by filter alone, so
 //! the matching rules are the trie's.
 
+use bytestring::ByteString;
+
+use crate::cluster::peers::{PeerSet, RouteChange};
+use crate::topic::{parse_shared, validate_topic_filter, TopicLimits};
 use crate::trie::SubscriptionTrie;
 
 /// A set of shard ids `0..64`, as a bit mask (bit `i` is shard `i`).
@@ -190,6 +194,103 @@ impl RouteTable {
     }
 }
 
+/// Filter → peer replicas with a subscriber on it (the mesh, DESIGN.md §3,
+/// §11), read from `mqtt-routes`: the remote counterpart of [`RouteTable`].
+///
+/// A plain filter routes every matching value to each of its peers; a
+/// shared subscription (`$share/<group>/<filter>`) is kept under its inner
+/// filter and its group, so a value goes to one member replica per group.
+#[derive(Default)]
+pub struct RemoteRoutes {
+    /// Key: 0 for a plain filter, else the group's number in `groups` + 1.
+    trie: SubscriptionTrie<u32, PeerSet>,
+    /// Group names met, numbered in order; never shrinks (groups are few).
+    groups: Vec<ByteString>,
+}
+
+impl RemoteRoutes {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Apply one change of `mqtt-routes`. `filter` as subscribed
+    /// (`$share/<group>/<filter>` for a shared one); an invalid one is
+    /// ignored (another replica's entry is never trusted to be valid).
+    /// Idempotent.
+    pub fn apply(&mut self, change: &RouteChange) {
+        let limits = TopicLimits { max_levels: usize::MAX, max_bytes: usize::MAX };
+        if validate_topic_filter(&change.filter, &limits).is_err() {
+            return;
+        }
+        let (key, inner) = match parse_shared(&change.filter) {
+            Some((group, inner)) => (self.group_key(group), inner),
+            None => (0, change.filter.as_str()),
+        };
+        if change.present {
+            match self.trie.get_mut(inner, &key) {
+                Some(peers) => {
+                    peers.insert(change.peer);
+                }
+                None => {
+                    let mut peers = PeerSet::new();
+                    peers.insert(change.peer);
+                    self.trie.insert(inner, key, peers);
+                }
+            }
+        } else if let Some(peers) = self.trie.get_mut(inner, &key) {
+            peers.remove(change.peer);
+            if peers.is_empty() {
+                self.trie.remove(inner, &key);
+            }
+        }
+    }
+
+    /// The peers with a plain filter matching `topic` (a valid topic name,
+    /// [MQTT-4.7.2-1] included). Does not allocate.
+    pub fn peers_for(&self, topic: &str) -> PeerSet {
+        let mut all = PeerSet::new();
+        self.trie.for_each_match(topic, |key, peers| {
+            if *key == 0 {
+                all = all.union(*peers);
+            }
+        });
+        all
+    }
+
+    /// Calls `f(group, peers)` for each shared subscription group with a
+    /// filter matching `topic` on some peer (a group matched by several
+    /// filters comes once per filter).
+    pub fn for_each_group(&self, topic: &str, mut f: impl FnMut(&ByteString, PeerSet)) {
+        self.trie.for_each_match(topic, |key, peers| {
+            if let Some(group) = key.checked_sub(1).and_then(|i| self.groups.get(i as usize)) {
+                f(group, *peers);
+            }
+        });
+    }
+
+    /// Number of (filter, group) entries with at least one peer.
+    pub fn len(&self) -> usize {
+        self.trie.len()
+    }
+
+    /// True when no peer wants anything.
+    pub fn is_empty(&self) -> bool {
+        self.trie.is_empty()
+    }
+
+    fn group_key(&mut self, group: &str) -> u32 {
+        let at = match self.groups.iter().position(|g| g == group) {
+            Some(at) => at,
+            None => {
+                self.groups.push(ByteString::from(group));
+                self.groups.len() - 1
+            }
+        };
+        at as u32 + 1
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +353,28 @@ mod tests {
         assert_eq!(table.shards_for("sport"), set(&[0, 7]));
         // [MQTT-4.7.2-1]
         assert_eq!(table.shards_for("$SYS/broker"), set(&[9]));
+    }
+
+
+    #[test]
+    fn remote_routes_keep_plain_filters_and_groups_apart() {
+        use crate::cluster::peers::PeerId;
+        let change = |peer, filter: &str, present| RouteChange { peer: PeerId(peer), filter: filter.into(), present };
+        let mut remote = RemoteRoutes::new();
+        remote.apply(&change(1, "a/+", true));
+        remote.apply(&change(2, "a/#", true));
+        remote.apply(&change(3, "$share/g/a/b", true));
+        remote.apply(&change(4, "$share/g/a/#", true));
+        remote.apply(&change(5, "bad/#/x", true));
+        assert_eq!(remote.peers_for("a/b").iter().collect::<Vec<_>>(), [PeerId(1), PeerId(2)]);
+        let mut groups = Vec::new();
+        remote.for_each_group("a/b", |g, peers| groups.push((g.to_string(), peers.iter().collect::<Vec<_>>())));
+        groups.sort();
+        assert_eq!(groups, [("g".to_string(), vec![PeerId(3)]), ("g".to_string(), vec![PeerId(4)])]);
+        remote.apply(&change(1, "a/+", false));
+        remote.apply(&change(3, "$share/g/a/b", false));
+        assert_eq!(remote.peers_for("a/b").iter().collect::<Vec<_>>(), [PeerId(2)]);
+        assert_eq!(remote.len(), 2);
     }
 
     fn topic() -> impl Strategy<Value = String> {

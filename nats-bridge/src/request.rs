@@ -193,6 +193,14 @@ pub enum Event {
         /// sent `[MQTT-3.1.3-9]`.
         clean_start: bool,
     },
+    /// The live peer replicas changed (a member joined, left, restarted or
+    /// was taken for gone): the whole list, this replica excluded. The
+    /// mesh links to each (DESIGN.md §11).
+    Peers(Arc<[fleetmq_core::cluster::peers::Peer]>),
+    /// Other replicas' entries of `mqtt-routes` changed, in bucket order
+    /// (the start sends every entry present). A peer taken for gone has
+    /// its routes removed here too.
+    Routes(Arc<[fleetmq_core::cluster::peers::RouteChange]>),
 }
 
 /// Carry out `request` (a task of its own on the bridge thread) and count

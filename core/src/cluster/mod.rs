@@ -5,6 +5,7 @@
 
 pub mod membership;
 pub mod names;
+pub mod peers;
 pub mod records;
 pub mod retained;
 pub mod settings;

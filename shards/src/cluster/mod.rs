@@ -466,6 +466,8 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                         wills::hand_over(&shard);
                     }
                     Event::Unfenced => shard_state(|sc| sc.handing_over.set(false)),
+                    // The mesh (issue 25) acts on these.
+                    Event::Peers(_) | Event::Routes(_) => {}
                     Event::PublishWill { will } => shard.publish_cluster_will(will, now),
                     Event::Retained { revision, message } => {
                         shard.apply_retained(revision, message, now);
