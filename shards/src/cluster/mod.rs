@@ -466,8 +466,9 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                         wills::hand_over(&shard);
                     }
                     Event::Unfenced => shard_state(|sc| sc.handing_over.set(false)),
-                    // The mesh (issue 25) acts on these.
-                    Event::Peers(_) | Event::Routes(_) => {}
+                    Event::Routes(changes) => shard.apply_routes(&changes),
+                    // The mesh (issue 25) links to these.
+                    Event::Peers(_) => {}
                     Event::PublishWill { will } => shard.publish_cluster_will(will, now),
                     Event::Retained { revision, message } => {
                         shard.apply_retained(revision, message, now);

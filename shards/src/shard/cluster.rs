@@ -51,6 +51,14 @@ impl Shard {
         self.state.borrow_mut().retained.apply(revision, message, now);
     }
 
+    /// Other replicas' changes of `mqtt-routes`, in bucket order.
+    pub(crate) fn apply_routes(&self, changes: &[fleetmq_core::cluster::peers::RouteChange]) {
+        let mut st = self.state.borrow_mut();
+        for change in changes {
+            st.remote_routes.apply(change);
+        }
+    }
+
     /// Ask every connection of this shard to close with `reason` (MQTT 5:
     /// a DISCONNECT with it), wills not published here: the replica is
     /// fenced and hands them over to the cluster.

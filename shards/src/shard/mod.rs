@@ -43,7 +43,7 @@ use fleetmq_core::packet::codec::encode;
 use fleetmq_core::packet::{
     Connect, Disconnect, Packet, Props, ProtocolVersion, QoS, ReasonCode, RetainHandling, Will,
 };
-use fleetmq_core::route::RouteTable;
+use fleetmq_core::route::{RemoteRoutes, RouteTable};
 use fleetmq_core::session::timing::{keep_alive_deadline, session_expires_at};
 use fleetmq_core::session::{
     client_key, workspace_namespace, Authorize, AuthorizeCache, Delivery, Message, Negotiated,
@@ -392,6 +392,9 @@ struct State {
     groups: Slab<groups::GroupEntry>,
     group_ids: HashMap<ByteString, u32>,
     routes: RouteTable,
+    /// The other replicas' routes (cluster mode: `mqtt-routes`), for the
+    /// mesh; empty alone.
+    remote_routes: RemoteRoutes,
     retained: Retained,
     /// Retained messages subscriptions still have to receive, by session.
     feeds: Feeds,
@@ -496,6 +499,7 @@ impl Shard {
                 groups: Slab::new(),
                 group_ids: HashMap::new(),
                 routes: RouteTable::new(),
+                remote_routes: RemoteRoutes::new(),
                 retained: Retained::default(),
                 feeds: Feeds::default(),
                 applied: 0,
