@@ -179,6 +179,10 @@ fn bind_listeners(settings: &Settings, shards: usize) -> anyhow::Result<Listener
         (ListenerKind::Ws, "listeners.ws", &settings.listeners.ws),
         (ListenerKind::Wss, "listeners.wss", &settings.listeners.wss),
     ];
+    // A silent connection the kernel holds may wait up to KERNEL_WAIT_MAX
+    // before it is accepted: with a shorter connect_timeout it would stay
+    // open past it, so the hold is only asked for with a long enough one.
+    let defer = settings.limits.connect_timeout >= crate::deferred::KERNEL_WAIT_MAX;
     for (kind, key, addrs) in listeners {
         for addr in addrs {
             let mut addr: SocketAddr = addr
@@ -189,7 +193,7 @@ fn bind_listeners(settings: &Settings, shards: usize) -> anyhow::Result<Listener
                     .with_context(|| format!("cannot listen on {addr} ({key})"))?;
             }
             for fds in per_shard.iter_mut() {
-                let listener = bind_reuseport(addr)
+                let listener = bind_reuseport(addr, defer)
                     .with_context(|| format!("cannot listen on {addr} ({key})"))?;
                 addr = listener.local_addr()?;
                 // SAFETY: into_raw_fd hands over ownership of a valid fd.
@@ -520,13 +524,19 @@ const LISTENER_RELEASE_WAIT: Duration = Duration::from_secs(1);
 /// fills `limits.max_pending_connections` with sockets that look silent
 /// and are evicted as such (perf/RESULTS.md, 2026-12-06, session 37).
 /// Silent connections come in only after that second, already old enough
-/// to give way to others (`crate::pending`).
-fn bind_reuseport(addr: SocketAddr) -> std::io::Result<StdListener> {
+/// to give way to others (`crate::pending`). `defer` false leaves it
+/// off: with `limits.connect_timeout` under
+/// [`crate::deferred::KERNEL_WAIT_MAX`] the kernel could hold a silent
+/// connection (two SYN-ACKs when the accept queue was full) past the
+/// timeout.
+fn bind_reuseport(addr: SocketAddr, defer: bool) -> std::io::Result<StdListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.set_nodelay(true)?;
-    crate::deferred::set_defer_accept(&socket)?;
+    if defer {
+        crate::deferred::set_defer_accept(&socket)?;
+    }
     socket.bind(&addr.into())?;
     // Linux caps the backlog at `net.core.somaxconn`.
     socket.listen(libc::c_int::MAX)?;
@@ -586,7 +596,7 @@ mod tests {
 
     #[test]
     fn accepted_connections_have_tcp_nodelay_from_the_listening_socket() {
-        let listener = bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = bind_reuseport("127.0.0.1:0".parse().unwrap(), true).unwrap();
         let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         assert!(accepted.nodelay().unwrap(), "no setsockopt per connection needed");
