@@ -1083,6 +1083,7 @@ impl Io {
         loop {
             if self.writing.is_empty() {
                 let mut out = conn.out.borrow_mut();
+                conn.after_disconnect_dropped(&mut out);
                 // A CONNACK the store does not cover yet, and what follows
                 // it, wait (see `ShardStore::hold_until_durable`); a
                 // closing connection writes what it has.

@@ -207,6 +207,11 @@ pub(crate) struct ConnShared {
     /// The connection can park (plain TCP; set by its task).
     pub(crate) parkable: Cell<bool>,
     pub(crate) close: Cell<Option<CloseRequest>>,
+    /// Once the DISCONNECT is queued: how many bytes of `out` may still be
+    /// written (those up to its end). Nothing may follow it
+    /// `[MQTT-3.14.4-1]`, not even an acknowledgement the store covers
+    /// late. See [`ConnShared::after_disconnect_dropped`].
+    sealed_at: Cell<Option<usize>>,
     /// The connection may not move to another shard (see [`placement`]).
     pub(crate) unmovable: Cell<bool>,
     /// Retained messages for its subscriptions wait (see [`retained`]).
@@ -242,6 +247,7 @@ impl ConnShared {
             park_requested: Cell::new(false),
             parkable: Cell::new(false),
             close: Cell::new(None),
+            sealed_at: Cell::new(None),
             unmovable: Cell::new(false),
             feeding: Cell::new(Feeding::Idle),
             last_packet: Cell::new(now),
@@ -309,6 +315,19 @@ impl ConnShared {
                 reason,
                 properties: Props::default(),
             }));
+            self.sealed_at.set(Some(self.out.borrow().len()));
+        }
+    }
+
+    /// Drop from `out` (this connection's `out`, borrowed by the writer)
+    /// what was queued after the DISCONNECT ([`ConnShared::send_disconnect`]):
+    /// the writer calls it before it takes the buffer, and once the
+    /// DISCONNECT is taken nothing more is written.
+    pub(crate) fn after_disconnect_dropped(&self, out: &mut BytesMut) {
+        if let Some(end) = self.sealed_at.get() {
+            out.truncate(end);
+            // What the writer takes now ends with the DISCONNECT.
+            self.sealed_at.set(Some(0));
         }
     }
 

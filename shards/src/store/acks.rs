@@ -510,6 +510,29 @@ mod tests {
         packets
     }
 
+    /// An acknowledgement the store covers after the DISCONNECT was
+    /// queued is not written: nothing follows a DISCONNECT
+    /// `[MQTT-3.14.4-1]`.
+    #[test]
+    fn nothing_queued_after_the_disconnect_is_written() {
+        let c = conn(ProtocolVersion::V5);
+        c.send(&puback(1));
+        c.request_close(Some(ReasonCode::SERVER_SHUTTING_DOWN), true);
+        c.send_disconnect();
+        c.send(&puback(2));
+        let mut out = c.out.borrow_mut().split();
+        c.after_disconnect_dropped(&mut out);
+        *c.out.borrow_mut() = out;
+        let packets = written(&c);
+        assert_eq!(packets.len(), 2, "{packets:?}");
+        assert!(matches!(packets[1], Packet::Disconnect(_)), "{packets:?}");
+        // Later ones are dropped too.
+        c.send(&puback(3));
+        let mut out = c.out.borrow_mut().split();
+        c.after_disconnect_dropped(&mut out);
+        assert!(out.is_empty());
+    }
+
     #[test]
     fn acknowledgements_wait_for_their_token_and_leave_in_order() {
         let q = AckQueue::default();
