@@ -15,13 +15,15 @@
 //! connections that each sent `GET /x HTTP/1.1\r\n` and nothing more all
 //! stayed open, the process ran out of descriptors, new MQTT clients timed
 //! out): at most [`MAX_CONNECTIONS`] connections are served at once (one
-//! more is answered 503 if its socket takes the bytes at once, and closed),
+//! more closes the oldest open one and takes its place, so a flood of
+//! unfinished requests does not keep a health probe out),
 //! each has [`HEAD_TIMEOUT`] to send a request head (also between requests
 //! of a kept-alive connection), and a head is at most [`MAX_HEAD_BYTES`].
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -31,7 +33,7 @@ use axum::routing::get;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::sync::{oneshot, watch, Notify, Semaphore};
 
 use crate::metrics::{Metrics, CONTENT_TYPE};
 
@@ -39,9 +41,16 @@ use crate::metrics::{Metrics, CONTENT_TYPE};
 /// dropping their connections.
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
 
-/// Admin connections served at once. A connection accepted beyond it is
-/// answered `503` (when its socket takes the bytes at once) and closed.
+/// Admin connections served at once. A connection accepted beyond it
+/// closes the oldest one open and is served (a flood of unfinished
+/// requests cannot keep a health probe out); if no slot is free within
+/// [`EVICT_WAIT`] after that, it is answered `503` (when its socket takes
+/// the bytes at once) and closed.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection beyond [`MAX_CONNECTIONS`] waits for the slot
+/// of the connection it closed.
+pub const EVICT_WAIT: Duration = Duration::from_millis(100);
 
 /// How long a connection has to send a whole request head, from when it
 /// is accepted or its last response was written; then it is closed.
@@ -79,8 +88,7 @@ pub fn spawn(
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
 ) -> anyhow::Result<AdminHandle> {
-    let std_listener = std::net::TcpListener::bind(addr)
-        .with_context(|| format!("admin: cannot listen on {addr}"))?;
+    let std_listener = bind(addr).with_context(|| format!("admin: cannot listen on {addr}"))?;
     std_listener.set_nonblocking(true)?;
     let local_addr = std_listener.local_addr()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -166,11 +174,26 @@ fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
         )
 }
 
+/// A listening socket on `addr` whose accept queue is as long as the
+/// kernel allows (`net.core.somaxconn`): under a flood the accept loop
+/// closes a connection for each one it takes, and a probe whose SYN
+/// found the queue full (std's 128) would wait a second for its retry.
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(libc::c_int::MAX)?;
+    Ok(socket.into())
+}
+
 /// Accepts until `stop` (or its sender is dropped), serving each
 /// connection in a task of its own within the bounds in the module docs;
 /// then lets requests in progress finish, at most [`STOP_GRACE`].
 async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: oneshot::Receiver<()>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // The connections served, oldest first (gone ones are skipped).
+    let mut open: VecDeque<Weak<Notify>> = VecDeque::new();
     let (closing_tx, closing_rx) = watch::channel(false);
     // Paced and logged as the MQTT listeners' accept errors are.
     let mut errors = crate::acceptor::AcceptErrors::default();
@@ -195,11 +218,32 @@ async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: oneshot
                 }
             },
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Whatever the socket does not take at once is not waited for.
-            let _ = stream.try_write(BUSY);
-            continue;
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                // Full: the oldest connection still open gives way, so a
+                // flood of unfinished requests cannot keep probes out.
+                while let Some(oldest) = open.pop_front() {
+                    if let Some(evict) = oldest.upgrade() {
+                        evict.notify_one();
+                        break;
+                    }
+                }
+                match tokio::time::timeout(EVICT_WAIT, slots.clone().acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => {
+                        // Whatever the socket does not take at once is not waited for.
+                        let _ = stream.try_write(BUSY);
+                        continue;
+                    }
+                }
+            }
         };
+        let evict = Arc::new(Notify::new());
+        if open.len() >= 2 * MAX_CONNECTIONS {
+            open.retain(|c| c.strong_count() > 0);
+        }
+        open.push_back(Arc::downgrade(&evict));
         let app = app.clone();
         let mut closing = closing_rx.clone();
         tokio::spawn(async move {
@@ -213,6 +257,7 @@ async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: oneshot
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => return,
+                () = evict.notified() => return,
                 _ = closing.wait_for(|closing| *closing) => conn.as_mut().graceful_shutdown(),
             }
             let _ = conn.await;
