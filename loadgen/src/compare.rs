@@ -122,7 +122,7 @@ impl Workload {
         let mut fields = vec![
             ("scenario", scenario.clone()),
             ("--protocol", at("/options/protocol")),
-            ("transport", transports(&at("/options/urls"))),
+            ("transport", transports(&client_urls(v))),
         ];
         let connections = matches!(scenario.as_str(), Some("connect-storm" | "idle"));
         if connections {
@@ -187,7 +187,24 @@ impl Workload {
     }
 }
 
-/// The transports of a result's `options.urls`: their schemes, aliases
+/// The URLs a result's clients used: `options.pub_urls` and
+/// `options.sub_urls`, each `options.urls` when empty or not recorded
+/// (a loadgen before `--pub-url`); [`Value::Null`] without `options.urls`.
+fn client_urls(v: &Value) -> Value {
+    let urls = v.pointer("/options/urls");
+    let Some(default) = urls.and_then(Value::as_array) else {
+        return Value::Null;
+    };
+    let used = |key: &str| match v.pointer(key).and_then(Value::as_array) {
+        Some(l) if !l.is_empty() => l.clone(),
+        _ => default.clone(),
+    };
+    let mut all = used("/options/pub_urls");
+    all.extend(used("/options/sub_urls"));
+    Value::Array(all)
+}
+
+/// The transports of a list of URLs: their schemes, aliases
 /// folded (`tcp` is `mqtt`; `ssl` and `tls` are `mqtts`), sorted, each
 /// once; [`Value::Null`] when the result records no URL.
 fn transports(urls: &Value) -> Value {
@@ -588,6 +605,17 @@ mod tests {
         let mut tls = report("fan-in", 0, 10, 1.0);
         tls["options"]["urls"] = serde_json::json!(["tls://a:1", "mqtts://b"]);
         assert_eq!(fan_in.differences(&w(&tls)), ["transport: mqtt vs mqtts"]);
+        // --sub-url replaces --url for the subscribers: its scheme counts.
+        let mut tls_subscribers = report("fan-in", 0, 10, 1.0);
+        tls_subscribers["options"]["sub_urls"] = serde_json::json!(["mqtts://b"]);
+        assert_eq!(
+            fan_in.differences(&w(&tls_subscribers)),
+            ["transport: mqtt vs mqtt,mqtts"]
+        );
+        let mut cross = report("fan-in", 0, 10, 1.0);
+        cross["options"]["pub_urls"] = serde_json::json!(["mqtt://a:1"]);
+        cross["options"]["sub_urls"] = serde_json::json!(["tcp://b:2"]);
+        assert!(fan_in.differences(&w(&cross)).is_empty());
         let mut unrecorded = report("fan-in", 0, 10, 1.0);
         unrecorded["options"] = Value::Null;
         assert!(fan_in

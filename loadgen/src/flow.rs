@@ -26,7 +26,7 @@ use crate::client::{
     put_response, stamp, write_flushed, ClientError, Conn, ConnectOptions, PublishTemplate,
 };
 use crate::latency::Latency;
-use crate::options::{Rate, RunArgs, Scenario};
+use crate::options::{Rate, RunArgs, Scenario, Urls};
 use crate::runtime::{now_ns, Gate, Shared, Signal, ThreadResult};
 use crate::schedule::Schedule;
 use crate::transport::async_stream::Stream;
@@ -61,6 +61,8 @@ pub struct Plan {
     pub subscribers: usize,
     /// TLS configuration and WebSocket path, loaded from `args`.
     pub transport: TransportOptions,
+    /// Where each publisher and subscriber connects.
+    pub urls: Urls,
 }
 
 impl Plan {
@@ -103,11 +105,14 @@ pub async fn executor(plan: Arc<Plan>, shared: Arc<Shared>, thread: usize) -> Th
     let opts = plan.connect_options();
     let prefix = plan.args.client_id_prefix();
     let mut clients = Vec::new();
-    for (c, role) in plan.roles_of(thread).into_iter().enumerate() {
+    for role in plan.roles_of(thread) {
         if shared.abort.load(Ordering::Acquire) {
             return ThreadResult::default();
         }
-        let url = &plan.args.urls[(c * plan.args.threads + thread) % plan.args.urls.len()];
+        let url = match role {
+            Role::Subscriber(j) => plan.urls.subscriber(j),
+            Role::Publisher(i) => plan.urls.publisher(i),
+        };
         let id = match role {
             Role::Subscriber(j) => format!("{prefix}-s{j}"),
             Role::Publisher(i) => format!("{prefix}-p{i}"),
@@ -234,6 +239,7 @@ async fn subscriber(
         shared
             .received_measured
             .fetch_add(measured, Ordering::Relaxed);
+        shared.received_measured_by[j].fetch_add(measured, Ordering::Relaxed);
         if !out.is_empty() {
             conn.write(&out).await?;
             out.clear();

@@ -184,10 +184,21 @@ pub struct RunArgs {
     pub scenario: Scenario,
     /// Broker URL, SCHEME://HOST:PORT/PATH: scheme mqtt, mqtts, ws or wss;
     /// the port is optional (1883, 8883, 80, 443), the path only for ws and
-    /// wss (default --ws-path). Repeatable: clients are spread over the URLs
-    /// round-robin.
-    #[arg(long = "url", value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
+    /// wss (default --ws-path). Repeatable or comma-separated: clients are
+    /// spread over the URLs round-robin (see --pub-url, --sub-url).
+    #[arg(long = "url", value_parser = parse_url, value_delimiter = ',', default_value = "mqtt://127.0.0.1:1883")]
     pub urls: Vec<BrokerUrl>,
+    /// Flows: the publishers' broker URLs (as --url; repeatable or
+    /// comma-separated), publisher i on the (i mod count)-th. Default:
+    /// --url. With --sub-url, publishers and subscribers on different
+    /// brokers (cross-replica runs).
+    #[arg(long = "pub-url", value_parser = parse_url, value_delimiter = ',')]
+    pub pub_urls: Vec<BrokerUrl>,
+    /// Flows: the subscribers' broker URLs (as --url; repeatable or
+    /// comma-separated), subscriber j on the (j mod count)-th. Default:
+    /// --url.
+    #[arg(long = "sub-url", value_parser = parse_url, value_delimiter = ',')]
+    pub sub_urls: Vec<BrokerUrl>,
     /// TLS and WebSocket options.
     #[command(flatten)]
     pub transport: TransportArgs,
@@ -308,10 +319,16 @@ pub struct RunArgs {
 /// Options of `fleetmq-loadgen soak`.
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct SoakArgs {
-    /// Broker URL, SCHEME://HOST:PORT/PATH as for `run`. Repeatable
-    /// (clients round-robin).
-    #[arg(long = "url", value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
+    /// Broker URL, SCHEME://HOST:PORT/PATH as for `run`. Repeatable or
+    /// comma-separated (clients round-robin).
+    #[arg(long = "url", value_parser = parse_url, value_delimiter = ',', default_value = "mqtt://127.0.0.1:1883")]
     pub urls: Vec<BrokerUrl>,
+    /// The publishers' broker URLs, as for `run`; default --url.
+    #[arg(long = "pub-url", value_parser = parse_url, value_delimiter = ',')]
+    pub pub_urls: Vec<BrokerUrl>,
+    /// The subscribers' broker URLs, as for `run`; default --url.
+    #[arg(long = "sub-url", value_parser = parse_url, value_delimiter = ',')]
+    pub sub_urls: Vec<BrokerUrl>,
     /// TLS and WebSocket options.
     #[command(flatten)]
     pub transport: TransportArgs,
@@ -423,12 +440,13 @@ impl SoakArgs {
         }
         check_prefix(&self.topic_prefix)?;
         check_client_id_prefix(&self.client_id_prefix)?;
-        let transport = self.transport.load(&self.urls)?;
+        let urls = Urls::new(&self.urls, &self.pub_urls, &self.sub_urls);
+        let transport = self.transport.load(&urls.all())?;
         Ok(crate::verify::VerifyConfig {
             mode: crate::verify::Mode::Soak,
             scenario: "soak".into(),
             options: serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
-            urls: self.urls.clone(),
+            urls,
             connect: self.connect_options(0, &transport),
             qos: self.qos,
             payload_size: self.payload_size,
@@ -449,6 +467,48 @@ impl SoakArgs {
             report_every: Some(self.report_every),
             through_restarts: self.through_restarts,
         })
+    }
+}
+
+/// Where each client of a flow connects: publisher i to
+/// `publishers[i % len]`, subscriber j to `subscribers[j % len]` (from
+/// `--pub-url` and `--sub-url`, each `--url` when not given).
+#[derive(Debug, Clone)]
+pub struct Urls {
+    /// The publishers' URLs; never empty.
+    pub publishers: Vec<BrokerUrl>,
+    /// The subscribers' URLs; never empty.
+    pub subscribers: Vec<BrokerUrl>,
+}
+
+impl Urls {
+    /// `pub_urls` and `sub_urls`, each `urls` when empty. `urls` is never
+    /// empty (it has a default), so neither list is.
+    pub fn new(urls: &[BrokerUrl], pub_urls: &[BrokerUrl], sub_urls: &[BrokerUrl]) -> Urls {
+        let or_default = |l: &[BrokerUrl]| if l.is_empty() { urls.to_vec() } else { l.to_vec() };
+        Urls {
+            publishers: or_default(pub_urls),
+            subscribers: or_default(sub_urls),
+        }
+    }
+
+    /// Publisher `i`'s broker.
+    pub fn publisher(&self, i: usize) -> &BrokerUrl {
+        &self.publishers[i % self.publishers.len()]
+    }
+
+    /// Subscriber `j`'s broker.
+    pub fn subscriber(&self, j: usize) -> &BrokerUrl {
+        &self.subscribers[j % self.subscribers.len()]
+    }
+
+    /// Every URL a client uses (for the TLS set-up), publishers' first.
+    pub fn all(&self) -> Vec<BrokerUrl> {
+        self.publishers
+            .iter()
+            .chain(&self.subscribers)
+            .cloned()
+            .collect()
     }
 }
 
@@ -588,8 +648,23 @@ impl RunArgs {
         {
             return Err("--share-group must be non-empty, without `/`, `+` or `#`".into());
         }
+        if matches!(self.scenario, Scenario::ConnectStorm | Scenario::Idle)
+            && !(self.pub_urls.is_empty() && self.sub_urls.is_empty())
+        {
+            return Err(
+                "--pub-url and --sub-url are for the flows (fan-in, fan-out, shared, persistent); \
+                 connect-storm and idle spread their connections over --url"
+                    .into(),
+            );
+        }
         check_prefix(&self.topic_prefix)?;
         check_client_id_prefix(&self.client_id_prefix)
+    }
+
+    /// Where each publisher and subscriber connects (`--pub-url`,
+    /// `--sub-url`, `--url`).
+    pub fn client_urls(&self) -> Urls {
+        Urls::new(&self.urls, &self.pub_urls, &self.sub_urls)
     }
 
     /// The client identifiers' prefix (`--client-id-prefix`, default
@@ -612,7 +687,7 @@ impl RunArgs {
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_default(),
             options: serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
-            urls: self.urls.clone(),
+            urls: self.client_urls(),
             connect: self.connect_options(0, transport),
             qos: self.qos,
             payload_size: self.payload_size,
@@ -696,6 +771,79 @@ pub(crate) mod tests {
         assert_eq!(cli.run.rate, Rate::PerSecond(20_000));
         assert_eq!(cli.run.connections, 10_000);
         assert!(serde_json::to_value(&cli.run).is_ok());
+    }
+
+    #[test]
+    fn pub_and_sub_urls_default_to_url_and_spread_round_robin() {
+        use clap::Parser;
+        let run = |extra: &[&str]| {
+            let mut argv = vec!["x", "fan-out"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).map(|c| c.run)
+        };
+        let texts = |l: &[BrokerUrl]| l.iter().map(|u| u.text.clone()).collect::<Vec<_>>();
+        // Neither given: both are --url (its default too).
+        let plain = run(&[]).unwrap().client_urls();
+        assert_eq!(texts(&plain.publishers), ["mqtt://127.0.0.1:1883"]);
+        assert_eq!(texts(&plain.subscribers), ["mqtt://127.0.0.1:1883"]);
+        let both = run(&["--url", "mqtt://127.0.0.1:1,mqtt://127.0.0.1:2"]).unwrap();
+        let urls = both.client_urls();
+        assert_eq!(texts(&urls.publishers), ["mqtt://127.0.0.1:1", "mqtt://127.0.0.1:2"]);
+        assert_eq!(texts(&urls.subscribers), texts(&urls.publishers));
+        // One given: the other stays --url.
+        let a = "mqtt://127.0.0.1:1";
+        let b = "mqtt://127.0.0.1:2";
+        let c = "mqtt://127.0.0.1:3";
+        let subs = run(&["--url", a, "--sub-url", b]).unwrap().client_urls();
+        assert_eq!((texts(&subs.publishers), texts(&subs.subscribers)), (vec![a.to_string()], vec![b.to_string()]));
+        let pubs = run(&["--url", a, "--pub-url", b]).unwrap().client_urls();
+        assert_eq!((texts(&pubs.publishers), texts(&pubs.subscribers)), (vec![b.to_string()], vec![a.to_string()]));
+        // Comma-separated and repeated mix; client k takes the (k mod n)-th.
+        let spread = run(&["--pub-url", a, "--sub-url", &format!("{a},{b}"), "--sub-url", c])
+            .unwrap()
+            .client_urls();
+        let subscribers: Vec<&str> = (0..6).map(|j| spread.subscriber(j).text.as_str()).collect();
+        assert_eq!(subscribers, [a, b, c, a, b, c]);
+        assert_eq!(spread.publisher(0).text, a);
+        assert_eq!(spread.publisher(7).text, a);
+        assert_eq!(spread.all().len(), 4, "publishers' then subscribers' URLs, for the TLS set-up");
+        // A bad URL in a list is refused by clap (exit 2), naming it.
+        let err = run(&["--sub-url", &format!("{a},http://x")]).err().unwrap().to_string();
+        assert!(err.contains("http://x") && err.contains("--sub-url"), "{err}");
+        assert!(run(&["--pub-url", ""]).is_err(), "an empty URL");
+        // connect-storm and idle have no publishers or subscribers.
+        for scenario in ["connect-storm", "idle"] {
+            let args = Cli::try_parse_from(["x", scenario, "--sub-url", b]).unwrap().run;
+            let err = args.check().unwrap_err();
+            assert!(err.contains("--pub-url and --sub-url are for the flows"), "{err}");
+        }
+        assert_eq!(run(&["--pub-url", a, "--sub-url", b]).unwrap().check(), Ok(()));
+        // The JSON of the options names them (compare reads the transports).
+        let json = serde_json::to_value(run(&["--pub-url", a, "--sub-url", b]).unwrap()).unwrap();
+        assert_eq!(json["pub_urls"], serde_json::json!([a]));
+        assert_eq!(json["sub_urls"], serde_json::json!([b]));
+    }
+
+    #[test]
+    fn soak_takes_pub_and_sub_urls_too() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct SoakCli {
+            #[command(flatten)]
+            soak: SoakArgs,
+        }
+        let soak = SoakCli::try_parse_from([
+            "x",
+            "--pub-url",
+            "mqtt://127.0.0.1:1",
+            "--sub-url",
+            "mqtt://127.0.0.1:2,mqtt://127.0.0.1:3",
+        ])
+        .unwrap()
+        .soak;
+        let cfg = soak.config().unwrap();
+        assert_eq!(cfg.urls.publisher(0).text, "mqtt://127.0.0.1:1");
+        assert_eq!(cfg.urls.subscriber(1).text, "mqtt://127.0.0.1:3");
     }
 
     #[test]

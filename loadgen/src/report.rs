@@ -31,6 +31,60 @@ pub struct ConnectionFigures {
     pub broker_kib_per_connection: Option<f64>,
 }
 
+/// The clients of a flow that connected to one broker URL, and what its
+/// subscribers received.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UrlFigures {
+    /// The URL as given.
+    pub url: String,
+    /// Publishers connected to it.
+    pub publishers: usize,
+    /// Subscribers connected to it.
+    pub subscribers: usize,
+    /// Deliveries of measured messages to its subscribers.
+    pub received: u64,
+}
+
+/// Per broker URL (in the order first named, publishers' URLs first): the
+/// clients on it and what its subscribers received, from each subscriber's
+/// measured deliveries (`received[j]` for subscriber j). Empty when every
+/// client used one URL.
+pub fn by_url(urls: &crate::options::Urls, publishers: usize, received: &[u64]) -> Vec<UrlFigures> {
+    let mut out: Vec<UrlFigures> = Vec::new();
+    let mut at = |url: &str| -> usize {
+        if let Some(k) = out.iter().position(|f| f.url == url) {
+            return k;
+        }
+        out.push(UrlFigures {
+            url: url.to_string(),
+            publishers: 0,
+            subscribers: 0,
+            received: 0,
+        });
+        out.len() - 1
+    };
+    let mut slots = Vec::new();
+    for i in 0..publishers {
+        slots.push((at(&urls.publisher(i).text), None));
+    }
+    for (j, n) in received.iter().enumerate() {
+        slots.push((at(&urls.subscriber(j).text), Some(*n)));
+    }
+    for (k, received) in slots {
+        match received {
+            None => out[k].publishers += 1,
+            Some(n) => {
+                out[k].subscribers += 1;
+                out[k].received += n;
+            }
+        }
+    }
+    if out.len() < 2 {
+        out.clear();
+    }
+    out
+}
+
 /// Everything `--json` writes; `compare` reads it back.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
@@ -79,6 +133,10 @@ pub struct Report {
     pub ack_latency_us: Option<LatencySummary>,
     /// Errors by kind.
     pub errors: BTreeMap<String, u64>,
+    /// Flows whose clients used more than one broker URL (`--url`,
+    /// `--pub-url`, `--sub-url`): the clients and deliveries per URL.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_url: Vec<UrlFigures>,
     /// Connection figures (connect-storm, idle).
     pub connections: Option<ConnectionFigures>,
     /// Per-message accounting of `persistent`, `shared` and `soak`.
@@ -141,6 +199,7 @@ impl Report {
             histogram_v2_base64: latency.to_base64(),
             ack_latency_us: None,
             errors: BTreeMap::new(),
+            by_url: Vec::new(),
             connections: None,
             verify: None,
             check: "ok".into(),
@@ -214,6 +273,16 @@ impl Report {
             s += &format!(
                 "publish to PUBACK/PUBREC (µs)\n  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (mean {:.1}, {} samples)\n",
                 a.p50, a.p90, a.p99, a.p999, a.max, a.mean, a.count
+            );
+        }
+        for (k, u) in self.by_url.iter().enumerate() {
+            s += &format!(
+                "{}{}: {} publishers, {} subscribers, received {}\n",
+                if k == 0 { "by broker    " } else { "             " },
+                u.url,
+                u.publishers,
+                u.subscribers,
+                u.received
             );
         }
         if let Some(v) = &self.verify {
@@ -400,6 +469,42 @@ mod tests {
         let back: Report = serde_json::from_str(&std::fs::read_to_string(&old).unwrap()).unwrap();
         assert_eq!(back.scenario, "idle");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn figures_by_url_count_each_client_where_it_connected() {
+        use clap::Parser;
+        let args = |extra: &[&str]| {
+            let mut argv = vec!["x", "fan-out"];
+            argv.extend_from_slice(extra);
+            crate::options::tests::Cli::try_parse_from(argv).unwrap().run
+        };
+        let one = args(&["--url", "mqtt://127.0.0.1:1"]);
+        assert!(by_url(&one.client_urls(), 1, &[5, 5]).is_empty(), "one URL: no breakdown");
+        let cross = args(&[
+            "--pub-url",
+            "mqtt://127.0.0.1:1",
+            "--sub-url",
+            "mqtt://127.0.0.1:1,mqtt://127.0.0.1:2",
+        ]);
+        let figures = by_url(&cross.client_urls(), 2, &[10, 0, 10, 0, 10]);
+        let row = |url: &str, publishers, subscribers, received| UrlFigures {
+            url: url.into(),
+            publishers,
+            subscribers,
+            received,
+        };
+        assert_eq!(
+            figures,
+            [row("mqtt://127.0.0.1:1", 2, 3, 30), row("mqtt://127.0.0.1:2", 0, 2, 0)]
+        );
+        let mut r = Report::with_meta("fan-out", serde_json::Value::Null, std::time::Duration::from_secs(1), &Latency::default());
+        r.by_url = figures;
+        let text = r.summary();
+        assert!(
+            text.contains("by broker    mqtt://127.0.0.1:1: 2 publishers, 3 subscribers, received 30\n             mqtt://127.0.0.1:2: 0 publishers, 2 subscribers, received 0\n"),
+            "{text}"
+        );
     }
 
     #[test]

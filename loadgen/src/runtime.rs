@@ -54,6 +54,8 @@ pub struct Shared {
     pub sent_measured: AtomicU64,
     /// Deliveries of such messages, over all subscribers.
     pub received_measured: AtomicU64,
+    /// Deliveries of such messages per subscriber.
+    pub received_measured_by: Vec<AtomicU64>,
     /// PUBACK (QoS 1) or PUBCOMP (QoS 2) received by publishers.
     pub acked: AtomicU64,
     /// Publishers that stopped sending.
@@ -72,6 +74,7 @@ impl Shared {
             ack_latency: std::sync::Mutex::new(Latency::default()),
             received: (0..subscribers).map(|_| AtomicU64::new(0)).collect(),
             forgiven: (0..subscribers).map(|_| AtomicU64::new(0)).collect(),
+            received_measured_by: (0..subscribers).map(|_| AtomicU64::new(0)).collect(),
             ..Shared::default()
         }
     }

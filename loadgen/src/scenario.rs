@@ -51,7 +51,10 @@ impl std::fmt::Display for RunError {
 /// refused).
 pub fn run(args: RunArgs) -> Result<Report, RunError> {
     args.check().map_err(RunError::Usage)?;
-    let transport = args.transport.load(&args.urls).map_err(RunError::Usage)?;
+    let transport = args
+        .transport
+        .load(&args.client_urls().all())
+        .map_err(RunError::Usage)?;
     now_ns();
     crate::runtime::raise_fd_limit();
     match args.scenario {
@@ -99,6 +102,7 @@ fn run_flow(args: RunArgs, transport: TransportOptions) -> Result<Report, RunErr
         prefix: args.prefix(),
         publishers: args.publisher_count(),
         subscribers: args.subscriber_count(),
+        urls: args.client_urls(),
         args: args.clone(),
         transport,
     });
@@ -209,6 +213,15 @@ fn flow_report(
     r.received_per_s = r.received as f64 / secs;
     r.throughput_per_s = r.received_per_s;
     r.errors = shared.errors();
+    r.by_url = crate::report::by_url(
+        &plan.urls,
+        plan.publishers,
+        &shared
+            .received_measured_by
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect::<Vec<_>>(),
+    );
     let mut problems = Vec::new();
     if r.sent == 0 {
         problems.push("nothing was sent".to_string());

@@ -59,6 +59,13 @@ const DRAIN_MAX: Duration = Duration::from_secs(15);
 const RESTART_DRAIN_IDLE: Duration = Duration::from_secs(10);
 const RESTART_DRAIN_MAX: Duration = Duration::from_secs(60);
 
+/// A client of a checked flow, by role and index.
+#[derive(Debug, Clone, Copy)]
+enum Client {
+    Subscriber(usize),
+    Publisher(usize),
+}
+
 /// Which checked flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -79,8 +86,8 @@ pub struct VerifyConfig {
     pub scenario: String,
     /// The options as given, for the report.
     pub options: serde_json::Value,
-    /// Broker URLs (clients round-robin).
-    pub urls: Vec<BrokerUrl>,
+    /// Where each publisher and subscriber connects.
+    pub urls: crate::options::Urls,
     /// CONNECT options (version, credentials, timeout).
     pub connect: ConnectOptions,
     /// QoS of publishes and subscriptions.
@@ -467,8 +474,11 @@ impl Ctx {
         self.stop.load(Ordering::Acquire) || self.abort.load(Ordering::Acquire)
     }
 
-    fn url(&self, client: usize) -> &BrokerUrl {
-        &self.cfg.urls[client % self.cfg.urls.len()]
+    fn url(&self, client: Client) -> &BrokerUrl {
+        match client {
+            Client::Subscriber(j) => self.cfg.urls.subscriber(j),
+            Client::Publisher(i) => self.cfg.urls.publisher(i),
+        }
     }
 
     fn window_free(&self) -> u64 {
@@ -748,7 +758,7 @@ fn subscriber(ctx: &Ctx, j: usize) -> Latency {
         Mode::Soak => "sk",
     };
     let id = format!("{}-{tag}{j}", cfg.client_id_prefix);
-    let url = ctx.url(j);
+    let url = ctx.url(Client::Subscriber(j));
     let mut st = SubState {
         order: OrderCheck::new(cfg.publishers),
         total: Latency::default(),

@@ -942,3 +942,93 @@ fn a_json_path_that_cannot_be_written_fails_before_the_run_starts() {
     assert_eq!(out.status.code(), Some(1));
     assert!(!json.exists(), "the file made for the run is removed");
 }
+
+/// `--pub-url` / `--sub-url` against two independent brokers (no mesh
+/// between them): a subscriber receives only what is published on its own
+/// broker, so the counts per broker the report prints show which broker
+/// each client used.
+#[test]
+fn pub_and_sub_urls_put_each_client_on_its_broker() {
+    let (a, b) = (start_broker(), start_broker());
+    let (a, b) = (
+        format!("mqtt://127.0.0.1:{}", a.port),
+        format!("mqtt://127.0.0.1:{}", b.port),
+    );
+    // Open loop, 1 s measured: subscribers receiving nothing must not
+    // stall a closed-loop window.
+    let run = |name: &str, args: &[&str]| {
+        let json = temp_json(name);
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--duration", "1s", "--warmup", "300ms", "--json"]);
+        argv.push(json.to_str().unwrap());
+        let out = loadgen(&argv);
+        let report = read_json(&json);
+        let _ = std::fs::remove_file(&json);
+        (out, report)
+    };
+    // Fan-out: the publisher on A, four subscribers spread over A and B
+    // (0 and 2 on A, 1 and 3 on B).
+    let spread = format!("{a},{b}");
+    let (out, report) = run(
+        "fan-out-spread.json",
+        &["fan-out", "--pub-url", &a, "--sub-url", &spread, "--subscribers", "4", "--rate", "2000"],
+    );
+    let stdout = assert_ok(&out);
+    let sent = report["sent"].as_u64().unwrap();
+    assert!(sent > 0, "{report}");
+    assert_eq!(report["received"].as_u64(), Some(2 * sent), "{report}");
+    assert_eq!(
+        report["by_url"],
+        serde_json::json!([
+            {"url": a, "publishers": 1, "subscribers": 2, "received": 2 * sent},
+            {"url": b, "publishers": 0, "subscribers": 2, "received": 0},
+        ]),
+        "{report}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "by broker    {a}: 1 publishers, 2 subscribers, received {}\n             {b}: 0 publishers, 2 subscribers, received 0\n",
+            2 * sent
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("lost {} of {} deliveries at QoS 0", 2 * sent, 4 * sent)),
+        "{stdout}"
+    );
+    // Fan-in: every publisher on A, the subscriber on B: nothing crosses,
+    // and the run says so (exit 1), with the counts per broker.
+    let fan_in = ["fan-in", "--publishers", "3", "--qos", "1", "--rate", "300"];
+    let (out, report) = run(
+        "fan-in-cross.json",
+        &[&fan_in[..], &["--pub-url", &a, "--sub-url", &b]].concat(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(report["sent"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(report["received"].as_u64(), Some(0));
+    assert_eq!(
+        report["by_url"],
+        serde_json::json!([
+            {"url": a, "publishers": 3, "subscribers": 0, "received": 0},
+            {"url": b, "publishers": 0, "subscribers": 1, "received": 0},
+        ])
+    );
+    assert!(
+        report["check"].as_str().unwrap().contains("nothing was delivered"),
+        "{report}"
+    );
+    assert_eq!(
+        report["acked_total"], report["published_total"],
+        "A acknowledged every publish: the publishers were on A"
+    );
+    // Both on B (--url A unused): everything arrives, and one URL in use
+    // means no breakdown.
+    let (out, report) = run(
+        "fan-in-same.json",
+        &[&fan_in[..], &["--url", &a, "--pub-url", &b, "--sub-url", &b]].concat(),
+    );
+    assert_ok(&out);
+    assert_eq!(report["received"], report["sent"]);
+    assert!(report.get("by_url").is_none(), "{report}");
+}

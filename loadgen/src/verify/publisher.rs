@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use fleetmq_core::packet::{Packet, QoS};
 
-use super::{qos_of, Ctx, SyncConn, BATCH, MAX_INFLIGHT, POLL};
+use super::{qos_of, Client, Ctx, SyncConn, BATCH, MAX_INFLIGHT, POLL};
 use crate::client::{put_response, ClientError, PublishTemplate};
 use crate::inflight::{Acked, InflightTable};
 use crate::options::{BrokerUrl, Rate};
@@ -73,7 +73,7 @@ struct PubState {
 /// Publisher `i`, from its first CONNECT to its last acknowledgement.
 pub(super) fn publisher(ctx: &Ctx, i: usize) {
     let cfg = &ctx.cfg;
-    let url = ctx.url(cfg.subscribers + i);
+    let url = ctx.url(Client::Publisher(i));
     let id = format!("{}-vp{i}", cfg.client_id_prefix);
     let restarts = cfg.through_restarts;
     let expiry = restarts.then_some(cfg.session_expiry);
