@@ -72,8 +72,25 @@
 #                        binaries to use; BUILD [1]: 0 skips the cargo build
 #   OUT [target/bench-results/DATE]
 # Peers that cannot be installed are reported and skipped.
+#   FLEETMQ_NATS_SERVER  the nats-server binary to use (else
+#                        target/nats-venv/bin/nats-server, pyenv, PATH)
 # Quick run: RUNS=1 DURATION=3s WARMUP=1s SCENARIOS="fanin-q0" bench/compare.sh
+#
+# bench/compare.sh --cluster: the cross-replica scenarios of issue 25
+# against fleetmq (2 replicas linked by the mesh, on a local 3-server NATS
+# cluster), one fleetmq replica, and a 2-server nats-server MQTT cluster:
+# see bench/cluster.sh (CLUSTER_SYSTEMS, CLUSTER_SCENARIOS, MESH_WAIT); the
+# knobs above apply (RUNS, DURATION, WARMUP, PAYLOAD, BROKER_CPU, LOAD_CPU,
+# LOAD_THREADS, FLEETMQ_SHARDS, FLEETMQ_ARGS, FANIN_PUBLISHERS,
+# FANOUT_SUBSCRIBERS, P99_RATE, KEEP_ALIVE, FLEETMQ, LOADGEN, BUILD, OUT).
 set -euo pipefail
+
+CLUSTER=0
+case "${1:-}" in
+--cluster) CLUSTER=1 ;;
+"") ;;
+*) printf 'usage: bench/compare.sh [--cluster]\n' >&2; exit 2 ;;
+esac
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -112,6 +129,8 @@ cleanup() {
         kill "$BROKER_PID" 2>/dev/null || true
         wait "$BROKER_PID" 2>/dev/null || true
     fi
+    # --cluster: every replica and nats-server it started.
+    if declare -F cluster_stop >/dev/null; then cluster_stop; fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -159,8 +178,9 @@ ensure_peer() {
 
 # The real nats-server binary (pyenv puts a shim on PATH; the PID must be the server's).
 nats_bin() {
-    local b
-    b=$(pyenv which nats-server 2>/dev/null || command -v nats-server) || return 1
+    local b=${FLEETMQ_NATS_SERVER:-}
+    [[ -n $b ]] || { [[ -x $TARGET/nats-venv/bin/nats-server ]] && b=$TARGET/nats-venv/bin/nats-server; } ||
+        b=$(pyenv which nats-server 2>/dev/null || command -v nats-server) || return 1
     [[ -x "$b" ]] && "$b" --version >/dev/null 2>&1 && echo "$b"
 }
 
@@ -336,6 +356,13 @@ unit_of() {
     case "$1" in fanin-p99 | fanin-ack-p99) echo "p99 µs" ;; idle) echo "KiB/conn" ;; storm) echo "conn/s" ;; *) echo "msg/s" ;; esac
 }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+if [[ $CLUSTER == 1 ]]; then
+    # shellcheck source=bench/cluster.sh
+    source "$ROOT/bench/cluster.sh"
+    cluster_main
+    exit
+fi
 
 declare -A RESULT
 AVAILABLE=()
