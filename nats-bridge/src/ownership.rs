@@ -35,29 +35,17 @@ fn subject(key: &str) -> String {
 }
 
 /// How long the delete marker of a released claim stays in
-/// `mqtt-sessions` (its `Nats-TTL`). A marker without one stayed for good:
-/// one subject per client identifier that ever connected cleanly (a storm
-/// of random client identifiers, each benchmark round's 3,000). When it
-/// expires the server writes its own expiry marker in its place (the
-/// watches hear of it as a purge: the key is still free, at a new
-/// revision), which goes away after the bucket's
-/// `subject_delete_marker_ttl` (5 minutes, `setup.rs`), leaving nothing
-/// (measured on nats-server 2.15.1, s36: a 2 s marker on a stream with
-/// markers of 5 s left no subject after 7 s). So a released client
-/// identifier leaves `mqtt-sessions` for good ~5 minutes 10 s after its
-/// release. Nothing waits for the marker itself: a claim that expected
-/// its revision after it expired conflicts, reads the key and claims
-/// over what it found (one more round trip), as after any other write.
-pub(crate) const RELEASED_TTL: Duration = Duration::from_secs(10);
+/// `mqtt-sessions` ([`crate::setup::DELETED_TTL`]). Nothing waits for the
+/// marker itself: a claim that expected its revision after it expired
+/// conflicts, reads the key and claims over what it found (one more round
+/// trip), as after any other write.
+pub(crate) const RELEASED_TTL: Duration = crate::setup::DELETED_TTL;
 
 /// The delete marker that gives up a claim at `revision` (a release, or
 /// the sweep of a gone replica's claim): only if that claim is still the
 /// key's latest entry, and gone after [`RELEASED_TTL`].
 fn release_marker(revision: u64) -> PublishMessage {
-    PublishMessage::build()
-        .header("KV-Operation", "DEL")
-        .expected_last_subject_sequence(revision)
-        .ttl(RELEASED_TTL)
+    crate::setup::delete_marker().expected_last_subject_sequence(revision)
 }
 
 /// Whether a publish failed on its expected last subject sequence (10071,

@@ -137,7 +137,7 @@ pub(crate) async fn put(shared: &Arc<Shared>, put: &Put, ticket: Option<Ticket>)
 async fn attempt(shared: &Shared, subject: &str, record: Option<Bytes>, id: &str, deadline: Instant) -> Fate {
     let publish = match record {
         Some(value) => PublishMessage::build().payload(value),
-        None => PublishMessage::build().header("KV-Operation", "DEL"),
+        None => crate::setup::delete_marker(),
     }
     .header(WRITE_HEADER, id);
     // async-nats waits for room in its acknowledgement window (5,000
@@ -217,7 +217,7 @@ async fn undo(shared: Arc<Shared>, topic: String, id: String, previous: Option<A
                     let record = RetainedRecord::of(message, received_ms).with_format(shared.status.write_format());
                     PublishMessage::build().payload(record.to_value().into())
                 }
-                None => PublishMessage::build().header("KV-Operation", "DEL"),
+                None => crate::setup::delete_marker(),
             }
             .header(WRITE_HEADER, format!("{id}.undo"))
             .expected_last_subject_sequence(revision);

@@ -21,6 +21,21 @@ pub(crate) const MIN_API_LEVEL: usize = 1;
 /// every watcher to hear of it.
 const MARKER_TTL: Duration = Duration::from_secs(300);
 
+/// How long a delete marker fleetmq writes stays in a bucket (its
+/// `Nats-TTL`): a released client identifier, a cleared retained topic,
+/// a will deleted. A marker without one stays for good: one subject per
+/// key that ever existed. When it expires the server writes its own
+/// expiry marker in its place (the watches hear of it as a purge: the key
+/// is still empty), which goes after [`MARKER_TTL`], leaving nothing
+/// (measured on nats-server 2.15.1, s36). Watchers hear of the delete when
+/// it is written; a replica that starts later finds no key.
+pub(crate) const DELETED_TTL: Duration = Duration::from_secs(10);
+
+/// A delete marker for a KV key that goes after [`DELETED_TTL`].
+pub(crate) fn delete_marker() -> async_nats::jetstream::message::PublishMessage {
+    async_nats::jetstream::message::PublishMessage::build().header("KV-Operation", "DEL").ttl(DELETED_TTL)
+}
+
 /// The stream metadata key holding `member_ttl` in milliseconds on
 /// `KV_mqtt-members`: every replica must use the bucket's value.
 pub(crate) const MEMBER_TTL_KEY: &str = "fleetmq.member_ttl_ms";

@@ -122,7 +122,7 @@ pub(crate) async fn delete_will(shared: &Shared, client_id: &str, revision: u64)
 /// Delete the will at `key` if `revision` is still its latest.
 async fn delete_will_key(shared: &Shared, key: &str, revision: u64) -> Result<(), String> {
     let subject = format!("$KV.{}.{key}", bucket::WILLS);
-    let publish = PublishMessage::build().header("KV-Operation", "DEL").expected_last_subject_sequence(revision);
+    let publish = crate::setup::delete_marker().expected_last_subject_sequence(revision);
     let ack = shared.state.send_publish(subject, publish).await.map_err(|e| e.to_string())?;
     ack.await.map(|_| ()).map_err(|e| e.to_string())
 }

@@ -34,10 +34,15 @@ const MARKER_TTL: Duration = Duration::from_secs(2);
 
 /// The subjects of `KV_mqtt-sessions` now (stream info `num_subjects`).
 fn subjects(nats: &NatsCluster) -> u64 {
+    stream_subjects(nats, "KV_mqtt-sessions")
+}
+
+/// The subjects of `stream` now (stream info `num_subjects`).
+pub(crate) fn stream_subjects(nats: &NatsCluster, stream: &'static str) -> u64 {
     let url = nats.url(0);
     crate::nats::block_on(async move {
         let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-        let mut stream = js.get_stream("KV_mqtt-sessions").await.unwrap();
+        let mut stream = js.get_stream(stream).await.unwrap();
         stream.info().await.unwrap().state.subjects_count
     })
 }
@@ -45,10 +50,15 @@ fn subjects(nats: &NatsCluster) -> u64 {
 /// The server's expiry markers on `KV_mqtt-sessions` last `ttl` (fleetmq
 /// checks only that the bucket has them).
 fn set_marker_ttl(nats: &NatsCluster, ttl: Duration) {
+    set_stream_marker_ttl(nats, "KV_mqtt-sessions", ttl);
+}
+
+/// The server's expiry markers on `stream` last `ttl`.
+pub(crate) fn set_stream_marker_ttl(nats: &NatsCluster, stream: &'static str, ttl: Duration) {
     let url = nats.url(0);
     crate::nats::block_on(async move {
         let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-        let mut stream = js.get_stream("KV_mqtt-sessions").await.unwrap();
+        let mut stream = js.get_stream(stream).await.unwrap();
         let mut config = stream.info().await.unwrap().config.clone();
         config.subject_delete_marker_ttl = Some(ttl);
         js.update_stream(config).await.unwrap();
@@ -79,13 +89,19 @@ fn come_and_go(broker: &crate::harness::Broker, client_id: &str) {
 /// Waits (at most `within`) until `KV_mqtt-sessions` has at most `most`
 /// subjects; returns how long it took.
 fn wait_subjects_at_most(nats: &NatsCluster, most: u64, within: Duration) -> Duration {
+    wait_stream_subjects_at_most(nats, "KV_mqtt-sessions", most, within)
+}
+
+/// Waits (at most `within`) until `stream` has at most `most` subjects;
+/// returns how long it took.
+pub(crate) fn wait_stream_subjects_at_most(nats: &NatsCluster, stream: &'static str, most: u64, within: Duration) -> Duration {
     let started = Instant::now();
     loop {
-        let now = subjects(nats);
+        let now = stream_subjects(nats, stream);
         if now <= most {
             return started.elapsed();
         }
-        assert!(started.elapsed() < within, "KV_mqtt-sessions still has {now} subjects after {within:?} (at most {most} expected)");
+        assert!(started.elapsed() < within, "{stream} still has {now} subjects after {within:?} (at most {most} expected)");
         thread::sleep(Duration::from_millis(500));
     }
 }
@@ -135,4 +151,39 @@ fn released_client_identifiers_leave_mqtt_sessions_for_good_and_can_be_claimed_a
     let legacy_bound = Duration::from_secs(60 + 30) + RELEASED_TTL + MARKER_TTL + Duration::from_secs(10);
     wait_subjects_at_most(&nats, base, legacy_bound.saturating_sub(legacy_at.elapsed()));
     eprintln!("legacy markers gone {:?} after they were written", legacy_at.elapsed());
+}
+
+/// Cleared retained topics and deleted wills leave `KV_mqtt-retained` and
+/// `KV_mqtt-session-will` for good, as released client identifiers leave
+/// `KV_mqtt-sessions`: their delete markers carry the TTL
+/// (`setup::DELETED_TTL`, 10 s), then the server's expiry marker goes
+/// (2 s here). Before (s37): one subject per retained topic ever cleared
+/// and per client identifier that ever had a will, for good.
+#[test]
+fn cleared_retained_topics_and_deleted_wills_leave_their_buckets_for_good() {
+    const TOPICS: usize = 50;
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    set_stream_marker_ttl(&nats, "KV_mqtt-retained", MARKER_TTL);
+    set_stream_marker_ttl(&nats, "KV_mqtt-session-will", MARKER_TTL);
+    let (code, mut publisher) = connect_v5(&a, "publisher");
+    assert_eq!(code, 0);
+    for (i, payload) in (0..TOPICS).map(|i| (i, &b"kept"[..])).chain((0..TOPICS).map(|i| (i, &b""[..]))) {
+        let pid = (i + 1) as u16;
+        publisher.send(&build::publish(&format!("gone/{i}"), 1, pid, (false, true), payload, true));
+        match publisher.read(Duration::from_secs(10)) {
+            crate::raw::Incoming::Packet { header: 0x40, body } => assert_eq!(body[..2], pid.to_be_bytes(), "PUBACK of {pid}"),
+            other => panic!("PUBACK of gone/{i}: {other:?}"),
+        }
+    }
+    // Clients with wills that disconnect normally: their wills are deleted.
+    for i in 0..TOPICS {
+        let mut device = crate::cluster_handover::device(&a, &format!("willing-{i}"), 0, 0);
+        device.send(&build::disconnect_v5(0));
+    }
+    assert!(stream_subjects(&nats, "KV_mqtt-retained") > 0, "the clears are markers first");
+    let bound = Duration::from_secs(10) + MARKER_TTL + Duration::from_secs(15);
+    let retained = wait_stream_subjects_at_most(&nats, "KV_mqtt-retained", 0, bound);
+    let wills = wait_stream_subjects_at_most(&nats, "KV_mqtt-session-will", 0, bound);
+    eprintln!("{TOPICS} cleared retained topics left after {retained:?}, {TOPICS} deleted wills {wills:?} later");
 }
