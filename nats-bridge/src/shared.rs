@@ -15,6 +15,13 @@ use crate::config::{connect, JS_TIMEOUT};
 use crate::mailbox::Mailbox;
 use crate::{setup, BridgeConfig, ClusterStatus, Event};
 
+/// Events the bridge holds for one shard whose mailbox is full at most,
+/// about: past it the watches stop reading ([`Shared::room_for_events`]).
+pub(crate) const HELD_MAX: usize = 10_000;
+
+/// How often a watch waiting for room offers the held events again.
+const HELD_RETRY: Duration = Duration::from_millis(5);
+
 /// What the tasks on the bridge thread share.
 pub(crate) struct Shared {
     pub(crate) config: BridgeConfig,
@@ -120,6 +127,21 @@ impl Shared {
     pub(crate) fn broadcast(&self, event: Event) {
         for shard in 0..self.mailboxes.len() {
             self.send_event(shard, event.clone());
+        }
+    }
+
+    /// Resolves once no shard has [`HELD_MAX`] events held or more: the
+    /// watches wait here before they read their next entry, so a shard
+    /// that does not drain its mailbox makes them stop reading (NATS then
+    /// holds the rest) rather than grow what the bridge holds for it.
+    pub(crate) async fn room_for_events(&self) {
+        loop {
+            self.offer_held();
+            let most = self.held.lock().expect("bridge-only lock").iter().map(Vec::len).max().unwrap_or(0);
+            if most < HELD_MAX {
+                return;
+            }
+            tokio::time::sleep(HELD_RETRY).await;
         }
     }
 

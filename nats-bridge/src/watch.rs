@@ -63,6 +63,11 @@ pub(crate) async fn follow(
             Ok(mut watch) => {
                 backoff = FIRST_BACKOFF;
                 loop {
+                    // What a slow shard has not taken bounds what is read;
+                    // membership (fencing, peers) never waits behind a shard.
+                    if bucket != fleetmq_core::cluster::records::bucket::MEMBERS {
+                        shared.room_for_events().await;
+                    }
                     let next = match quiet {
                         Some(quiet) => match tokio::time::timeout(quiet, watch.next()).await {
                             Ok(next) => next,
