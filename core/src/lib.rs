@@ -14,6 +14,7 @@
 
 pub mod cluster;
 pub mod packet;
+pub mod mesh;
 pub mod placement;
 pub mod route;
 pub mod session;

@@ -1,0 +1,611 @@
+//! The mesh's frames (DESIGN.md §3, §11): what two replicas say to each
+//! other over a mesh link, as bytes. No I/O: the caller reads into a
+//! buffer and asks [`decode`] for the next frame, and appends the frames
+//! it sends with [`encode`] and [`encode_values`].
+//!
+//! A frame is `[len: u32][version: u8][kind: u8][body]`, big-endian, `len`
+//! counting the bytes after itself (so at least 2). Every frame carries
+//! the protocol version it is written in ([`VERSION`]); this build speaks
+//! [`VERSIONS`].
+//!
+//! A link, from the dialing replica (the sender of values) to the
+//! accepting one:
+//! 1. the dialer sends [`Frame::Hello`] (the versions it speaks, its
+//!    replica ID, its process instance, the link's number);
+//! 2. the acceptor answers [`Frame::HelloAck`]: the version chosen (the
+//!    highest both speak) and the highest sequence number it delivered on
+//!    this link so far (0: none), or a refusal with its reason;
+//! 3. the dialer sends [`Frame::Values`] batches, each numbered from its
+//!    first value's sequence number, starting after the one the acceptor
+//!    said it has; the acceptor answers [`Frame::Ack`] with the highest
+//!    sequence number it delivered.
+//!
+//! Bounds: a frame longer than the `max_frame` the caller gives (the
+//! largest allowed packet plus [`FRAME_OVERHEAD`]) is refused before it
+//! is read ([`FrameError::TooLarge`]); every count inside a frame is
+//! checked against the bytes that are really there.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytestring::ByteString;
+
+use crate::packet::codec::{decode_publish_properties, encode_publish_properties};
+use crate::packet::{Props, QoS};
+
+/// The mesh protocol version this build writes.
+pub const VERSION: u16 = 1;
+
+/// Every mesh protocol version this build speaks (the member record's
+/// `mesh_versions`).
+pub const VERSIONS: &[u16] = &[1];
+
+/// Bytes a frame may hold beyond the largest allowed packet: the frame
+/// and value headers, and the batch around the values.
+pub const FRAME_OVERHEAD: usize = 64 << 10;
+
+/// The frame header: length (4), version (1), kind (1).
+pub const HEADER_BYTES: usize = 6;
+
+/// The most shared subscription groups one value names.
+pub const MAX_GROUPS: usize = 255;
+
+/// The largest frame for a replica whose largest allowed packet is
+/// `max_packet_size` bytes.
+pub fn max_frame(max_packet_size: usize) -> usize {
+    max_packet_size.saturating_add(FRAME_OVERHEAD)
+}
+
+/// The highest version in both `ours` and `theirs`, if any.
+pub fn choose_version(ours: &[u16], theirs: &[u16]) -> Option<u16> {
+    ours.iter().filter(|v| theirs.contains(v)).max().copied()
+}
+
+/// Why an acceptor refused a link ([`Frame::HelloAck`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// No protocol version in common.
+    NoCommonVersion,
+    /// The client certificate does not name the replica the Hello claims.
+    NameMismatch,
+    /// The Hello names the accepting replica itself.
+    Myself,
+}
+
+impl Refusal {
+    fn code(self) -> u8 {
+        match self {
+            Refusal::NoCommonVersion => 1,
+            Refusal::NameMismatch => 2,
+            Refusal::Myself => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Refusal> {
+        match code {
+            1 => Some(Refusal::NoCommonVersion),
+            2 => Some(Refusal::NameMismatch),
+            3 => Some(Refusal::Myself),
+            _ => None,
+        }
+    }
+
+    /// A short label, e.g. for `fleetmq_mesh_refused_total{reason}`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NoCommonVersion => "version",
+            Refusal::NameMismatch => "name",
+            Refusal::Myself => "myself",
+        }
+    }
+}
+
+/// One value on the mesh: a PUBLISH accepted by the sending replica, as
+/// the receiving replica's subscribers get it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Value {
+    /// The topic name (with its workspace prefix, as the broker keeps it).
+    pub topic: ByteString,
+    /// The payload.
+    pub payload: Bytes,
+    /// The QoS it was published with.
+    pub qos: QoS,
+    /// The RETAIN flag it was published with.
+    pub retain: bool,
+    /// The properties that travel with a message (see
+    /// `session::Message::properties`); its Message Expiry Interval is
+    /// the number of seconds left when it was sent.
+    pub properties: Props,
+    /// The publisher's origin hash (`session::Message::origin`).
+    pub origin: u64,
+    /// The shared subscription groups the sender picked the receiving
+    /// replica for (at most [`MAX_GROUPS`]); empty: for no group.
+    pub groups: Vec<ByteString>,
+}
+
+/// One frame, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// The dialer's first frame.
+    Hello {
+        /// The protocol versions it speaks.
+        versions: Vec<u16>,
+        /// Its replica ID (its certificate must name it).
+        replica: String,
+        /// Its process instance (a new one after each restart).
+        instance: String,
+        /// The link's number among the dialer's links to this replica
+        /// (its shard).
+        link: u32,
+    },
+    /// The acceptor's answer to a Hello.
+    HelloAck(Result<Accepted, Refusal>),
+    /// A batch of values numbered `first`, `first + 1`, ...
+    Values {
+        /// The first value's sequence number (from 1).
+        first: u64,
+        /// The values, in order.
+        values: Vec<Value>,
+    },
+    /// The highest sequence number the receiver delivered.
+    Ack {
+        /// That sequence number.
+        delivered: u64,
+    },
+}
+
+/// What an acceptor that took a link answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    /// The version both speak from now on.
+    pub version: u16,
+    /// The highest sequence number delivered on this link (0: none): the
+    /// dialer sends from the one after.
+    pub delivered: u64,
+}
+
+/// Why bytes are not a frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The length field says more than the largest frame allowed.
+    #[error("mesh frame of {len} bytes is over the limit of {max}")]
+    TooLarge {
+        /// The length the frame claims.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A frame in a protocol version this build does not speak.
+    #[error("mesh frame in protocol version {0}, which this build does not speak")]
+    Version(u8),
+    /// The bytes do not make a frame (a bad kind, a count past the end,
+    /// a string that is not UTF-8, ...).
+    #[error("malformed mesh frame: {0}")]
+    Malformed(&'static str),
+}
+
+const HELLO: u8 = 1;
+const HELLO_ACK: u8 = 2;
+const VALUES: u8 = 3;
+const ACK: u8 = 4;
+
+const FLAG_RETAIN: u8 = 4;
+const FLAG_EXPIRY: u8 = 8;
+const FLAG_GROUPS: u8 = 16;
+
+/// Take the next frame from the front of `buf`: `Ok(None)` when `buf`
+/// does not hold a whole frame yet (read more and call again).
+///
+/// # Errors
+/// [`FrameError`]: the link is broken and must be closed (what follows
+/// cannot be framed). The frame's bytes are consumed either way once its
+/// length was read; a too large frame consumes nothing.
+pub fn decode(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame>, FrameError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len > max_frame {
+        return Err(FrameError::TooLarge { len, max: max_frame });
+    }
+    if len < 2 {
+        return Err(FrameError::Malformed("frame shorter than its header"));
+    }
+    if buf.len() < 4 + len {
+        buf.reserve(4 + len - buf.len());
+        return Ok(None);
+    }
+    buf.advance(4);
+    let body = buf.split_to(len).freeze();
+    decode_body(body).map(Some)
+}
+
+fn decode_body(mut body: Bytes) -> Result<Frame, FrameError> {
+    let version = body.get_u8();
+    if u16::from(version) != VERSION {
+        return Err(FrameError::Version(version));
+    }
+    let kind = body.get_u8();
+    let mut r = Reader(body);
+    let frame = match kind {
+        HELLO => {
+            let n = r.u8()?;
+            let versions = (0..n).map(|_| r.u16()).collect::<Result<Vec<_>, _>>()?;
+            Frame::Hello { versions, replica: r.string()?.to_string(), instance: r.string()?.to_string(), link: r.u32()? }
+        }
+        HELLO_ACK => match r.u8()? {
+            0 => Frame::HelloAck(Ok(Accepted { version: r.u16()?, delivered: r.u64()? })),
+            1 => Frame::HelloAck(Err(Refusal::from_code(r.u8()?).ok_or(FrameError::Malformed("refusal reason"))?)),
+            _ => return Err(FrameError::Malformed("hello answer")),
+        },
+        VALUES => {
+            let first = r.u64()?;
+            let n = r.u32()? as usize;
+            // Each value takes at least 15 bytes: no allocation past what
+            // the frame can hold.
+            let mut values = Vec::with_capacity(n.min(r.0.len() / 15));
+            for _ in 0..n {
+                values.push(r.value()?);
+            }
+            if first == 0 || first.checked_add(n as u64).is_none() {
+                return Err(FrameError::Malformed("sequence numbers"));
+            }
+            Frame::Values { first, values }
+        }
+        ACK => Frame::Ack { delivered: r.u64()? },
+        _ => return Err(FrameError::Malformed("frame kind")),
+    };
+    if !r.0.is_empty() {
+        return Err(FrameError::Malformed("bytes after the frame"));
+    }
+    Ok(frame)
+}
+
+/// Append `frame` to `out`. A [`Frame::Values`] is written as
+/// [`encode_values`] does.
+pub fn encode(frame: &Frame, out: &mut BytesMut) {
+    let start = begin(out, frame_kind(frame));
+    match frame {
+        Frame::Hello { versions, replica, instance, link } => {
+            let n = versions.len().min(255);
+            out.put_u8(n as u8);
+            versions[..n].iter().for_each(|v| out.put_u16(*v));
+            put_str(out, replica);
+            put_str(out, instance);
+            out.put_u32(*link);
+        }
+        Frame::HelloAck(Ok(accepted)) => {
+            out.put_u8(0);
+            out.put_u16(accepted.version);
+            out.put_u64(accepted.delivered);
+        }
+        Frame::HelloAck(Err(refusal)) => {
+            out.put_u8(1);
+            out.put_u8(refusal.code());
+        }
+        Frame::Values { first, values } => {
+            out.put_u64(*first);
+            out.put_u32(values.len() as u32);
+            for v in values {
+                put_value(out, &ValueRef::from(v));
+            }
+        }
+        Frame::Ack { delivered } => out.put_u64(*delivered),
+    }
+    finish(out, start);
+}
+
+/// A value to send, borrowed from wherever the sender keeps it.
+#[derive(Debug, Clone, Copy)]
+pub struct ValueRef<'a> {
+    /// See [`Value::topic`].
+    pub topic: &'a str,
+    /// See [`Value::payload`].
+    pub payload: &'a [u8],
+    /// See [`Value::qos`].
+    pub qos: QoS,
+    /// See [`Value::retain`].
+    pub retain: bool,
+    /// See [`Value::properties`] (its Message Expiry Interval is not
+    /// read: `expiry_left` is sent instead).
+    pub properties: &'a Props,
+    /// Seconds of the Message Expiry Interval left; `None`: no expiry.
+    pub expiry_left: Option<u32>,
+    /// See [`Value::origin`].
+    pub origin: u64,
+    /// See [`Value::groups`].
+    pub groups: &'a [ByteString],
+}
+
+impl<'a> From<&'a Value> for ValueRef<'a> {
+    fn from(v: &'a Value) -> Self {
+        ValueRef {
+            topic: &v.topic,
+            payload: &v.payload,
+            qos: v.qos,
+            retain: v.retain,
+            properties: &v.properties,
+            expiry_left: v.properties.message_expiry_interval,
+            origin: v.origin,
+            groups: &v.groups,
+        }
+    }
+}
+
+impl ValueRef<'_> {
+    /// An upper bound of the bytes [`encode_values`] writes for it (the
+    /// properties counted as their packet encoding's size bound).
+    pub fn encoded_len_bound(&self) -> usize {
+        let groups: usize = self.groups.iter().map(|g| 2 + g.len()).sum();
+        let props = if self.properties.is_empty() { 1 } else { props_len(self.properties) };
+        1 + 2 + self.topic.len() + 8 + 4 + 2 + groups + props + 4 + self.payload.len()
+    }
+}
+
+fn props_len(p: &Props) -> usize {
+    let mut scratch = BytesMut::new();
+    let _ = encode_publish_properties(p, &mut scratch);
+    scratch.len()
+}
+
+/// Append one [`Frame::Values`] frame numbered from `first` holding
+/// `values`.
+pub fn encode_values<'a>(first: u64, values: impl ExactSizeIterator<Item = ValueRef<'a>>, out: &mut BytesMut) {
+    let start = begin(out, VALUES);
+    out.put_u64(first);
+    out.put_u32(values.len() as u32);
+    for v in values {
+        put_value(out, &v);
+    }
+    finish(out, start);
+}
+
+fn frame_kind(frame: &Frame) -> u8 {
+    match frame {
+        Frame::Hello { .. } => HELLO,
+        Frame::HelloAck(_) => HELLO_ACK,
+        Frame::Values { .. } => VALUES,
+        Frame::Ack { .. } => ACK,
+    }
+}
+
+fn begin(out: &mut BytesMut, kind: u8) -> usize {
+    let start = out.len();
+    out.put_u32(0);
+    out.put_u8(VERSION as u8);
+    out.put_u8(kind);
+    start
+}
+
+fn finish(out: &mut BytesMut, start: usize) {
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+fn put_str(out: &mut BytesMut, s: &str) {
+    let n = s.len().min(usize::from(u16::MAX));
+    // Cut on a character boundary (strings here are short in practice).
+    let n = (0..=n).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+    out.put_u16(n as u16);
+    out.put_slice(&s.as_bytes()[..n]);
+}
+
+fn put_value(out: &mut BytesMut, v: &ValueRef<'_>) {
+    let groups = &v.groups[..v.groups.len().min(MAX_GROUPS)];
+    let mut flags = v.qos as u8;
+    if v.retain {
+        flags |= FLAG_RETAIN;
+    }
+    if v.expiry_left.is_some() {
+        flags |= FLAG_EXPIRY;
+    }
+    if !groups.is_empty() {
+        flags |= FLAG_GROUPS;
+    }
+    out.put_u8(flags);
+    put_str(out, v.topic);
+    out.put_u64(v.origin);
+    if let Some(left) = v.expiry_left {
+        out.put_u32(left);
+    }
+    if !groups.is_empty() {
+        out.put_u8(groups.len() as u8);
+        groups.iter().for_each(|g| put_str(out, g));
+    }
+    if encode_publish_properties(v.properties, out).is_err() {
+        // Properties a PUBLISH carried always fit; none rather than a
+        // broken frame.
+        out.put_u8(0);
+    }
+    out.put_u32(v.payload.len() as u32);
+    out.put_slice(v.payload);
+}
+
+struct Reader(Bytes);
+
+impl Reader {
+    fn need(&self, n: usize) -> Result<(), FrameError> {
+        if self.0.len() < n {
+            return Err(FrameError::Malformed("field past the end of the frame"));
+        }
+        Ok(())
+    }
+    fn u8(&mut self) -> Result<u8, FrameError> {
+        self.need(1)?;
+        Ok(self.0.get_u8())
+    }
+    fn u16(&mut self) -> Result<u16, FrameError> {
+        self.need(2)?;
+        Ok(self.0.get_u16())
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        self.need(4)?;
+        Ok(self.0.get_u32())
+    }
+    fn u64(&mut self) -> Result<u64, FrameError> {
+        self.need(8)?;
+        Ok(self.0.get_u64())
+    }
+    fn string(&mut self) -> Result<ByteString, FrameError> {
+        let n = usize::from(self.u16()?);
+        self.need(n)?;
+        ByteString::try_from(self.0.split_to(n)).map_err(|_| FrameError::Malformed("string that is not UTF-8"))
+    }
+    fn value(&mut self) -> Result<Value, FrameError> {
+        let flags = self.u8()?;
+        if flags & !(3 | FLAG_RETAIN | FLAG_EXPIRY | FLAG_GROUPS) != 0 {
+            return Err(FrameError::Malformed("value flags"));
+        }
+        let qos = QoS::from_u8(flags & 3).ok_or(FrameError::Malformed("QoS 3"))?;
+        let topic = self.string()?;
+        let origin = self.u64()?;
+        let expiry = if flags & FLAG_EXPIRY != 0 { Some(self.u32()?) } else { None };
+        let mut groups = Vec::new();
+        if flags & FLAG_GROUPS != 0 {
+            let n = self.u8()?;
+            for _ in 0..n {
+                groups.push(self.string()?);
+            }
+        }
+        let (mut properties, rest) = decode_publish_properties(std::mem::take(&mut self.0))
+            .map_err(|_| FrameError::Malformed("properties"))?;
+        self.0 = rest;
+        // Never kept on a message: sent by mistake, dropped here.
+        if properties.topic_alias.is_some() || !properties.subscription_identifiers.is_empty() {
+            properties.topic_alias = None;
+            properties.subscription_identifiers.clear();
+        }
+        if properties.message_expiry_interval != expiry {
+            properties.message_expiry_interval = expiry;
+        }
+        let n = self.u32()? as usize;
+        self.need(n)?;
+        let payload = self.0.split_to(n);
+        Ok(Value { topic, payload, qos, retain: flags & FLAG_RETAIN != 0, properties, origin, groups })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::packet::Properties;
+
+    fn text() -> impl Strategy<Value = ByteString> {
+        "[a-z/+#é]{0,12}".prop_map(ByteString::from)
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        (
+            text(),
+            prop::collection::vec(any::<u8>(), 0..64),
+            0u8..3,
+            any::<bool>(),
+            prop::option::of(any::<u32>()),
+            any::<u64>(),
+            prop::collection::vec(text(), 0..3),
+            prop::option::of(text()),
+        )
+            .prop_map(|(topic, payload, qos, retain, expiry, origin, groups, content_type)| Value {
+                topic,
+                payload: payload.into(),
+                qos: QoS::from_u8(qos).unwrap(),
+                retain,
+                properties: Props::from(Properties {
+                    message_expiry_interval: expiry,
+                    content_type: content_type.map(|c| c.to_string().into()),
+                    ..Properties::default()
+                }),
+                origin,
+                groups,
+            })
+    }
+
+    fn frame() -> impl Strategy<Value = Frame> {
+        prop_oneof![
+            (prop::collection::vec(any::<u16>(), 0..4), "[a-z0-9-]{0,20}", "[0-9a-f]{0,16}", any::<u32>())
+                .prop_map(|(versions, replica, instance, link)| Frame::Hello { versions, replica, instance, link }),
+            (any::<u16>(), any::<u64>())
+                .prop_map(|(version, delivered)| Frame::HelloAck(Ok(Accepted { version, delivered }))),
+            prop::sample::select(vec![Refusal::NoCommonVersion, Refusal::NameMismatch, Refusal::Myself])
+                .prop_map(|r| Frame::HelloAck(Err(r))),
+            (1u64..u64::MAX / 2, prop::collection::vec(value(), 0..5))
+                .prop_map(|(first, values)| Frame::Values { first, values }),
+            any::<u64>().prop_map(|delivered| Frame::Ack { delivered }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn frames_read_back_as_written(frames in prop::collection::vec(frame(), 1..4)) {
+            let mut buf = BytesMut::new();
+            frames.iter().for_each(|f| encode(f, &mut buf));
+            for f in &frames {
+                let got = decode(&mut buf, 1 << 20).unwrap();
+                prop_assert_eq!(got.as_ref(), Some(f));
+            }
+            prop_assert!(buf.is_empty());
+        }
+
+        #[test]
+        fn a_frame_cut_anywhere_asks_for_more_bytes(f in frame(), cut in any::<prop::sample::Index>()) {
+            let mut whole = BytesMut::new();
+            encode(&f, &mut whole);
+            let mut part = BytesMut::from(&whole[..cut.index(whole.len())]);
+            prop_assert_eq!(decode(&mut part, 1 << 20), Ok(None));
+        }
+
+        #[test]
+        fn any_bytes_give_an_answer_without_panicking(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let mut buf = BytesMut::from(&bytes[..]);
+            while let Ok(Some(_)) = decode(&mut buf, 1 << 10) {}
+        }
+
+        #[test]
+        fn a_frame_body_with_any_bytes_gives_an_answer(kind in 1u8..6, body in prop::collection::vec(any::<u8>(), 0..300)) {
+            let mut buf = BytesMut::new();
+            buf.put_u32(body.len() as u32 + 2);
+            buf.put_u8(1);
+            buf.put_u8(kind);
+            buf.put_slice(&body);
+            let _ = decode(&mut buf, 1 << 10);
+        }
+    }
+
+    #[test]
+    fn a_frame_over_the_limit_is_refused_before_it_is_read() {
+        let mut buf = BytesMut::new();
+        buf.put_u32(2_000_000);
+        assert_eq!(decode(&mut buf, max_frame(1 << 20)), Err(FrameError::TooLarge { len: 2_000_000, max: (1 << 20) + FRAME_OVERHEAD }));
+        let mut buf = BytesMut::from(&[0, 0, 0, 2, 9, 3][..]);
+        assert_eq!(decode(&mut buf, 100), Err(FrameError::Version(9)));
+    }
+
+    #[test]
+    fn the_expiry_sent_is_the_time_left_not_the_interval() {
+        let properties = Props::from(Properties { message_expiry_interval: Some(60), ..Properties::default() });
+        let v = ValueRef {
+            topic: "a/b",
+            payload: b"x",
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            properties: &properties,
+            expiry_left: Some(7),
+            origin: 5,
+            groups: &[],
+        };
+        let mut buf = BytesMut::new();
+        encode_values(3, [v].into_iter(), &mut buf);
+        assert!(v.encoded_len_bound() + HEADER_BYTES + 12 >= buf.len());
+        let Some(Frame::Values { first: 3, values }) = decode(&mut buf, 1 << 10).unwrap() else { panic!() };
+        assert_eq!(values[0].properties.message_expiry_interval, Some(7));
+        assert!(values[0].retain && values[0].qos == QoS::AtLeastOnce && values[0].origin == 5);
+    }
+
+    #[test]
+    fn the_version_is_the_highest_both_speak() {
+        assert_eq!(choose_version(&[1, 2], &[2, 3]), Some(2));
+        assert_eq!(choose_version(&[1], &[2]), None);
+    }
+}
