@@ -32,6 +32,7 @@ fn main() {
         started_at_ms: 0,
         shards: 1,
         owner_of: |_, _| 0,
+        mesh: String::new(),
     })
     .expect("the bridge starts");
     let bridge = std::sync::Arc::new(bridge);

@@ -23,6 +23,10 @@ pub struct BridgeConfig {
     pub shards: usize,
     /// The shard that owns a client identifier (the broker's `owner_of`).
     pub owner_of: fn(&str, usize) -> usize,
+    /// The mesh address the member record advertises (`host:port`, the
+    /// bound port when `cluster.mesh_listen` asks for port 0); empty: no
+    /// mesh.
+    pub mesh: String,
 }
 
 /// How long a JetStream API call or publish acknowledgement may take

@@ -48,12 +48,8 @@ fn member_record(shared: &Shared, leaving: bool, follows: Option<&str>) -> Membe
         instance: config.instance.clone(),
         started_at_ms: config.started_at_ms,
         member_ttl_ms: config.cluster.member_ttl.as_millis() as u64,
-        mesh: if config.cluster.mesh_advertise.is_empty() {
-            config.cluster.mesh_listen.clone()
-        } else {
-            config.cluster.mesh_advertise.clone()
-        },
-        mesh_versions: vec![1],
+        mesh: config.mesh.clone(),
+        mesh_versions: if config.mesh.is_empty() { Vec::new() } else { fleetmq_core::mesh::VERSIONS.to_vec() },
         reads: [*FORMATS_READ.start(), *FORMATS_READ.end()],
         epoch: shared.status.epoch(),
         leaving,

@@ -326,6 +326,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
                     received_at: now,
                     origin: u64::MAX,
                     stored: 0,
+                    from_mesh: false,
                 }),
                 None => return,
             },

@@ -20,6 +20,7 @@ mod deferred;
 pub mod config;
 mod connection;
 mod limits;
+mod mesh;
 pub mod metrics;
 mod outbound;
 mod park;

@@ -177,6 +177,7 @@ mod tests {
                 received_at: Instant::now(),
                 origin: 1,
                 stored: 0,
+                from_mesh: false,
             }),
             qos,
             retain,

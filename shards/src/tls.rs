@@ -173,15 +173,15 @@ impl TlsConfig {
 }
 
 /// The ring provider: builds without cmake or nasm.
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn read(what: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn read(what: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("{what} {}", path.display()))
 }
 
-fn load_certs(what: &str, path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+pub(crate) fn load_certs(what: &str, path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
     let pem = read(what, path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()

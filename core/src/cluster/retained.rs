@@ -111,6 +111,7 @@ impl RetainedRecord {
             received_at: now,
             origin: u64::MAX,
             stored: 0,
+            from_mesh: false,
         }))
     }
 }
@@ -221,6 +222,7 @@ mod tests {
             received_at: Instant::now(),
             origin: 7,
             stored: 0,
+            from_mesh: false,
         }
     }
 

@@ -84,6 +84,13 @@ pub struct Cluster {
     pub mesh_key: PathBuf,
     /// The deployment's mesh CA. Default none.
     pub mesh_ca: PathBuf,
+    /// Values kept for one peer replica while its mesh link is down or
+    /// behind, bytes (payloads and topics plus 64 bytes each), split
+    /// evenly over this replica's shards; past it the oldest are dropped
+    /// and counted (`fleetmq_mesh_values_lost_total`, DESIGN.md §6).
+    /// Default 64 MiB, range 4 KiB..=64 GiB.
+    #[serde(with = "size")]
+    pub mesh_buffer: usize,
 }
 
 impl Default for Cluster {
@@ -111,6 +118,7 @@ impl Default for Cluster {
             mesh_cert: PathBuf::new(),
             mesh_key: PathBuf::new(),
             mesh_ca: PathBuf::new(),
+            mesh_buffer: 64 << 20,
         }
     }
 }
@@ -153,6 +161,9 @@ impl Cluster {
                 format_size(self.session_log_max_bytes),
                 "1MiB..=1TiB",
             ));
+        }
+        if !(4 << 10..=64 << 30).contains(&self.mesh_buffer) {
+            return Err(out_of_range("cluster.mesh_buffer", format_size(self.mesh_buffer), "4KiB..=64GiB"));
         }
         if ![1, 3, 5].contains(&self.nats_replicas) {
             return Err(out_of_range("cluster.nats_replicas", self.nats_replicas.to_string(), "1, 3 or 5"));
@@ -210,6 +221,16 @@ mod tests {
         assert_eq!(c.will_stop_grace, Duration::from_secs(30));
         assert_eq!(c.connect_budget, Duration::from_secs(20));
         assert_eq!(c.nats_replicas, 3);
+        assert_eq!(c.mesh_buffer, 64 << 20);
+    }
+
+    #[test]
+    fn the_mesh_buffer_has_a_range_named_with_its_key() {
+        let c = Cluster { mesh_buffer: 1024, ..Cluster::default() };
+        assert_eq!(c.validate().unwrap_err().to_string(), "cluster.mesh_buffer = 1KiB is out of range 4KiB..=64GiB");
+        let c: Cluster = toml::from_str("mesh_buffer = \"64KiB\"").unwrap();
+        assert_eq!(c.mesh_buffer, 64 << 10);
+        c.validate().unwrap();
     }
 
     #[test]

@@ -106,6 +106,7 @@ impl WillRecord {
             received_at: Instant::now(),
             origin: u64::MAX,
             stored: 0,
+            from_mesh: false,
         };
         let mut message = RetainedRecord::of(&message, now_ms);
         // The Message Expiry Interval of a will counts from its

@@ -58,6 +58,11 @@ pub struct Message {
     /// Its log sequence number in the local store (`store::Record::Value`),
     /// 0 when it was not stored (QoS 0, `store.kind = "none"`).
     pub stored: u64,
+    /// It came from another replica over the mesh (DESIGN.md §3, §11):
+    /// delivered to this replica's subscribers only, never forwarded to
+    /// another replica again, and, retained, not stored here (the
+    /// publishing replica stored it in `mqtt-retained`).
+    pub from_mesh: bool,
 }
 
 impl Message {
@@ -1169,6 +1174,7 @@ fn into_message(publish: Publish, now: Instant) -> Message {
         received_at: now,
         origin: 0,
         stored: 0,
+        from_mesh: false,
     }
 }
 

@@ -45,6 +45,7 @@ fn message(topic: &str, qos: QoS, t: Instant) -> Arc<Message> {
         received_at: t,
         origin: 7,
         stored: 0,
+        from_mesh: false,
     })
 }
 

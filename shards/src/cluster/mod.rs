@@ -61,6 +61,8 @@ pub(crate) struct Node {
     /// `cluster.session_log_append_wait`: how long a QoS 1/2 retained
     /// value waits for `mqtt-retained` before it is refused.
     append_wait: Duration,
+    /// The mesh, when certificates are configured.
+    pub(crate) mesh: Option<Arc<crate::mesh::Mesh>>,
     /// The least time a claim stays parked after its connection ended
     /// (see `parked`): `cluster.will_stop_grace` after a lost replica is
     /// taken for gone, which is at most 2 × `cluster.member_ttl` after its
@@ -79,6 +81,9 @@ impl Node {
         let cluster = settings.cluster.clone().expect("called with a [cluster] section");
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let replica_id = cluster.replica_id_or(host.trim());
+        // Bound before the bridge starts: the member record carries the
+        // port (port 0 included).
+        let mesh = crate::mesh::Mesh::start(settings, &replica_id, shards)?;
         let started_at_ms = crate::store::unix_ms();
         let config = BridgeConfig {
             cluster: cluster.clone(),
@@ -87,6 +92,7 @@ impl Node {
             started_at_ms,
             shards,
             owner_of: crate::shard::owner_of,
+            mesh: mesh.as_ref().map(|m| m.advertise.clone()).unwrap_or_default(),
         };
         let bridge = Bridge::start(config).with_context(|| format!("cluster: replica {replica_id}"))?;
         info!(target: "cluster", replica = %replica_id, "cluster: joined");
@@ -96,6 +102,7 @@ impl Node {
             connect_budget: cluster.connect_budget,
             append_wait: cluster.session_log_append_wait,
             parks_at_least: cluster.will_stop_grace + 2 * cluster.member_ttl,
+            mesh,
         }))
     }
 
@@ -154,6 +161,15 @@ impl Node {
                     drop(claim(claimed));
                 }
                 Err(unavailable("connect budget exceeded"))
+            }
+        }
+    }
+
+    /// Start this shard's part of the mesh (its listener), if there is one.
+    pub(crate) fn start_mesh(&self, shard: &Rc<Shard>) {
+        if let Some(mesh) = &self.mesh {
+            if let Some(fd) = mesh.take_listener(shard.id) {
+                crate::mesh::incoming::spawn_acceptor(shard, mesh, fd);
             }
         }
     }
@@ -434,6 +450,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
         *sc.node.borrow_mut() = Some(node.clone());
         *sc.shard.borrow_mut() = Some(Rc::downgrade(&shard));
     });
+    node.start_mesh(&shard);
     glommio::spawn_local(async move {
         let mut events = Vec::new();
         loop {
@@ -447,7 +464,10 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                 None
             });
             match woken.await {
-                Some(false) => break,
+                Some(false) => {
+                    shard.links.stop();
+                    break;
+                }
                 Some(true) => {}
                 None => {
                     wills::reconcile(&node, &shard);
@@ -467,8 +487,11 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                     }
                     Event::Unfenced => shard_state(|sc| sc.handing_over.set(false)),
                     Event::Routes(changes) => shard.apply_routes(&changes),
-                    // The mesh (issue 25) links to these.
-                    Event::Peers(_) => {}
+                    Event::Peers(peers) => {
+                        if let Some(mesh) = &node.mesh {
+                            shard.links.set_peers(&shard, mesh, &peers);
+                        }
+                    }
                     Event::PublishWill { will } => shard.publish_cluster_will(will, now),
                     Event::Retained { revision, message } => {
                         shard.apply_retained(revision, message, now);

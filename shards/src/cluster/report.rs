@@ -27,7 +27,11 @@ impl Node {
             "fenced": status.is_fenced(),
             "reason": status.not_ready(),
             "members": status.members(),
-            "mesh_links_up": 0,
+            "mesh_links_up": self.mesh.as_ref().map_or(0, |m| m.stats.links_up.load(std::sync::atomic::Ordering::Relaxed)),
+            "mesh": match &self.mesh {
+                Some(mesh) => mesh.status_json(),
+                None => serde_json::json!({"off": "no cluster.mesh_cert, mesh_key and mesh_ca configured"}),
+            },
             "store": if status.is_fenced() { "unavailable" } else { "ok" },
             "bridge": {
                 "queue_depth": self.queue_depth(),
@@ -49,6 +53,9 @@ impl Node {
         let gauge = |out: &mut String, name: &str, help: &str, value: String| {
             let _ = writeln!(out, "# HELP fleetmq_{name} {help}\n# TYPE fleetmq_{name} gauge\nfleetmq_{name} {value}");
         };
+        if let Some(mesh) = &self.mesh {
+            mesh.render_metrics(out);
+        }
         gauge(out, "cluster_members", "Live replicas, this one included while it serves", status.members().len().to_string());
         gauge(out, "cluster_fenced", "1 while this replica is fenced (DESIGN.md §5)", u8::from(status.is_fenced()).to_string());
         gauge(out, "bridge_queue_depth", "Requests queued for the NATS bridge", self.queue_depth().to_string());

@@ -264,6 +264,7 @@ mod tests {
             received_at: Instant::now(),
             origin: 7,
             stored: 0,
+            from_mesh: false,
         })
     }
 

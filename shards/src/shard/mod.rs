@@ -478,6 +478,9 @@ pub(crate) struct Shard {
     /// Where accepted values become durable, and the acknowledgements
     /// waiting for it (see [`crate::store`]).
     pub(crate) store: crate::store::ShardStore,
+    /// This shard's mesh links to the other replicas (cluster mode with a
+    /// mesh; empty otherwise).
+    pub(crate) links: crate::mesh::ShardLinks,
     state: RefCell<State>,
 }
 
@@ -511,6 +514,7 @@ impl Shard {
             live_connections: Cell::new(0),
             scratch: RefCell::new(vec![0; SCRATCH_BYTES]),
             store,
+            links: crate::mesh::ShardLinks::default(),
             state: RefCell::new(State {
                 clients: Slab::new(),
                 by_id: ClientIndex::default(),
@@ -976,6 +980,12 @@ impl Shard {
                 Subscriber::Session(slot) => slot,
                 Subscriber::Group(gid) => {
                     i += 1;
+                    // Shared groups across replicas are not picked over the
+                    // mesh yet: a group gets the values published on its
+                    // members' replica only (never twice).
+                    if message.from_mesh {
+                        continue;
+                    }
                     self.dispatch_to_group(st, gid, message.clone(), from_shard, now);
                     continue;
                 }
@@ -1345,6 +1355,7 @@ impl Shard {
                 received_at: now,
                 origin: u64::MAX,
                 stored: 0,
+                from_mesh: false,
             };
             self.route(st, Arc::new(message), now);
         }

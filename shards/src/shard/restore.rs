@@ -31,6 +31,7 @@ fn message(lsn: u64, m: &StoredMessage, now: Instant, now_ms: u64) -> Arc<Messag
         received_at: now.checked_sub(age).unwrap_or(now),
         origin: m.origin,
         stored: lsn,
+        from_mesh: false,
     })
 }
 

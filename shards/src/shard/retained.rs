@@ -287,6 +287,7 @@ mod tests {
             received_at: Instant::now(),
             origin: 0,
             stored: 0,
+            from_mesh: false,
         })
     }
 

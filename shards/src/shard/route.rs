@@ -32,6 +32,8 @@ impl Shard {
     /// [`Shard::route`] past the retained store: local subscribers and
     /// the other shards whose routes match.
     pub(super) fn dispatch(&self, st: &mut State, message: Arc<Message>, now: Instant) -> u64 {
+        // Before the one-shard return (trap 6 of notes/cluster-seams.md).
+        self.forward_to_peers(st, &message);
         if self.shards == 1 {
             // Alone: no route table to consult.
             self.dispatch_local(st, &message, self.id, now);
@@ -50,5 +52,46 @@ impl Shard {
             }
         }
         reach
+    }
+
+    /// The mesh (DESIGN.md §3): a value published here goes once to each
+    /// other replica with a plain subscription matching it; one that came
+    /// from the mesh never goes on (trap 7), nor do `$SYS` values (each
+    /// replica publishes its own).
+    fn forward_to_peers(&self, st: &mut State, message: &Arc<Message>) {
+        if message.from_mesh || !self.links.active() || st.remote_routes.is_empty() || message.topic.starts_with("$SYS/") {
+            return;
+        }
+        let peers = st.remote_routes.peers_for(&message.topic);
+        if !peers.is_empty() {
+            self.links.forward(peers, message);
+        }
+    }
+
+    /// Values another replica sent over the mesh: to this replica's
+    /// subscribers, on every shard, like a publish, but not to the
+    /// retained store (the publishing replica stored a retained one in
+    /// `mqtt-retained`, whose watch brings it here) and not to other
+    /// replicas.
+    pub(crate) fn deliver_from_mesh(&self, values: Vec<fleetmq_core::mesh::Value>) {
+        if values.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = self.state.borrow_mut();
+        for v in values {
+            let message = Message {
+                topic: v.topic,
+                payload: v.payload,
+                qos: v.qos,
+                retain: v.retain,
+                properties: v.properties,
+                received_at: now,
+                origin: v.origin,
+                stored: 0,
+                from_mesh: true,
+            };
+            self.dispatch(&mut st, Arc::new(message), now);
+        }
     }
 }

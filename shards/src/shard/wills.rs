@@ -109,6 +109,7 @@ impl Shard {
             received_at: now,
             origin: u64::MAX,
             stored: 0,
+            from_mesh: false,
         };
         self.store.log_value(&mut message, now);
         if let Some(client_id) = client_id {

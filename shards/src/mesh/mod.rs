@@ -1,0 +1,320 @@
+//! The mesh (DESIGN.md §3, §6 "mesh cut", §11): live values replica to
+//! replica over mutual TLS 1.3, in one hop.
+//!
+//! How links map to shards: **every shard dials one link to each peer
+//! replica** and sends on it the values its own clients publish
+//! ([`outgoing`]); the peer serves the link on whichever of its shards
+//! accepted it and dispatches each value there like a publish, to its
+//! subscribers on every shard through the normal route table
+//! ([`incoming`]). No cross-shard hop on the sending side, and per
+//! publisher order holds end to end: a publisher stays on its shard in
+//! cluster mode (`server.move_publishers` is off there, trap 11 of
+//! notes/cluster-seams.md), its values take one link, the receiving
+//! shard dispatches them in order, and each shard pair's channel keeps
+//! order. perf/RESULTS.md (session 38) has the figures.
+//!
+//! A link is one-way for values: the dialer numbers each value and keeps
+//! it until the acceptor acknowledges it; after a reconnect the acceptor
+//! says what it delivered on that link and the dialer sends from there on
+//! (no loss, no duplicate while the acceptor's process lives). A link
+//! that is down keeps up to `cluster.mesh_buffer` per peer (split over
+//! the shards); past it the oldest are dropped and counted.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use fleetmq_core::settings::Settings;
+use tracing::warn;
+
+pub(crate) mod incoming;
+pub(crate) mod outgoing;
+mod tls;
+
+pub(crate) use outgoing::ShardLinks;
+
+/// Why a link was refused (`fleetmq_mesh_refused_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RefusedFor {
+    /// The TLS handshake failed: a certificate from another CA, none, or
+    /// a server certificate that does not name the peer dialed.
+    Certificate,
+    /// The client certificate does not name the replica its Hello claims.
+    Name,
+    /// No mesh protocol version in common.
+    Version,
+    /// Not a Hello, or no answer to it in time.
+    Protocol,
+}
+
+impl RefusedFor {
+    const ALL: [RefusedFor; 4] = [RefusedFor::Certificate, RefusedFor::Name, RefusedFor::Version, RefusedFor::Protocol];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            RefusedFor::Certificate => "certificate",
+            RefusedFor::Name => "name",
+            RefusedFor::Version => "version",
+            RefusedFor::Protocol => "protocol",
+        }
+    }
+}
+
+/// One peer replica's figures, summed over this replica's shards.
+#[derive(Debug, Default)]
+pub(crate) struct PeerStats {
+    /// This replica's links to it that are up (one per shard at most).
+    pub(crate) links_up: AtomicI64,
+    /// Bytes of values kept for it (unacknowledged or unsent).
+    pub(crate) buffer_bytes: AtomicI64,
+    /// Values for it dropped from a full buffer.
+    pub(crate) lost: AtomicU64,
+}
+
+/// The mesh's counters (`/metrics`, `/api/v1/status`).
+#[derive(Debug, Default)]
+pub(crate) struct MeshStats {
+    pub(crate) links_up: AtomicI64,
+    pub(crate) links_in: AtomicI64,
+    pub(crate) bytes_in: AtomicU64,
+    pub(crate) bytes_out: AtomicU64,
+    pub(crate) values_in: AtomicU64,
+    pub(crate) values_out: AtomicU64,
+    pub(crate) lost: AtomicU64,
+    refused: [AtomicU64; 4],
+    /// Replica ID → its figures (peers met over the process's life).
+    peers: Mutex<HashMap<String, Arc<PeerStats>>>,
+}
+
+impl MeshStats {
+    /// Count a refused link.
+    pub(crate) fn refused(&self, why: RefusedFor) {
+        let at = RefusedFor::ALL.iter().position(|r| *r == why).unwrap_or(0);
+        self.refused[at].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The figures of the peer `replica`.
+    pub(crate) fn peer(&self, replica: &str) -> Arc<PeerStats> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers.entry(replica.to_owned()).or_default().clone()
+    }
+}
+
+/// What an acceptor remembers of one link (the dialer's instance and
+/// link number): the highest sequence number it delivered, and which
+/// connection of that link is the current one.
+#[derive(Debug, Default)]
+pub(crate) struct Received {
+    pub(crate) delivered: u64,
+    pub(crate) generation: u64,
+}
+
+/// Links remembered by an acceptor at most; past it, those with no
+/// connection are forgotten (their dialer restarted, or left).
+const RECEIVED_MAX: usize = 4096;
+
+/// The mesh of this process: certificates, the bound listener, figures.
+pub(crate) struct Mesh {
+    /// This replica's ID.
+    pub(crate) replica: String,
+    /// This process's mesh instance (random): with a shard number, the key
+    /// under which acceptors remember a link.
+    pub(crate) instance: String,
+    tls: tls::MeshTls,
+    /// The address the member record advertises (`host:port`).
+    pub(crate) advertise: String,
+    /// Bytes kept per link (`cluster.mesh_buffer` / shards).
+    pub(crate) buffer_per_link: usize,
+    /// The largest frame sent or read.
+    pub(crate) max_frame: usize,
+    pub(crate) shards: usize,
+    pub(crate) stats: MeshStats,
+    received: Mutex<HashMap<(String, u32), Arc<Mutex<Received>>>>,
+    /// Each shard's listening socket, taken when the shard starts.
+    listeners: Mutex<Vec<Option<OwnedFd>>>,
+    /// What was logged once already (`mesh:` lines per peer).
+    logged: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh").field("replica", &self.replica).field("advertise", &self.advertise).finish()
+    }
+}
+
+impl Mesh {
+    /// Load the mesh certificates and bind `cluster.mesh_listen` once per
+    /// shard (SO_REUSEPORT; port 0 picks a free port), for `replica`.
+    /// `None` (with a warning) when no certificate is configured: the
+    /// replica runs without a mesh.
+    ///
+    /// # Errors
+    /// Bad certificate settings or files, or the listener cannot be bound.
+    pub(crate) fn start(settings: &Settings, replica: &str, shards: usize) -> anyhow::Result<Option<Arc<Mesh>>> {
+        let Some(cluster) = &settings.cluster else { return Ok(None) };
+        let Some(tls) = tls::MeshTls::load(cluster, replica)? else {
+            warn!(target: "mesh", "mesh: off: no cluster.mesh_cert, mesh_key and mesh_ca (`fleetmq cert`); values published here reach no other replica's subscribers");
+            return Ok(None);
+        };
+        let mut addr: SocketAddr = cluster
+            .mesh_listen
+            .parse()
+            .with_context(|| format!("cluster.mesh_listen: bad address {}", cluster.mesh_listen))?;
+        let mut fds = Vec::new();
+        for _ in 0..shards {
+            let listener = bind(addr).with_context(|| format!("cannot listen on {addr} (cluster.mesh_listen)"))?;
+            addr = listener.local_addr()?;
+            fds.push(Some(OwnedFd::from(listener)));
+        }
+        let advertise = advertised(&cluster.mesh_advertise, addr);
+        tracing::info!(target: "mesh", %addr, %advertise, "mesh: listening");
+        crate::server::announce(format_args!("fleetmq: listening mesh {addr}"));
+        Ok(Some(Arc::new(Mesh {
+            replica: replica.to_owned(),
+            instance: format!("{:016x}", rand::random::<u64>()),
+            tls,
+            advertise,
+            buffer_per_link: (cluster.mesh_buffer / shards.max(1)).max(1),
+            max_frame: fleetmq_core::mesh::max_frame(settings.limits.max_packet_size as usize),
+            shards,
+            stats: MeshStats::default(),
+            received: Mutex::new(HashMap::new()),
+            listeners: Mutex::new(fds),
+            logged: Mutex::new(HashSet::new()),
+        })))
+    }
+
+    /// Shard `shard`'s listening socket (once).
+    pub(crate) fn take_listener(&self, shard: usize) -> Option<OwnedFd> {
+        self.listeners.lock().unwrap_or_else(|e| e.into_inner()).get_mut(shard)?.take()
+    }
+
+    /// Whether `what` is logged for the first time (then remembered).
+    pub(crate) fn first_time(&self, what: String) -> bool {
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        if logged.len() >= RECEIVED_MAX {
+            logged.clear();
+        }
+        logged.insert(what)
+    }
+
+    /// What this replica remembers of the link `(instance, link)`.
+    pub(crate) fn received(&self, instance: &str, link: u32) -> Arc<Mutex<Received>> {
+        let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        if received.len() >= RECEIVED_MAX {
+            received.retain(|_, r| Arc::strong_count(r) > 1);
+        }
+        received.entry((instance.to_owned(), link)).or_default().clone()
+    }
+
+    /// The `mesh` object of `/api/v1/status`: links up, and per peer its
+    /// links up out of one per shard, buffered bytes and values lost.
+    pub(crate) fn status_json(&self) -> serde_json::Value {
+        let relaxed = Ordering::Relaxed;
+        let peers = self.stats.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list: Vec<_> = peers
+            .iter()
+            .map(|(replica, p)| {
+                let up = p.links_up.load(relaxed);
+                serde_json::json!({
+                    "replica": replica,
+                    "links_up": up,
+                    "links": self.shards,
+                    "state": if up as usize >= self.shards { "up" } else if up > 0 { "partial" } else { "down" },
+                    "buffer_bytes": p.buffer_bytes.load(relaxed),
+                    "values_lost": p.lost.load(relaxed),
+                })
+            })
+            .collect();
+        list.sort_by(|a, b| a["replica"].as_str().cmp(&b["replica"].as_str()));
+        serde_json::json!({
+            "listen": self.advertise,
+            "links_per_peer": self.shards,
+            "links_in": self.stats.links_in.load(relaxed),
+            "peers": list,
+        })
+    }
+
+    /// The mesh's `/metrics` series, text format.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let relaxed = Ordering::Relaxed;
+        let s = &self.stats;
+        let _ = writeln!(
+            out,
+            "# HELP fleetmq_mesh_links_up Mesh links from this replica that are up (one per shard and peer)\n# TYPE fleetmq_mesh_links_up gauge\nfleetmq_mesh_links_up {}",
+            s.links_up.load(relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fleetmq_mesh_links_in Mesh links from other replicas served here\n# TYPE fleetmq_mesh_links_in gauge\nfleetmq_mesh_links_in {}",
+            s.links_in.load(relaxed)
+        );
+        for (name, help, v) in [
+            ("mesh_bytes_in", "Bytes read from mesh links (TLS payload)", &s.bytes_in),
+            ("mesh_bytes_out", "Bytes written to mesh links (TLS payload)", &s.bytes_out),
+            ("mesh_values_in", "Values received over the mesh and delivered here", &s.values_in),
+            ("mesh_values_out", "Values sent over the mesh (a value sent again after a cut counts again)", &s.values_out),
+            ("mesh_values_lost", "Values for another replica dropped, oldest first, from a full mesh buffer (cluster.mesh_buffer)", &s.lost),
+        ] {
+            let _ = writeln!(out, "# HELP fleetmq_{name} {help}\n# TYPE fleetmq_{name} counter\nfleetmq_{name}_total {}", v.load(relaxed));
+        }
+        let _ = writeln!(out, "# HELP fleetmq_mesh_refused Mesh links refused, by reason\n# TYPE fleetmq_mesh_refused counter");
+        for (why, n) in RefusedFor::ALL.iter().zip(&s.refused) {
+            let _ = writeln!(out, "fleetmq_mesh_refused_total{{reason=\"{}\"}} {}", why.as_str(), n.load(relaxed));
+        }
+        let peers = s.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(out, "# HELP fleetmq_mesh_peer_links_up Links up to each peer replica\n# TYPE fleetmq_mesh_peer_links_up gauge");
+        for (replica, p) in peers.iter() {
+            let _ = writeln!(out, "fleetmq_mesh_peer_links_up{{peer=\"{replica}\"}} {}", p.links_up.load(relaxed));
+        }
+        let _ = writeln!(out, "# HELP fleetmq_mesh_buffer_bytes Bytes of values kept for each peer replica (unsent or unacknowledged)\n# TYPE fleetmq_mesh_buffer_bytes gauge");
+        for (replica, p) in peers.iter() {
+            let _ = writeln!(out, "fleetmq_mesh_buffer_bytes{{peer=\"{replica}\"}} {}", p.buffer_bytes.load(relaxed));
+        }
+    }
+}
+
+/// The address to advertise: `mesh_advertise`, else the bound address,
+/// with the host name instead of an unspecified IP.
+fn advertised(advertise: &str, bound: SocketAddr) -> String {
+    if !advertise.is_empty() {
+        return advertise.to_owned();
+    }
+    if bound.ip().is_unspecified() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let host = host.trim();
+        let host = if host.is_empty() { "localhost" } else { host };
+        return format!("{host}:{}", bound.port());
+    }
+    bound.to_string()
+}
+
+/// A listening socket every shard binds (SO_REUSEPORT).
+fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nodelay(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertised;
+
+    #[test]
+    fn an_unspecified_listen_address_advertises_the_host_name() {
+        assert_eq!(advertised("", "127.0.0.1:7884".parse().unwrap()), "127.0.0.1:7884");
+        assert_eq!(advertised("m.example:1", "0.0.0.0:7884".parse().unwrap()), "m.example:1");
+        let host = advertised("", "0.0.0.0:7884".parse().unwrap());
+        assert!(host.ends_with(":7884") && !host.starts_with("0.0.0.0"), "{host}");
+    }
+}

@@ -1,0 +1,538 @@
+//! A shard's links to the other replicas: per peer, the values this
+//! shard's publishers sent it, numbered and kept until acknowledged
+//! ([`Queue`]), and the task that dials the peer and sends them
+//! ([`run_link`]).
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use fleetmq_core::cluster::peers::{Peer, PeerSet};
+use fleetmq_core::mesh::{self, Frame, ValueRef, VERSIONS};
+use fleetmq_core::session::Message;
+use futures_lite::future::or;
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use glommio::timer::sleep;
+use rustls::pki_types::ServerName;
+use tracing::{debug, info, warn};
+
+use super::{Mesh, PeerStats, RefusedFor};
+use crate::shard::Shard;
+use crate::signal::Signal;
+
+/// How long a dial may take (TCP connect, TLS handshake, Hello answer).
+const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The first pause before a link is dialed again; it doubles up to
+/// [`BACKOFF_MAX`] while dials fail.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// What a value costs in a buffer beyond its topic and payload.
+const VALUE_COST: usize = 64;
+
+/// The values of one link: numbered from 1, kept from the oldest not
+/// acknowledged on.
+pub(crate) struct Queue {
+    values: VecDeque<Arc<Message>>,
+    /// The sequence number of `values[0]` (the next one's when empty).
+    front: u64,
+    /// The highest sequence number written on the current connection.
+    sent: u64,
+    bytes: usize,
+    limit: usize,
+}
+
+impl Queue {
+    fn new(limit: usize) -> Queue {
+        Queue { values: VecDeque::new(), front: 1, sent: 0, bytes: 0, limit }
+    }
+
+    fn cost(m: &Message) -> usize {
+        m.topic.len() + m.payload.len() + VALUE_COST
+    }
+
+    /// Keep `m`; returns how many of the oldest were dropped to make room.
+    fn push(&mut self, m: Arc<Message>) -> u64 {
+        self.bytes += Self::cost(&m);
+        self.values.push_back(m);
+        let mut dropped = 0;
+        while self.bytes > self.limit && self.values.len() > 1 {
+            self.pop_front();
+            dropped += 1;
+        }
+        dropped
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(m) = self.values.pop_front() {
+            self.bytes -= Self::cost(&m);
+            self.front += 1;
+            // A value dropped before it was sent leaves a gap the
+            // receiver skips.
+            self.sent = self.sent.max(self.front - 1);
+        }
+    }
+
+    /// The receiver delivered every value up to `delivered`.
+    fn acked(&mut self, delivered: u64) {
+        while self.front <= delivered && !self.values.is_empty() {
+            self.pop_front();
+        }
+    }
+
+    /// A new connection, whose receiver delivered up to `delivered`: send
+    /// from the one after it (or the oldest kept).
+    fn restart(&mut self, delivered: u64) {
+        self.acked(delivered);
+        self.sent = delivered.max(self.front - 1);
+    }
+
+    /// The next Values frame: the kept values not sent on this connection
+    /// yet, as many as fit in `max_frame`; `None` when all were sent.
+    fn next_frame(&mut self, max_frame: usize, now: Instant, out: &mut BytesMut) -> Option<usize> {
+        let first = self.sent + 1;
+        let skip = (first - self.front) as usize;
+        if skip >= self.values.len() {
+            return None;
+        }
+        let mut size = mesh::HEADER_BYTES + 12;
+        let mut n = 0;
+        for m in self.values.iter().skip(skip) {
+            let bound = value_ref(m, now).encoded_len_bound();
+            if n > 0 && size + bound > max_frame {
+                break;
+            }
+            size += bound;
+            n += 1;
+        }
+        let values = self.values.iter().skip(skip).take(n).map(|m| value_ref(m, now));
+        mesh::encode_values(first, values, out);
+        self.sent = first + n as u64 - 1;
+        Some(n)
+    }
+}
+
+fn value_ref(m: &Message, now: Instant) -> ValueRef<'_> {
+    ValueRef {
+        topic: &m.topic,
+        payload: &m.payload,
+        qos: m.qos,
+        retain: m.retain,
+        properties: &m.properties,
+        expiry_left: m.expiry_left(now),
+        origin: m.origin,
+        groups: &[],
+    }
+}
+
+/// Whom a link dials.
+#[derive(Clone)]
+struct Target {
+    replica: String,
+    instance: String,
+    addr: String,
+    versions: Vec<u16>,
+}
+
+/// One link of this shard to one peer replica.
+pub(crate) struct Outgoing {
+    target: RefCell<Target>,
+    /// Bumped when the peer restarted or moved (the connection is
+    /// dropped and dialed again) or left.
+    epoch: Cell<u64>,
+    removed: Cell<bool>,
+    queue: RefCell<Queue>,
+    /// Wakes the link's task: values to send, or its epoch changed.
+    signal: Signal,
+    stats: Arc<PeerStats>,
+}
+
+/// A shard's links to the other replicas, by peer id. Empty (and a no-op
+/// on the publish path) without a mesh.
+#[derive(Default)]
+pub(crate) struct ShardLinks {
+    mesh: RefCell<Option<Arc<Mesh>>>,
+    links: RefCell<Vec<Option<Rc<Outgoing>>>>,
+}
+
+impl ShardLinks {
+    /// Whether any link exists (the publish path asks first).
+    pub(crate) fn active(&self) -> bool {
+        self.mesh.borrow().is_some()
+    }
+
+    /// Send `message` to each of `peers` that this shard links to (a peer
+    /// not linked yet is not in the live list: nothing to keep for it).
+    pub(crate) fn forward(&self, peers: PeerSet, message: &Arc<Message>) {
+        let links = self.links.borrow();
+        let Some(mesh) = &*self.mesh.borrow() else { return };
+        for peer in peers.iter() {
+            let Some(Some(link)) = links.get(peer.index()) else { continue };
+            let mut queue = link.queue.borrow_mut();
+            let before = queue.bytes;
+            let dropped = queue.push(message.clone());
+            let after = queue.bytes;
+            drop(queue);
+            link.stats.buffer_bytes.fetch_add(after as i64 - before as i64, Ordering::Relaxed);
+            if dropped > 0 {
+                link.stats.lost.fetch_add(dropped, Ordering::Relaxed);
+                mesh.stats.lost.fetch_add(dropped, Ordering::Relaxed);
+            }
+            link.signal.notify();
+        }
+    }
+
+    /// The live peers changed: link to new ones, drop links to those
+    /// gone, dial again those that restarted or moved.
+    pub(crate) fn set_peers(&self, shard: &Rc<Shard>, mesh: &Arc<Mesh>, peers: &[Peer]) {
+        *self.mesh.borrow_mut() = Some(mesh.clone());
+        let mut links = self.links.borrow_mut();
+        let mut live = PeerSet::new();
+        for peer in peers {
+            if peer.id.index() >= PeerSet::MAX_PEERS || peer.replica == mesh.replica {
+                continue;
+            }
+            if peer.mesh.is_empty() {
+                if mesh.first_time(format!("no mesh {} {}", peer.replica, peer.instance)) {
+                    warn!(target: "mesh", peer = %peer.replica, "mesh: no link: the peer runs without a mesh (no mesh certificates)");
+                }
+                continue;
+            }
+            live.insert(peer.id);
+            let target = Target {
+                replica: peer.replica.clone(),
+                instance: peer.instance.clone(),
+                addr: peer.mesh.clone(),
+                versions: peer.mesh_versions.clone(),
+            };
+            if links.len() <= peer.id.index() {
+                links.resize(peer.id.index() + 1, None);
+            }
+            match &links[peer.id.index()] {
+                Some(link) => {
+                    let mut current = link.target.borrow_mut();
+                    if current.instance != target.instance || current.addr != target.addr {
+                        *current = target;
+                        link.epoch.set(link.epoch.get() + 1);
+                        link.signal.notify();
+                    }
+                }
+                None => {
+                    let link = Rc::new(Outgoing {
+                        stats: mesh.stats.peer(&target.replica),
+                        target: RefCell::new(target),
+                        epoch: Cell::new(0),
+                        removed: Cell::new(false),
+                        queue: RefCell::new(Queue::new(mesh.buffer_per_link)),
+                        signal: Signal::default(),
+                    });
+                    links[peer.id.index()] = Some(link.clone());
+                    glommio::spawn_local(run_link(shard.clone(), mesh.clone(), link)).detach();
+                }
+            }
+        }
+        for (i, slot) in links.iter_mut().enumerate() {
+            if slot.is_some() && !live.contains(fleetmq_core::cluster::peers::PeerId(i as u16)) {
+                let link = slot.take().expect("checked");
+                link.removed.set(true);
+                link.epoch.set(link.epoch.get() + 1);
+                link.signal.notify();
+            }
+        }
+    }
+
+    /// The shard stops: every link ends.
+    pub(crate) fn stop(&self) {
+        for link in self.links.borrow_mut().drain(..).flatten() {
+            link.removed.set(true);
+            link.signal.notify();
+        }
+    }
+}
+
+/// Dial `link`'s peer and send its values until the link is removed or
+/// the shard stops, dialing again with a backoff after each failure.
+async fn run_link(shard: Rc<Shard>, mesh: Arc<Mesh>, link: Rc<Outgoing>) {
+    let mut backoff = BACKOFF_MIN;
+    while !link.removed.get() && !shard.stopping.get() {
+        let epoch = link.epoch.get();
+        let replica = link.target.borrow().replica.clone();
+        match connect_and_send(&shard, &mesh, &link, epoch).await {
+            Ok(()) => backoff = BACKOFF_MIN,
+            Err(Failed { why, was_up }) => {
+                if was_up {
+                    backoff = BACKOFF_MIN;
+                    info!(target: "mesh", peer = %replica, shard = shard.id, "mesh: link down: {why}");
+                } else {
+                    debug!(target: "mesh", peer = %replica, shard = shard.id, "mesh: dial failed: {why}");
+                }
+            }
+        }
+        if link.removed.get() || shard.stopping.get() {
+            break;
+        }
+        // Woken early when the peer restarted or moved (a new epoch).
+        let _ = or(async { sleep(backoff).await }, async {
+            while link.epoch.get() == epoch && !link.removed.get() {
+                link.signal.wait().await;
+            }
+        })
+        .await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+    // Gone: what it kept is no one's any more.
+    let bytes = std::mem::replace(&mut *link.queue.borrow_mut(), Queue::new(0)).bytes;
+    link.stats.buffer_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
+}
+
+/// Why a connection ended.
+pub(crate) struct Failed {
+    why: String,
+    /// It was up (values flowed) before it failed.
+    was_up: bool,
+}
+
+fn failed(why: impl std::fmt::Display) -> Failed {
+    Failed { why: why.to_string(), was_up: false }
+}
+
+async fn within<T>(limit: Duration, f: impl std::future::Future<Output = Result<T, Failed>>) -> Result<T, Failed> {
+    or(f, async {
+        sleep(limit).await;
+        Err(failed("timed out"))
+    })
+    .await
+}
+
+/// One connection of `link`: dial, Hello, then send values and read
+/// acknowledgements until it breaks or `epoch` is over.
+async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoing>, epoch: u64) -> Result<(), Failed> {
+    let target = link.target.borrow().clone();
+    if fleetmq_core::mesh::choose_version(VERSIONS, &target.versions).is_none() {
+        if mesh.first_time(format!("version {} {}", target.replica, target.instance)) {
+            warn!(target: "mesh", peer = %target.replica, versions = ?target.versions,
+                  "mesh: no link: no mesh protocol version in common (this build speaks {VERSIONS:?})");
+        }
+        // Waits for the peer to change (an upgrade restarts it).
+        while link.epoch.get() == epoch && !link.removed.get() {
+            link.signal.wait().await;
+        }
+        return Ok(());
+    }
+    let (tls, accepted) = within(DIAL_TIMEOUT, dial(mesh, &target, shard.id)).await?;
+    let mut queue = link.queue.borrow_mut();
+    let before = queue.bytes;
+    queue.restart(accepted.delivered);
+    let after = queue.bytes;
+    drop(queue);
+    link.stats.buffer_bytes.fetch_add(after as i64 - before as i64, Ordering::Relaxed);
+    let _up = Up::new(mesh, link);
+    if mesh.first_time(format!("up {} {} {}", target.replica, target.instance, shard.id)) {
+        info!(target: "mesh", peer = %target.replica, shard = shard.id, version = accepted.version, "mesh: link up");
+    }
+    let (reader, mut writer) = futures_lite::io::split(tls);
+    let reading = read_acks(mesh, link, reader);
+    let writing = async {
+        let mut out = BytesMut::new();
+        loop {
+            if link.epoch.get() != epoch || link.removed.get() || shard.stopping.get() {
+                return Ok(());
+            }
+            out.clear();
+            let n = link.queue.borrow_mut().next_frame(mesh.max_frame, Instant::now(), &mut out);
+            let Some(n) = n else {
+                link.signal.wait().await;
+                continue;
+            };
+            writer.write_all(&out).await.map_err(|e| Failed { why: e.to_string(), was_up: true })?;
+            writer.flush().await.map_err(|e| Failed { why: e.to_string(), was_up: true })?;
+            mesh.stats.bytes_out.fetch_add(out.len() as u64, Ordering::Relaxed);
+            mesh.stats.values_out.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    };
+    or(writing, reading).await
+}
+
+/// Counts a link up while it lives.
+struct Up {
+    mesh: Arc<Mesh>,
+    stats: Arc<PeerStats>,
+}
+
+impl Up {
+    fn new(mesh: &Arc<Mesh>, link: &Outgoing) -> Up {
+        mesh.stats.links_up.fetch_add(1, Ordering::Relaxed);
+        link.stats.links_up.fetch_add(1, Ordering::Relaxed);
+        Up { mesh: mesh.clone(), stats: link.stats.clone() }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        self.mesh.stats.links_up.fetch_sub(1, Ordering::Relaxed);
+        self.stats.links_up.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+type ClientTls = futures_rustls::client::TlsStream<TcpStream>;
+
+/// TCP, TLS and the Hello to `target`.
+async fn dial(mesh: &Arc<Mesh>, target: &Target, shard: usize) -> Result<(ClientTls, mesh::Accepted), Failed> {
+    let addr = resolve(&target.addr).await?;
+    let tcp = TcpStream::connect(addr).await.map_err(|e| failed(format!("connect {addr}: {e}")))?;
+    let _ = tcp.set_nodelay(true);
+    let name = ServerName::try_from(target.replica.clone()).map_err(|e| failed(format!("server name: {e}")))?;
+    let connector = futures_rustls::TlsConnector::from(mesh.tls.client.clone());
+    let mut tls = match connector.connect(name, tcp).await {
+        Ok(tls) => tls,
+        Err(e) => {
+            mesh.stats.refused(RefusedFor::Certificate);
+            if mesh.first_time(format!("tls {} {}", target.replica, target.instance)) {
+                warn!(target: "mesh", peer = %target.replica, %addr, error = %e, "mesh: refused: TLS handshake failed (a certificate not from cluster.mesh_ca, or not naming the peer)");
+            }
+            return Err(failed(format!("TLS: {e}")));
+        }
+    };
+    let mut out = BytesMut::new();
+    let hello = Frame::Hello {
+        versions: VERSIONS.to_vec(),
+        replica: mesh.replica.clone(),
+        instance: mesh.instance.clone(),
+        link: shard as u32,
+    };
+    mesh::encode(&hello, &mut out);
+    tls.write_all(&out).await.map_err(failed)?;
+    tls.flush().await.map_err(failed)?;
+    let mut buf = BytesMut::new();
+    match read_frame(&mut tls, &mut buf, mesh.max_frame).await? {
+        Frame::HelloAck(Ok(accepted)) => Ok((tls, accepted)),
+        Frame::HelloAck(Err(refusal)) => {
+            let why = match refusal {
+                fleetmq_core::mesh::Refusal::NoCommonVersion => RefusedFor::Version,
+                _ => RefusedFor::Name,
+            };
+            mesh.stats.refused(why);
+            if mesh.first_time(format!("refused {} {}", target.replica, target.instance)) {
+                warn!(target: "mesh", peer = %target.replica, reason = refusal.as_str(), "mesh: the peer refused the link");
+            }
+            Err(failed(format!("refused: {}", refusal.as_str())))
+        }
+        _ => Err(failed("no answer to the Hello")),
+    }
+}
+
+/// `addr` (`host:port`) as a socket address; a host name is resolved on
+/// a blocking thread, not on the shard.
+async fn resolve(addr: &str) -> Result<SocketAddr, Failed> {
+    if let Ok(a) = addr.parse() {
+        return Ok(a);
+    }
+    let name = addr.to_owned();
+    glommio::executor()
+        .spawn_blocking(move || name.to_socket_addrs().ok().and_then(|mut a| a.next()))
+        .await
+        .ok_or_else(|| failed(format!("cannot resolve {addr}")))
+}
+
+/// Read until one whole frame is in `buf`, and take it.
+pub(crate) async fn read_frame(
+    stream: &mut (impl AsyncRead + Unpin),
+    buf: &mut BytesMut,
+    max_frame: usize,
+) -> Result<Frame, Failed> {
+    loop {
+        if let Some(frame) = mesh::decode(buf, max_frame).map_err(failed)? {
+            return Ok(frame);
+        }
+        let mut chunk = [0u8; 8192];
+        let n = stream.read(&mut chunk).await.map_err(failed)?;
+        if n == 0 {
+            return Err(failed("closed by the peer"));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Read the receiver's acknowledgements until the connection breaks.
+async fn read_acks(mesh: &Arc<Mesh>, link: &Outgoing, mut reader: impl AsyncRead + Unpin) -> Result<(), Failed> {
+    let mut buf = BytesMut::new();
+    loop {
+        let frame = read_frame(&mut reader, &mut buf, mesh.max_frame)
+            .await
+            .map_err(|f| Failed { why: f.why, was_up: true })?;
+        if let Frame::Ack { delivered } = frame {
+            let mut queue = link.queue.borrow_mut();
+            let before = queue.bytes;
+            let sent = queue.sent;
+            queue.acked(delivered.min(sent));
+            let after = queue.bytes;
+            drop(queue);
+            link.stats.buffer_bytes.fetch_sub(before as i64 - after as i64, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(n: usize) -> Arc<Message> {
+        Arc::new(Message {
+            topic: "t".into(),
+            payload: vec![0; n].into(),
+            qos: fleetmq_core::packet::QoS::AtMostOnce,
+            retain: false,
+            properties: Default::default(),
+            received_at: Instant::now(),
+            origin: 1,
+            stored: 0,
+            from_mesh: false,
+        })
+    }
+
+    fn firsts(q: &mut Queue) -> Vec<(u64, usize)> {
+        let mut out = BytesMut::new();
+        let mut got = Vec::new();
+        while q.next_frame(1 << 20, Instant::now(), &mut out).is_some() {
+            let Some(Frame::Values { first, values }) = mesh::decode(&mut out, 1 << 20).unwrap() else { panic!() };
+            got.push((first, values.len()));
+        }
+        got
+    }
+
+    #[test]
+    fn a_reconnect_sends_from_what_the_receiver_delivered() {
+        let mut q = Queue::new(1 << 20);
+        (0..5).for_each(|_| drop(q.push(message(10))));
+        assert_eq!(firsts(&mut q), [(1, 5)]);
+        q.acked(2);
+        q.restart(3);
+        assert_eq!(firsts(&mut q), [(4, 2)], "4 and 5 again, not 1..3");
+        q.restart(5);
+        assert!(firsts(&mut q).is_empty() && q.values.is_empty() && q.bytes == 0);
+    }
+
+    #[test]
+    fn a_full_buffer_drops_the_oldest_and_the_receiver_sees_a_gap() {
+        let mut q = Queue::new(3 * (1 + 100 + VALUE_COST));
+        assert_eq!((0..5).map(|_| q.push(message(100))).sum::<u64>(), 2);
+        assert_eq!(q.front, 3);
+        q.restart(0);
+        assert_eq!(firsts(&mut q), [(3, 3)]);
+    }
+
+    #[test]
+    fn a_frame_holds_what_fits() {
+        let mut q = Queue::new(1 << 30);
+        (0..3).for_each(|_| drop(q.push(message(400_000))));
+        let mut out = BytesMut::new();
+        assert_eq!(q.next_frame(mesh::max_frame(1 << 20) - (1 << 16) + 1000, Instant::now(), &mut out), Some(2));
+    }
+}
