@@ -167,6 +167,11 @@ mod cluster_floor;
 #[path = "e2e/cluster_retained.rs"]
 mod cluster_retained;
 
+/// The mesh: links over mutual TLS 1.3, values across replicas once and
+/// in order, cuts, a full buffer, a foreign certificate, a restart.
+#[path = "e2e/cluster_mesh.rs"]
+mod cluster_mesh;
+
 /// Cluster mode: 20,000 retained values reach a wildcard subscription on
 /// every replica, and on one started after they exist.
 #[path = "e2e/cluster_retained_many.rs"]

@@ -82,6 +82,11 @@ async fn handshake(mesh: &Arc<Mesh>, stream: TcpStream, ip: &str) -> Option<(Ser
     let acceptor = futures_rustls::TlsAcceptor::from(mesh.tls.server.clone());
     let mut tls = match acceptor.accept(stream).await {
         Ok(tls) => tls,
+        Err(e) if e.kind() != std::io::ErrorKind::InvalidData => {
+            // Not a TLS refusal: the dialer went away.
+            debug!(target: "mesh", peer = %ip, error = %e, "mesh: incoming link closed in its handshake");
+            return None;
+        }
         Err(e) => {
             mesh.stats.refused(RefusedFor::Certificate);
             if mesh.first_time(format!("tls-in {ip}")) {

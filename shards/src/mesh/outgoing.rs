@@ -392,6 +392,7 @@ async fn dial(mesh: &Arc<Mesh>, target: &Target, shard: usize) -> Result<(Client
     let connector = futures_rustls::TlsConnector::from(mesh.tls.client.clone());
     let mut tls = match connector.connect(name, tcp).await {
         Ok(tls) => tls,
+        Err(e) if e.kind() != std::io::ErrorKind::InvalidData => return Err(failed(format!("TLS: {e}"))),
         Err(e) => {
             mesh.stats.refused(RefusedFor::Certificate);
             if mesh.first_time(format!("tls {} {}", target.replica, target.instance)) {
@@ -510,7 +511,9 @@ mod tests {
     #[test]
     fn a_reconnect_sends_from_what_the_receiver_delivered() {
         let mut q = Queue::new(1 << 20);
-        (0..5).for_each(|_| drop(q.push(message(10))));
+        (0..5).for_each(|_| {
+            q.push(message(10));
+        });
         assert_eq!(firsts(&mut q), [(1, 5)]);
         q.acked(2);
         q.restart(3);
@@ -531,7 +534,9 @@ mod tests {
     #[test]
     fn a_frame_holds_what_fits() {
         let mut q = Queue::new(1 << 30);
-        (0..3).for_each(|_| drop(q.push(message(400_000))));
+        (0..3).for_each(|_| {
+            q.push(message(400_000));
+        });
         let mut out = BytesMut::new();
         assert_eq!(q.next_frame(mesh::max_frame(1 << 20) - (1 << 16) + 1000, Instant::now(), &mut out), Some(2));
     }

@@ -1,0 +1,366 @@
+//! The mesh (DESIGN.md §3, §6 "mesh cut", §11; issue 25) between real
+//! replicas over real mutual TLS 1.3 with certificates from `fleetmq
+//! cert`: links up in the status, values published on one replica reach
+//! the subscribers of the others once and in order, a cut buffers and
+//! delivers after it heals, a full buffer drops the oldest and counts
+//! them, a certificate from another CA is refused and counted, and a
+//! replica killed and restarted links again.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::cluster::replica;
+use crate::harness::{Broker, MosquittoSub};
+use crate::nats::{free_ports, NatsCluster, NatsProxy};
+use crate::raw::{wire as build, Incoming, RawClient};
+
+/// A folder of mesh certificates made by `fleetmq cert --names ...`,
+/// removed when dropped.
+struct Certs(PathBuf);
+
+impl Certs {
+    fn new(names: &str) -> Certs {
+        let dir = std::env::temp_dir().join(format!("fleetmq-mesh-{}-{}", std::process::id(), rand_suffix()));
+        let out = Command::new(env!("CARGO_BIN_EXE_fleetmq"))
+            .args(["cert", "--out"])
+            .arg(&dir)
+            .args(["--names", names])
+            .output()
+            .expect("fleetmq cert runs");
+        assert!(out.status.success(), "fleetmq cert: {}", String::from_utf8_lossy(&out.stderr));
+        Certs(dir)
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.0.join(file).display().to_string()
+    }
+}
+
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}
+
+/// The settings of replica `id` with the mesh on loopback (port 0 unless
+/// `listen` says otherwise), its certificates from `certs` (the CA from
+/// `ca`, by default the same folder), and `extra`.
+fn mesh_args(id: &str, certs: &Certs, ca: Option<&Certs>, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--set".to_owned(),
+        "cluster.member_ttl=5s".to_owned(),
+        "--set".to_owned(),
+        format!("cluster.mesh_cert={}", certs.path(&format!("{id}.pem"))),
+        "--set".to_owned(),
+        format!("cluster.mesh_key={}", certs.path(&format!("{id}.key"))),
+        "--set".to_owned(),
+        format!("cluster.mesh_ca={}", ca.unwrap_or(certs).path("ca.pem")),
+    ];
+    if !extra.contains(&"--shards") {
+        // One link per peer (each shard dials its own).
+        args.extend(["--shards".to_owned(), "1".to_owned()]);
+    }
+    if !extra.iter().any(|a| a.starts_with("cluster.mesh_listen")) {
+        args.extend(["--set".to_owned(), "cluster.mesh_listen=127.0.0.1:0".to_owned()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn start(id: &str, nats: &NatsCluster, certs: &Certs, extra: &[&str]) -> Broker {
+    let args = mesh_args(id, certs, None, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    replica(id, &nats.urls(), &args)
+}
+
+fn status(broker: &Broker) -> serde_json::Value {
+    let (code, body) = broker.admin_get("/api/v1/status");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).expect("status is JSON")
+}
+
+fn links_up(broker: &Broker) -> i64 {
+    status(broker)["cluster"]["mesh_links_up"].as_i64().unwrap_or(-1)
+}
+
+/// Waits until `broker` has `n` mesh links up.
+fn wait_links(broker: &Broker, n: i64, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while links_up(broker) != n {
+        assert!(Instant::now() < deadline, "mesh links up stayed {} (wanted {n}): {}", links_up(broker), status(broker));
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A publisher on `broker` (MQTT 5).
+fn publisher(broker: &Broker, id: &str) -> RawClient {
+    let mut c = RawClient::connect(broker.mqtt);
+    assert_eq!(c.handshake(&build::Connect::v5(id).encode()).1, 0);
+    c
+}
+
+/// Publishes `probe` values on `topic` from `client` until every one of
+/// `subs` got one (the routes of their replicas reached the publisher's),
+/// then reads what the probes left.
+fn until_routed(client: &mut RawClient, topic: &str, subs: &mut [&mut MosquittoSub]) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut got = vec![false; subs.len()];
+    while got.iter().any(|g| !g) {
+        assert!(Instant::now() < deadline, "the routes did not reach the publisher's replica within 15 s");
+        client.send(&build::publish_qos0(topic, b"probe", true));
+        for (sub, got) in subs.iter_mut().zip(got.iter_mut()) {
+            while let Some(m) = sub.next_message(Duration::from_millis(100)) {
+                assert!(m.ends_with(" probe"), "{m}");
+                *got = true;
+            }
+        }
+    }
+    thread::sleep(Duration::from_millis(300));
+    for sub in subs.iter_mut() {
+        while sub.next_message(Duration::from_millis(200)).is_some() {}
+    }
+}
+
+/// The payloads `sub` receives until `timeout` passes without one.
+fn payloads(sub: &mut MosquittoSub, timeout: Duration) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some(m) = sub.next_message(timeout) {
+        out.push(m.rsplit(' ').next().unwrap_or_default().to_owned());
+    }
+    out
+}
+
+fn numbers(n: usize) -> Vec<String> {
+    (0..n).map(|i| i.to_string()).collect()
+}
+
+#[test]
+fn two_replicas_link_over_mutual_tls_and_the_status_shows_the_links() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("ma,mb");
+    let a = start("ma", &nats, &certs, &[]);
+    let b = start("mb", &nats, &certs, &[]);
+    wait_links(&a, 1, Duration::from_secs(15));
+    wait_links(&b, 1, Duration::from_secs(15));
+    let s = status(&a);
+    let peers = &s["cluster"]["mesh"]["peers"];
+    assert_eq!(peers[0]["replica"], "mb", "{s}");
+    assert_eq!(peers[0]["state"], "up", "{s}");
+    assert_eq!(a.metric_sum("fleetmq_mesh_links_up"), 1.0);
+    assert_eq!(a.metric_sum("fleetmq_mesh_refused_total"), 0.0);
+    assert!(a.stderr().contains("mesh: link up"), "{}", a.stderr());
+}
+
+#[test]
+fn a_replica_without_mesh_certificates_says_the_mesh_is_off() {
+    let nats = NatsCluster::start(3);
+    let a = replica("plain", &nats.urls(), &["--set", "cluster.member_ttl=5s"]);
+    let s = status(&a);
+    assert_eq!(s["cluster"]["mesh_links_up"], 0, "{s}");
+    assert!(s["cluster"]["mesh"]["off"].is_string(), "{s}");
+    assert!(a.stderr().contains("mesh: off"), "{}", a.stderr());
+}
+
+#[test]
+fn a_value_published_on_one_replica_reaches_the_subscribers_of_the_others_once_and_in_order() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("pa,pb,pc");
+    let a = start("pa", &nats, &certs, &[]);
+    let b = start("pb", &nats, &certs, &["--shards", "2"]);
+    let c = start("pc", &nats, &certs, &[]);
+    for r in [&a, &b, &c] {
+        wait_links(r, 2 * if std::ptr::eq(r, &b) { 2 } else { 1 }, Duration::from_secs(20));
+    }
+    // B: an exact and overlapping wildcard subscriptions on one session;
+    // C: a multi-level wildcard.
+    let mut on_b = MosquittoSub::start(&b, &["-t", "s/x", "-t", "s/+", "-t", "+/x"]);
+    let mut on_c = MosquittoSub::start(&c, &["-t", "s/#"]);
+    let mut on_b_other = MosquittoSub::start(&b, &["-t", "other"]);
+    let mut publisher = publisher(&a, "pub-a");
+    until_routed(&mut publisher, "s/x", &mut [&mut on_b, &mut on_c]);
+    for i in 0..300 {
+        publisher.send(&build::publish_qos0("s/x", i.to_string().as_bytes(), true));
+    }
+    // Each value once per subscriber (overlapping subscriptions of one
+    // session give one copy), in the order published [MQTT-4.6.0-5].
+    assert_eq!(payloads(&mut on_b, Duration::from_secs(3)), numbers(300));
+    assert_eq!(payloads(&mut on_c, Duration::from_secs(1)), numbers(300));
+    assert_eq!(on_b_other.next_message(Duration::from_millis(200)), None, "nothing for a filter that does not match");
+    assert!(b.metric_sum("fleetmq_mesh_values_in_total") >= 300.0);
+    assert_eq!(a.metric_sum("fleetmq_mesh_values_in_total"), 0.0, "nothing came back to the publisher's replica");
+}
+
+#[test]
+fn an_unsubscribe_stops_the_values_going_to_that_replica() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("ua,ub");
+    let a = start("ua", &nats, &certs, &[]);
+    let b = start("ub", &nats, &certs, &[]);
+    wait_links(&a, 1, Duration::from_secs(15));
+    let mut sub = RawClient::connect(b.mqtt);
+    assert_eq!(sub.handshake(&build::Connect::v5("sub-b").encode()).1, 0);
+    sub.send(&build::subscribe(1, "u/+", 0, true));
+    assert!(matches!(sub.read(Duration::from_secs(3)), Incoming::Packet { header: 0x90, .. }));
+    let mut publisher = publisher(&a, "pub-u");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        assert!(Instant::now() < deadline, "no value crossed");
+        publisher.send(&build::publish_qos0("u/1", b"v", true));
+        if let Incoming::Packet { header: 0x30, .. } = sub.read(Duration::from_millis(100)) {
+            break;
+        }
+    }
+    // UNSUBSCRIBE u/+ (MQTT 5: no properties) and its UNSUBACK.
+    let mut body = 2u16.to_be_bytes().to_vec();
+    body.push(0);
+    body.extend(build::string(b"u/+"));
+    sub.send(&build::packet(0xa2, &body));
+    loop {
+        match sub.read(Duration::from_secs(3)) {
+            Incoming::Packet { header: 0xb0, .. } => break,
+            Incoming::Packet { header: 0x30, .. } => {}
+            other => panic!("expected UNSUBACK, got {other:?}"),
+        }
+    }
+    thread::sleep(Duration::from_secs(2));
+    let sent_before = a.metric_sum("fleetmq_mesh_values_out_total");
+    for _ in 0..50 {
+        publisher.send(&build::publish_qos0("u/1", b"w", true));
+    }
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(a.metric_sum("fleetmq_mesh_values_out_total"), sent_before, "no value goes to a replica without the route");
+    assert!(!matches!(sub.read(Duration::from_millis(300)), Incoming::Packet { header: 0x30, .. }));
+}
+
+/// Replica B's mesh behind a fault proxy: B listens on a free port, the
+/// proxy forwards to it, B advertises the proxy.
+struct Cut {
+    proxy: NatsProxy,
+    b: Broker,
+}
+
+fn behind_proxy(id: &str, nats: &NatsCluster, certs: &Certs, extra: &[&str]) -> Cut {
+    let port = free_ports(1)[0];
+    let listen: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let proxy = NatsProxy::start(listen);
+    let advertise = proxy.url().trim_start_matches("nats://").to_owned();
+    let mut args = vec![format!("cluster.mesh_listen={listen}"), format!("cluster.mesh_advertise={advertise}")];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let sets: Vec<String> = args.iter().flat_map(|a| ["--set".to_owned(), a.clone()]).collect();
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let b = start(id, nats, certs, &sets);
+    Cut { proxy, b }
+}
+
+#[test]
+fn a_mesh_cut_keeps_the_values_and_delivers_them_when_it_heals() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("ca1,cb1");
+    let a = start("ca1", &nats, &certs, &[]);
+    let Cut { proxy, b } = behind_proxy("cb1", &nats, &certs, &[]);
+    wait_links(&a, 1, Duration::from_secs(15));
+    let mut on_b = MosquittoSub::start(&b, &["-t", "cut/#"]);
+    let mut publisher = publisher(&a, "pub-cut");
+    until_routed(&mut publisher, "cut/x", &mut [&mut on_b]);
+    // The cut: what B says is held, the link is closed and every new one
+    // hangs in its handshake.
+    proxy.set_hold(true);
+    proxy.cut_all();
+    wait_links(&a, 0, Duration::from_secs(5));
+    for i in 0..500 {
+        publisher.send(&build::publish_qos0("cut/x", i.to_string().as_bytes(), true));
+    }
+    thread::sleep(Duration::from_secs(2));
+    assert!(status(&a)["cluster"]["mesh"]["peers"][0]["buffer_bytes"].as_i64().unwrap_or(0) > 0, "{}", status(&a));
+    assert_eq!(on_b.next_message(Duration::from_millis(100)), None);
+    proxy.set_hold(false);
+    proxy.cut_all();
+    // Every value once, in order, after the heal (DESIGN.md §6).
+    assert_eq!(payloads(&mut on_b, Duration::from_secs(8)), numbers(500));
+    assert_eq!(a.metric_sum("fleetmq_mesh_values_lost_total"), 0.0);
+    wait_links(&a, 1, Duration::from_secs(10));
+}
+
+#[test]
+fn past_a_full_mesh_buffer_the_oldest_values_are_dropped_and_counted() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("fa,fb");
+    let a = start("fa", &nats, &certs, &["--set", "cluster.mesh_buffer=8KiB"]);
+    let Cut { proxy, b } = behind_proxy("fb", &nats, &certs, &[]);
+    wait_links(&a, 1, Duration::from_secs(15));
+    let mut on_b = MosquittoSub::start(&b, &["-t", "full/#"]);
+    let mut publisher = publisher(&a, "pub-full");
+    until_routed(&mut publisher, "full/x", &mut [&mut on_b]);
+    proxy.set_hold(true);
+    proxy.cut_all();
+    wait_links(&a, 0, Duration::from_secs(5));
+    let payload = |i: usize| format!("{i:0>100}");
+    for i in 0..400 {
+        publisher.send(&build::publish_qos0("full/x", payload(i).as_bytes(), true));
+    }
+    thread::sleep(Duration::from_secs(1));
+    proxy.set_hold(false);
+    proxy.cut_all();
+    let got = payloads(&mut on_b, Duration::from_secs(8));
+    let lost = a.metric_sum("fleetmq_mesh_values_lost_total") as usize;
+    assert!(lost > 300, "8 KiB holds a few dozen values of 100 bytes: {lost} lost");
+    // The newest ones, in order: the oldest were dropped.
+    let expected: Vec<String> = (lost..400).map(payload).collect();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn a_replica_with_a_certificate_from_another_ca_is_refused_and_counted() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("xa,xb");
+    let other = Certs::new("xb");
+    let a = start("xa", &nats, &certs, &[]);
+    // B's certificate and CA are another deployment's.
+    let args = mesh_args("xb", &other, None, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let b = replica("xb", &nats.urls(), &args);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while a.metric_sum("fleetmq_mesh_refused_total") < 1.0 || b.metric_sum("fleetmq_mesh_refused_total") < 1.0 {
+        assert!(Instant::now() < deadline, "no refusal counted");
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(links_up(&a), 0);
+    assert_eq!(links_up(&b), 0);
+    let (_, metrics) = a.admin_get("/metrics");
+    assert!(metrics.contains("fleetmq_mesh_refused_total{reason=\"certificate\"}"), "{metrics}");
+    // Logged once per peer (its dials, and its dials to us), not once
+    // per dial.
+    thread::sleep(Duration::from_secs(2));
+    assert!(a.stderr().matches("mesh: refused").count() <= 2, "{}", a.stderr());
+    assert_eq!(status(&a)["cluster"]["mesh"]["peers"][0]["state"], "down");
+}
+
+#[test]
+fn a_replica_killed_and_restarted_links_again_and_receives() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("ka,kb");
+    let a = start("ka", &nats, &certs, &[]);
+    let mut b = start("kb", &nats, &certs, &[]);
+    wait_links(&a, 1, Duration::from_secs(15));
+    b.kill();
+    drop(b);
+    wait_links(&a, 0, Duration::from_secs(10));
+    let b = start("kb", &nats, &certs, &[]);
+    wait_links(&a, 1, Duration::from_secs(30));
+    let mut on_b = MosquittoSub::start(&b, &["-t", "k/#"]);
+    let mut publisher = publisher(&a, "pub-k");
+    until_routed(&mut publisher, "k/x", &mut [&mut on_b]);
+    for i in 0..100 {
+        publisher.send(&build::publish_qos0("k/x", i.to_string().as_bytes(), true));
+    }
+    assert_eq!(payloads(&mut on_b, Duration::from_secs(3)), numbers(100));
+}
