@@ -244,79 +244,81 @@ fn an_unsubscribe_stops_the_values_going_to_that_replica() {
     assert!(!matches!(sub.read(Duration::from_millis(300)), Incoming::Packet { header: 0x30, .. }));
 }
 
-/// Replica B's mesh behind a fault proxy: B listens on a free port, the
-/// proxy forwards to it, B advertises the proxy.
+/// Replica A (with `a_extra`) and replica B whose mesh is behind a fault
+/// proxy (B listens on a free port, the proxy forwards to it, B
+/// advertises the proxy), a subscriber on B to `<prefix>/#` and a
+/// publisher on A whose values reach it; then the cut: what B says is
+/// held, the link is closed and every new one hangs in its handshake.
 struct Cut {
     proxy: NatsProxy,
-    b: Broker,
+    a: Broker,
+    on_b: MosquittoSub,
+    publisher: RawClient,
+    _b: Broker,
+    _certs: Certs,
+    _nats: NatsCluster,
 }
 
-fn behind_proxy(id: &str, nats: &NatsCluster, certs: &Certs, extra: &[&str]) -> Cut {
-    let port = free_ports(1)[0];
-    let listen: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let proxy = NatsProxy::start(listen);
+fn cut(prefix: &str, a_extra: &[&str]) -> Cut {
+    let nats = NatsCluster::start(3);
+    let (ida, idb) = (format!("{prefix}a"), format!("{prefix}b"));
+    let certs = Certs::new(&format!("{ida},{idb}"));
+    let a = start(&ida, &nats, &certs, a_extra);
+    let listen = format!("127.0.0.1:{}", free_ports(1)[0]);
+    let proxy = NatsProxy::start(listen.parse().unwrap());
     let advertise = proxy.url().trim_start_matches("nats://").to_owned();
-    let mut args = vec![format!("cluster.mesh_listen={listen}"), format!("cluster.mesh_advertise={advertise}")];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let sets: Vec<String> = args.iter().flat_map(|a| ["--set".to_owned(), a.clone()]).collect();
-    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-    let b = start(id, nats, certs, &sets);
-    Cut { proxy, b }
+    let (listen, advertise) = (format!("cluster.mesh_listen={listen}"), format!("cluster.mesh_advertise={advertise}"));
+    let b = start(&idb, &nats, &certs, &["--set", &listen, "--set", &advertise]);
+    wait_links(&a, 1, Duration::from_secs(15));
+    let mut on_b = MosquittoSub::start(&b, &["-t", &format!("{prefix}/#")]);
+    let mut publisher = publisher(&a, &format!("pub-{prefix}"));
+    until_routed(&mut publisher, &format!("{prefix}/x"), &mut [&mut on_b]);
+    proxy.set_hold(true);
+    proxy.cut_all();
+    wait_links(&a, 0, Duration::from_secs(5));
+    Cut { proxy, a, on_b, publisher, _b: b, _certs: certs, _nats: nats }
+}
+
+impl Cut {
+    /// Heals the cut: what was held goes, the hanging links are closed
+    /// and dialed again.
+    fn heal(&self) {
+        self.proxy.set_hold(false);
+        self.proxy.cut_all();
+    }
 }
 
 #[test]
 #[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn a_mesh_cut_keeps_the_values_and_delivers_them_when_it_heals() {
-    let nats = NatsCluster::start(3);
-    let certs = Certs::new("ca1,cb1");
-    let a = start("ca1", &nats, &certs, &[]);
-    let Cut { proxy, b } = behind_proxy("cb1", &nats, &certs, &[]);
-    wait_links(&a, 1, Duration::from_secs(15));
-    let mut on_b = MosquittoSub::start(&b, &["-t", "cut/#"]);
-    let mut publisher = publisher(&a, "pub-cut");
-    until_routed(&mut publisher, "cut/x", &mut [&mut on_b]);
-    // The cut: what B says is held, the link is closed and every new one
-    // hangs in its handshake.
-    proxy.set_hold(true);
-    proxy.cut_all();
-    wait_links(&a, 0, Duration::from_secs(5));
+    let mut cut = cut("cut", &[]);
     for i in 0..500 {
-        publisher.send(&build::publish_qos0("cut/x", i.to_string().as_bytes(), true));
+        cut.publisher.send(&build::publish_qos0("cut/x", i.to_string().as_bytes(), true));
     }
     thread::sleep(Duration::from_secs(2));
-    assert!(status(&a)["cluster"]["mesh"]["peers"][0]["buffer_bytes"].as_i64().unwrap_or(0) > 0, "{}", status(&a));
-    assert_eq!(on_b.next_message(Duration::from_millis(100)), None);
-    proxy.set_hold(false);
-    proxy.cut_all();
-    // Every value once, in order, after the heal (DESIGN.md §6).
-    assert_eq!(payloads(&mut on_b, Duration::from_secs(8)), numbers(500));
-    assert_eq!(a.metric_sum("fleetmq_mesh_values_lost_total"), 0.0);
-    wait_links(&a, 1, Duration::from_secs(10));
+    let kept = status(&cut.a)["cluster"]["mesh"]["peers"][0]["buffer_bytes"].as_i64().unwrap_or(0);
+    assert!(kept > 0, "{}", status(&cut.a));
+    assert_eq!(cut.on_b.next_message(Duration::from_millis(100)), None);
+    cut.heal();
+    // Every value once, in order, after the heal (DESIGN.md §6;
+    // [MQTT-4.6.0-5] across the cut).
+    assert_eq!(payloads(&mut cut.on_b, Duration::from_secs(8)), numbers(500));
+    assert_eq!(cut.a.metric_sum("fleetmq_mesh_values_lost_total"), 0.0);
+    wait_links(&cut.a, 1, Duration::from_secs(10));
 }
 
 #[test]
 #[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn past_a_full_mesh_buffer_the_oldest_values_are_dropped_and_counted() {
-    let nats = NatsCluster::start(3);
-    let certs = Certs::new("fa,fb");
-    let a = start("fa", &nats, &certs, &["--set", "cluster.mesh_buffer=8KiB"]);
-    let Cut { proxy, b } = behind_proxy("fb", &nats, &certs, &[]);
-    wait_links(&a, 1, Duration::from_secs(15));
-    let mut on_b = MosquittoSub::start(&b, &["-t", "full/#"]);
-    let mut publisher = publisher(&a, "pub-full");
-    until_routed(&mut publisher, "full/x", &mut [&mut on_b]);
-    proxy.set_hold(true);
-    proxy.cut_all();
-    wait_links(&a, 0, Duration::from_secs(5));
+    let mut cut = cut("full", &["--set", "cluster.mesh_buffer=8KiB"]);
     let payload = |i: usize| format!("{i:0>100}");
     for i in 0..400 {
-        publisher.send(&build::publish_qos0("full/x", payload(i).as_bytes(), true));
+        cut.publisher.send(&build::publish_qos0("full/x", payload(i).as_bytes(), true));
     }
     thread::sleep(Duration::from_secs(1));
-    proxy.set_hold(false);
-    proxy.cut_all();
-    let got = payloads(&mut on_b, Duration::from_secs(8));
-    let lost = a.metric_sum("fleetmq_mesh_values_lost_total") as usize;
+    cut.heal();
+    let got = payloads(&mut cut.on_b, Duration::from_secs(8));
+    let lost = cut.a.metric_sum("fleetmq_mesh_values_lost_total") as usize;
     assert!(lost > 300, "8 KiB holds a few dozen values of 100 bytes: {lost} lost");
     // The newest ones, in order: the oldest were dropped.
     let expected: Vec<String> = (lost..400).map(payload).collect();
