@@ -64,6 +64,7 @@ fuzz_target!(|data: &[u8]| {
             received_at: now,
             origin: 1,
             stored: 0,
+            from_mesh: false,
         });
         session.deliver(Delivery { message, qos, retain: false, subscription_ids: vec![], group: None }, now, &mut out);
         if closed || step % 7 == 0 {
