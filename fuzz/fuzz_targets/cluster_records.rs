@@ -4,13 +4,15 @@
 //! same record; a retained or will record turns into a message (or
 //! `None`) without panicking, whatever its fields hold. A value of
 //! `mqtt-retained` in either layout (format 1 JSON, format 2 binary) that
-//! reads back writes to bytes that read back to the same record.
+//! reads back writes to bytes that read back to the same record. A route
+//! key (`mqtt-routes`) that parses is made again to a key that parses the same.
 #![no_main]
 
 use std::time::Instant;
 
 use fleetmq_core::cluster::records::{client_id_of_key, FloorRecord, MemberRecord, OwnerRecord, Record};
 use fleetmq_core::cluster::retained::{topic_of_retained_key, RetainedRecord};
+use fleetmq_core::cluster::routes::{parse_route_key, route_key, RouteRecord};
 use fleetmq_core::cluster::wills::WillRecord;
 use libfuzzer_sys::fuzz_target;
 
@@ -24,6 +26,7 @@ fn round_trip<R: Record + PartialEq + std::fmt::Debug>(data: &[u8]) -> Option<R>
 fuzz_target!(|data: &[u8]| {
     round_trip::<MemberRecord>(data);
     round_trip::<OwnerRecord>(data);
+    round_trip::<RouteRecord>(data);
     let _ = FloorRecord::decode(data);
     if let Some(r) = round_trip::<RetainedRecord>(data) {
         let _ = r.message(Instant::now(), u64::MAX / 2);
@@ -39,5 +42,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(key) = std::str::from_utf8(data) {
         let _ = client_id_of_key(key);
         let _ = topic_of_retained_key(key);
+        if let Some((replica, filter)) = parse_route_key(key) {
+            let again = route_key(replica, &filter);
+            assert_eq!(parse_route_key(&again), Some((replica, filter)), "a route key reads back");
+        }
     }
 });

@@ -239,6 +239,7 @@ async fn run(
             tokio::task::spawn_local(retained::watch(shared.clone()));
             tokio::task::spawn_local(sweeper::run(shared.clone()));
             tokio::task::spawn_local(crate::floor::watch(shared.clone()));
+            tokio::task::spawn_local(crate::routes::watch(shared.clone()));
             // Ready to serve once the first membership write landed, or
             // fenced after the wait (membership keeps trying).
             let _ = tokio::time::timeout(START_WAIT / 2, first_write_rx).await;
@@ -248,7 +249,16 @@ async fn run(
             while !shared.status.retained_loaded() && tokio::time::Instant::now() < loaded_by {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+            // An earlier process's routes go before this one writes any
+            // (not a duplicate's: the entries are the other process's;
+            // purged once it is gone, and what this one wants rewritten).
+            let mut purge_due = true;
+            if !shared.duplicate.load(Ordering::Acquire) {
+                crate::routes::purge_own(&shared).await;
+                purge_due = false;
+            }
             let _ = started.send(Ok(shared.clone()));
+            let routes = crate::routes::Writer::new(shared.clone());
             let mut releases = crate::releases::HeldReleases::default();
             loop {
                 tokio::select! {
@@ -259,11 +269,20 @@ async fn run(
                     () = tokio::time::sleep(TURN_AT_LEAST) => {}
                 }
                 shared.offer_held();
+                if purge_due && !shared.duplicate.load(Ordering::Acquire) && !shared.stopping.load(Ordering::Acquire) {
+                    crate::routes::purge_own(&shared).await;
+                    crate::routes::rewrite(&routes);
+                    purge_due = false;
+                }
                 let now = std::time::Instant::now();
                 while let Ok((request, ticket)) = requests.try_recv() {
                     match request {
                         // Off every CONNECT's path: after the claims.
                         Request::Release { client_id, revision } => releases.hold(client_id, revision, now),
+                        // In the order sent (per-key order), here.
+                        Request::Route { filter, shard, add, landed } => {
+                            crate::routes::request(&routes, filter, shard, add, landed);
+                        }
                         request => start_request(&shared, request, ticket),
                     }
                 }
@@ -276,6 +295,11 @@ async fn run(
                 if stopping {
                     break;
                 }
+            }
+            // A clean stop takes its routes along (the peers drop them when
+            // it leaves anyway).
+            if !shared.duplicate.load(Ordering::Acquire) {
+                crate::routes::purge_own(&shared).await;
             }
             // Leave: the peers see this replica stopped now rather than
             // gone member_ttl later, and the wills it handed over start

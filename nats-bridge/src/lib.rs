@@ -27,6 +27,7 @@ mod ownership;
 mod releases;
 mod request;
 mod retained;
+mod routes;
 mod setup;
 mod shared;
 mod stats;

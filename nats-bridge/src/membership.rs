@@ -264,6 +264,9 @@ fn handle(
                     info!(target: "cluster", peer = %replica, old = %old, "cluster: replica restarted");
                     mark_gone(shared, &old, now);
                 }
+                if !r.leaving {
+                    crate::routes::member_seen(shared, r);
+                }
                 if r.member_ttl_ms != shared.config.cluster.member_ttl.as_millis() as u64 {
                     warn!(target: "cluster", peer = %replica, their_ttl_ms = r.member_ttl_ms,
                         "cluster: a member runs with another member_ttl");
@@ -325,6 +328,7 @@ fn apply(shared: &Shared, change: &Change, fenced_reason: &mut Option<FenceReaso
 /// `peer` is gone or stopped: its process's wills and claims are the
 /// sweeper's from now on.
 fn peer_out(shared: &Shared, peer: &str) {
+    crate::routes::member_out(shared, peer);
     let instance = shared.live.lock().ok().and_then(|mut live| live.remove(peer));
     if let Ok(mut reads) = shared.member_reads.lock() {
         reads.remove(peer);

@@ -96,6 +96,26 @@ pub enum Request {
         /// The revision of this connection's will.
         revision: u64,
     },
+    /// Shard `shard` gained its first local subscriber of `filter`
+    /// (`add`) or lost its last: the replica's entry in `mqtt-routes` is
+    /// written when the first shard wants the filter and deleted after the
+    /// last (see `routes.rs`). Taken in order on the bridge's own loop, so
+    /// that one shard's changes of a filter apply in the order sent; may be
+    /// sent with [`Bridge::send_quietly`](crate::Bridge::send_quietly)
+    /// when nobody waits.
+    Route {
+        /// The filter as the shards keep it (workspace prefix; a shared
+        /// subscription's whole `$share/<group>/<filter>`).
+        filter: String,
+        /// The shard, `0..shards`.
+        shard: usize,
+        /// Wanted (first subscriber) or not (last one gone).
+        add: bool,
+        /// Hears `true` once the entry is in the bucket (at once when it
+        /// already is), `false` when no shard wants the filter any more
+        /// before that; dropped when the bridge stops.
+        landed: Option<oneshot::Sender<bool>>,
+    },
     /// Give `client_id` up if the claim at `revision` is still the latest.
     /// Off every CONNECT's path: held while claims are in flight, up to
     /// 1 s (see `releases.rs`), so may be sent with
@@ -236,6 +256,8 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
                 tracing::debug!(target: "cluster", %client_id, error = %e, "cluster: will not deleted (replaced, or store unavailable)");
             }
         }
+        // Taken by the bridge's loop itself (`routes::request`).
+        Request::Route { .. } => {}
         Request::Ping { reply } => {
             let _ = reply.send(std::time::Instant::now());
         }

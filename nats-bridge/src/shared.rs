@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     /// Every will in `mqtt-session-will`, by key, as its watch brings
     /// them (see [`crate::sweeper`]).
     pub(crate) will_map: Mutex<std::collections::HashMap<String, crate::sweeper::KnownWill>>,
+    /// The peers and the other replicas' routes (see `routes.rs`).
+    pub(crate) remote: Mutex<crate::routes::Remote>,
     pub(crate) stop: Notify,
     pub(crate) stopping: AtomicBool,
     /// Numbers this process's retained writes (their `Fleetmq-Write`
@@ -265,6 +267,7 @@ pub(crate) async fn start(
         held: Mutex::new(vec![Vec::new(); shards]),
         clean_starts: Mutex::new(std::collections::HashMap::new()),
         will_map: Mutex::new(std::collections::HashMap::new()),
+        remote: Mutex::new(crate::routes::Remote::default()),
         member_reads: Mutex::new(std::collections::HashMap::new()),
         claims_in_flight: std::sync::atomic::AtomicUsize::new(0),
         stop: Notify::new(),

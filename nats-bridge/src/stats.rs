@@ -22,11 +22,14 @@ pub enum OpKind {
     Release,
     /// A retained message write.
     Retained,
+    /// A write (put or delete) of this replica's entry in `mqtt-routes`.
+    Route,
 }
 
 impl OpKind {
     /// Every kind, in the order of [`OpKind::name`].
-    pub const ALL: [OpKind; 5] = [OpKind::Heartbeat, OpKind::Probe, OpKind::Claim, OpKind::Release, OpKind::Retained];
+    pub const ALL: [OpKind; 6] =
+        [OpKind::Heartbeat, OpKind::Probe, OpKind::Claim, OpKind::Release, OpKind::Retained, OpKind::Route];
 
     /// The `op` label value.
     pub fn name(self) -> &'static str {
@@ -36,6 +39,7 @@ impl OpKind {
             OpKind::Claim => "claim",
             OpKind::Release => "release",
             OpKind::Retained => "retained",
+            OpKind::Route => "route",
         }
     }
 
@@ -81,6 +85,15 @@ pub struct BridgeStats {
     /// replica's claim made less than `FLAP_DELAY` ago (a flapping client
     /// identifier).
     pub claims_delayed: AtomicU64,
+    /// SUBACKs sent without their route written to `mqtt-routes` within
+    /// 2 s (DESIGN.md §10), counted by the shards.
+    pub routes_late: AtomicU64,
+    /// Distinct filters this replica's clients want: its entries in
+    /// `mqtt-routes` (once written).
+    pub routes_local: AtomicU64,
+    /// Other replicas' entries of `mqtt-routes` applied (their replica
+    /// live, written by its live process).
+    pub routes_remote: AtomicU64,
 }
 
 impl Default for BridgeStats {
@@ -102,6 +115,9 @@ impl Default for BridgeStats {
             retained_not_undone: AtomicU64::new(0),
             retained_undone: AtomicU64::new(0),
             claims_delayed: AtomicU64::new(0),
+            routes_late: AtomicU64::new(0),
+            routes_local: AtomicU64::new(0),
+            routes_remote: AtomicU64::new(0),
         }
     }
 }

@@ -29,6 +29,9 @@ pub struct ClusterStatus {
     epoch: std::sync::atomic::AtomicU64,
     /// Another process runs this replica ID.
     duplicate: AtomicBool,
+    /// This replica's entries of an earlier process in `mqtt-routes` were
+    /// purged (tried): not ready before.
+    routes_purged: AtomicBool,
     /// What the bridge counts.
     pub stats: BridgeStats,
 }
@@ -46,6 +49,7 @@ impl ClusterStatus {
             floor: std::sync::atomic::AtomicU16::new(*fleetmq_core::cluster::records::FORMATS_READ.start()),
             epoch: std::sync::atomic::AtomicU64::new(0),
             duplicate: AtomicBool::new(false),
+            routes_purged: AtomicBool::new(false),
             stats: BridgeStats::default(),
         }
     }
@@ -57,11 +61,24 @@ impl ClusterStatus {
     }
 
     /// Why the replica is not ready, `None` when it is: fenced, starting,
-    /// a duplicate replica ID, or the retained messages still loading
-    /// (until every shard applied the initial load).
+    /// a duplicate replica ID, the retained messages still loading
+    /// (until every shard applied the initial load), or the routes of an
+    /// earlier process of this replica ID not yet purged.
     pub fn not_ready(&self) -> Option<String> {
         let reason = self.reason.lock().ok().and_then(|r| r.clone());
-        reason.or_else(|| (!self.retained_applied()).then(|| "loading retained messages".to_owned()))
+        reason
+            .or_else(|| (!self.retained_applied()).then(|| "loading retained messages".to_owned()))
+            .or_else(|| (!self.routes_purged()).then(|| "purging the routes of an earlier process".to_owned()))
+    }
+
+    /// Whether this replica's leftover entries in `mqtt-routes` were
+    /// purged (see [`ClusterStatus::not_ready`]).
+    pub fn routes_purged(&self) -> bool {
+        self.routes_purged.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_routes_purged(&self) {
+        self.routes_purged.store(true, Ordering::Release);
     }
 
     /// Shard `shard` applied `n` more retained changes ([`crate::Event::Retained`]).

@@ -162,6 +162,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             sweep(&shared, &mut orphaned, grace, serving_since).await;
             sweep_ended(&shared).await;
             crate::ownership::sweep(&shared, &mut owners).await;
+            crate::routes::sweep(&shared).await;
             crate::floor::raise(&shared).await;
         }
         tokio::select! {

@@ -202,3 +202,9 @@ mod cluster_outage;
 /// leave it for good after a bounded time (s36).
 #[path = "e2e/cluster_sessions_bucket.rs"]
 mod cluster_sessions_bucket;
+
+/// `mqtt-routes`: one entry per filter per replica before the SUBACK,
+/// deleted with the last subscriber; applied by the other replicas while
+/// live; purged at a restart, swept once gone.
+#[path = "e2e/cluster_routes.rs"]
+mod cluster_routes;

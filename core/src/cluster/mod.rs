@@ -8,5 +8,6 @@ pub mod names;
 pub mod peers;
 pub mod records;
 pub mod retained;
+pub mod routes;
 pub mod settings;
 pub mod wills;

@@ -110,9 +110,59 @@ pub struct RouteChange {
     pub present: bool,
 }
 
+/// The [`PeerId`] of each replica ID met, given the first time it is met
+/// and kept for the life of the process (a replica that restarts, moves
+/// or leaves and comes back keeps its number; a number is never reused).
+#[derive(Debug, Default)]
+pub struct PeerNumbers {
+    ids: std::collections::HashMap<String, PeerId>,
+}
+
+impl PeerNumbers {
+    /// No replica met yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `replica`'s number, given now if it has none; `None` once
+    /// [`PeerSet::MAX_PEERS`] replicas have numbers (the caller logs and
+    /// ignores that replica).
+    pub fn number(&mut self, replica: &str) -> Option<PeerId> {
+        if let Some(id) = self.ids.get(replica) {
+            return Some(*id);
+        }
+        if self.ids.len() >= PeerSet::MAX_PEERS {
+            return None;
+        }
+        let id = PeerId(self.ids.len() as u16);
+        self.ids.insert(replica.to_owned(), id);
+        Some(id)
+    }
+
+    /// `replica`'s number if it has one.
+    pub fn get(&self, replica: &str) -> Option<PeerId> {
+        self.ids.get(replica).copied()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_keeps_its_number_and_numbers_run_out_after_max_peers() {
+        let mut numbers = PeerNumbers::new();
+        assert_eq!(numbers.number("b"), Some(PeerId(0)));
+        assert_eq!(numbers.number("c"), Some(PeerId(1)));
+        assert_eq!(numbers.number("b"), Some(PeerId(0)), "stable");
+        assert_eq!(numbers.get("c"), Some(PeerId(1)));
+        assert_eq!(numbers.get("d"), None);
+        for i in 2..PeerSet::MAX_PEERS {
+            assert_eq!(numbers.number(&format!("r{i}")), Some(PeerId(i as u16)));
+        }
+        assert_eq!(numbers.number("one-too-many"), None);
+        assert_eq!(numbers.number("b"), Some(PeerId(0)), "the known keep theirs");
+    }
 
     #[test]
     fn a_peer_set_holds_ids_and_unions() {

@@ -201,7 +201,9 @@ pub(crate) fn announce_when_ready(node: &Arc<Node>) {
     tracing::warn!(target: "cluster", "cluster: not ready: {why}");
     crate::server::announce(format_args!("fleetmq: not ready: {why}"));
     let spawned = std::thread::Builder::new().name("fleetmq-ready".into()).spawn(move || {
-        while status.is_duplicate() {
+        // Ready once the other process is gone and this one purged the
+        // routes left under its replica ID.
+        while status.is_duplicate() || !status.routes_purged() {
             std::thread::sleep(Duration::from_millis(200));
         }
         info!(target: "cluster", "cluster: the other process of this replica ID is gone: ready");
@@ -348,6 +350,31 @@ impl Drop for Claim {
     }
 }
 
+/// Tell the bridge that shard `shard` gained its first subscriber of
+/// `filter` (`add`) or lost its last (see `crate::shard::wanted`);
+/// `landed` hears when the route is written. False when not sent (alone,
+/// the shard's cluster task not started yet, or the bridge's queue full:
+/// counted in `fleetmq_bridge_queue_full_total`).
+pub(crate) fn want_route(filter: &str, shard: usize, add: bool, landed: Option<tokio::sync::oneshot::Sender<bool>>) -> bool {
+    let Some(node) = shard_state(|sc| sc.node.borrow().clone()) else { return false };
+    let waits = landed.is_some();
+    let request = Request::Route { filter: filter.to_owned(), shard, add, landed };
+    // Nobody waits for a delete: taken on the bridge's next turn.
+    let sent = if waits { node.bridge.send(request) } else { node.bridge.send_quietly(request) };
+    if sent.is_err() {
+        debug!(target: "cluster", filter, add, "cluster: route not sent: the bridge's queue is full");
+    }
+    sent.is_ok()
+}
+
+/// A SUBACK went without its route written within 2 s
+/// (`fleetmq_routes_late_total`).
+pub(crate) fn route_late() {
+    if let Some(node) = shard_state(|sc| sc.node.borrow().clone()) {
+        node.status().stats.routes_late.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 thread_local! {
     /// The cluster state of the shard running on this thread.
     static SHARD: ShardCluster = ShardCluster::default();
@@ -451,6 +478,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
         *sc.shard.borrow_mut() = Some(Rc::downgrade(&shard));
     });
     node.start_mesh(&shard);
+    shard.announce_routes();
     glommio::spawn_local(async move {
         let mut events = Vec::new();
         loop {

@@ -32,6 +32,11 @@ impl Node {
                 Some(mesh) => mesh.status_json(),
                 None => serde_json::json!({"off": "no cluster.mesh_cert, mesh_key and mesh_ca configured"}),
             },
+            "routes": {
+                "local": stats.routes_local.load(std::sync::atomic::Ordering::Relaxed),
+                "remote": stats.routes_remote.load(std::sync::atomic::Ordering::Relaxed),
+                "late": stats.routes_late.load(std::sync::atomic::Ordering::Relaxed),
+            },
             "store": if status.is_fenced() { "unavailable" } else { "ok" },
             "bridge": {
                 "queue_depth": self.queue_depth(),
@@ -60,6 +65,18 @@ impl Node {
         gauge(out, "cluster_fenced", "1 while this replica is fenced (DESIGN.md §5)", u8::from(status.is_fenced()).to_string());
         gauge(out, "bridge_queue_depth", "Requests queued for the NATS bridge", self.queue_depth().to_string());
         gauge(out, "bridge_requests_in_flight", "Bridge requests taken and not yet completed", stats.in_flight.load(relaxed).to_string());
+        gauge(
+            out,
+            "routes_local",
+            "Distinct topic filters this replica's clients subscribe to: its entries in mqtt-routes",
+            stats.routes_local.load(relaxed).to_string(),
+        );
+        gauge(
+            out,
+            "routes_remote",
+            "Other replicas' entries of mqtt-routes applied (their replica live)",
+            stats.routes_remote.load(relaxed).to_string(),
+        );
         let (waiting, waiting_bytes) = self.bridge.retained_waiting();
         gauge(
             out,
@@ -97,6 +114,11 @@ impl Node {
                 "cluster_retained_not_undone",
                 "Refused retained values that may land in mqtt-retained late and are not looked for (4,096 undos already were)",
                 &stats.retained_not_undone,
+            ),
+            (
+                "routes_late",
+                "SUBACKs sent without their route written to mqtt-routes within 2 s (DESIGN.md §10)",
+                &stats.routes_late,
             ),
             (
                 "cluster_claims_delayed",

@@ -25,6 +25,7 @@ mod restore;
 mod placement;
 mod route;
 mod retained;
+mod wanted;
 mod wills;
 
 use std::cell::{Cell, RefCell};
@@ -414,6 +415,9 @@ struct State {
     /// The other replicas' routes (cluster mode: `mqtt-routes`), for the
     /// mesh; empty alone.
     remote_routes: RemoteRoutes,
+    /// Cluster mode: the filters this shard's sessions subscribe to, as
+    /// `mqtt-routes` must say (see [`wanted`]); empty alone.
+    wanted: HashMap<ByteString, wanted::Want>,
     retained: Retained,
     /// Retained messages subscriptions still have to receive, by session.
     feeds: Feeds,
@@ -523,6 +527,7 @@ impl Shard {
                 group_ids: HashMap::new(),
                 routes: RouteTable::new(),
                 remote_routes: RemoteRoutes::new(),
+                wanted: HashMap::new(),
                 retained: Retained::default(),
                 feeds: Feeds::default(),
                 applied: 0,
@@ -708,6 +713,9 @@ impl Shard {
     /// Remove one subscription of the session on `slot` from the trie, or
     /// its membership from a shared group.
     fn unsubscribe(&self, st: &mut State, filter: &ByteString, slot: Slot, client_id: &ByteString) {
+        if self.store.clustered() {
+            self.unwant_route(st, filter);
+        }
         if parse_shared(filter).is_some() {
             self.group_op(
                 st,
@@ -858,6 +866,7 @@ impl Shard {
         let mut acks = Vec::new();
         let durable = self.store.defers();
         let mut reach = 0;
+        let mut route_waits = Vec::new();
         for output in outputs.drain(..) {
             match output {
                 Output::Send(packet) => conn.send(&packet),
@@ -878,6 +887,9 @@ impl Shard {
                     subscription,
                     existed,
                 } => {
+                    if self.store.clustered() {
+                        self.want_route(st, &filter, !existed, &mut route_waits);
+                    }
                     if parse_shared(&filter).is_some() {
                         let client_id = st.clients[slot as usize].session.client_id().clone();
                         let member = fleetmq_core::shared::Member {
@@ -919,6 +931,10 @@ impl Shard {
         }
         outputs.clear();
         st.outputs = outputs;
+        if !route_waits.is_empty() {
+            // The SUBACK waits for the routes (cluster mode).
+            self.subscribed_after_routes(st, slot, route_waits);
+        }
         if !acks.is_empty() {
             // After every output of the packet: the store covers them all.
             if let Some((client, conn)) = st.clients.get(slot as usize).and_then(|c| Some((c.key, c.conn.clone()?))) {

@@ -109,6 +109,10 @@ impl Shard {
         st.clients[slot as usize].offline_since = Some(now.checked_sub(offline_for).unwrap_or(now));
         self.global.offline_sessions.fetch_add(1, Ordering::Relaxed);
         for (filter, subscription) in subscriptions {
+            if self.store.clustered() {
+                // Told to the bridge once the shard's cluster task runs.
+                self.want_route(st, &filter, true, &mut Vec::new());
+            }
             if !st.trie.has_filter(&filter) {
                 self.route_change(st, &filter, true);
             }

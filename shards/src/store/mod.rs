@@ -151,6 +151,11 @@ impl ShardStore {
         self.log.as_ref().is_some_and(|log| log.refusing())
     }
 
+    /// True in cluster mode.
+    pub(crate) fn clustered(&self) -> bool {
+        self.clustered
+    }
+
     /// True when acknowledgements may have to wait (a local store, or
     /// cluster mode); false when the caller writes them at once.
     pub(crate) fn defers(&self) -> bool {

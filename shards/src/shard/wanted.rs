@@ -1,0 +1,129 @@
+//! The filters this shard's sessions subscribe to, as `mqtt-routes` must
+//! say (cluster mode only; DESIGN.md §4, §10, issue 25).
+//!
+//! Each shard counts its sessions per filter as subscribed (workspace
+//! prefix; a shared subscription's whole `$share/<group>/<filter>`, counted
+//! on the member's shard, whichever shard owns the group) and tells the
+//! bridge when a filter gains its first or loses its last one here; the
+//! bridge keeps one entry per filter for the replica (see
+//! `fleetmq_nats_bridge` `routes.rs`).
+//!
+//! The SUBACK of a SUBSCRIBE that needs a route written waits for it, at
+//! most [`ROUTE_WAIT`], the way a retained PUBACK waits for
+//! `mqtt-retained`: a [`Write`](crate::store::Write) of the shard's store
+//! holds it, in order with the connection's other acknowledgements, and a
+//! task resolves it when the bridge answers or the wait is over (then the
+//! SUBACK goes anyway and `fleetmq_routes_late_total` counts it). A
+//! subscription to a filter already written here sends its SUBACK at once.
+//! Alone nothing of this runs (one branch per SUBSCRIBE).
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytestring::ByteString;
+use tokio::sync::oneshot;
+
+use super::{Shard, Slot, State};
+use crate::store::Outcome;
+
+/// How long a SUBACK waits for its route (DESIGN.md §10).
+pub(crate) const ROUTE_WAIT: Duration = Duration::from_secs(2);
+
+/// One filter wanted here.
+pub(super) struct Want {
+    /// Subscriptions to it on this shard.
+    count: u32,
+    /// The bridge said the replica's entry is written.
+    landed: Rc<Cell<bool>>,
+}
+
+/// A route a SUBACK waits for: the bridge's answer and where to note it.
+pub(super) type RouteWait = (oneshot::Receiver<bool>, Rc<Cell<bool>>);
+
+impl Shard {
+    /// Cluster mode: a session here subscribed to `filter` (`fresh`: it
+    /// had no such subscription before). A route to wait for is pushed to
+    /// `waits` unless the filter is written already.
+    pub(super) fn want_route(&self, st: &mut State, filter: &ByteString, fresh: bool, waits: &mut Vec<RouteWait>) {
+        let want = st.wanted.entry(filter.clone()).or_insert_with(|| Want { count: 0, landed: Rc::new(Cell::new(false)) });
+        if fresh {
+            want.count += 1;
+        }
+        if want.count == 0 {
+            st.wanted.remove(filter);
+            return;
+        }
+        if want.landed.get() {
+            return;
+        }
+        // The first here, or one that is not written yet: ask (a second
+        // ask for one filter is idempotent, and answered when it lands).
+        let (landed, answer) = oneshot::channel();
+        if crate::cluster::want_route(filter, self.id, true, Some(landed)) {
+            waits.push((answer, want.landed.clone()));
+        }
+    }
+
+    /// Cluster mode: a session here no longer subscribes to `filter`.
+    pub(super) fn unwant_route(&self, st: &mut State, filter: &ByteString) {
+        let Some(want) = st.wanted.get_mut(filter) else { return };
+        want.count = want.count.saturating_sub(1);
+        if want.count == 0 {
+            st.wanted.remove(filter);
+            crate::cluster::want_route(filter, self.id, false, None);
+        }
+    }
+
+    /// Cluster mode: the shard's cluster task started (its node is known):
+    /// what the shard wanted before (sessions restored from the local
+    /// store) is told to the bridge now.
+    pub(crate) fn announce_routes(&self) {
+        let st = self.state.borrow();
+        for (filter, want) in st.wanted.iter().filter(|(_, w)| w.count > 0) {
+            let (landed, answer) = oneshot::channel();
+            if crate::cluster::want_route(filter, self.id, true, Some(landed)) {
+                let noted = want.landed.clone();
+                glommio::spawn_local(async move {
+                    if answer.await == Ok(true) {
+                        noted.set(true);
+                    }
+                })
+                .detach();
+            }
+        }
+    }
+
+    /// The SUBACK of the packet of the session on `slot` being handled
+    /// waits for `waits` (at most [`ROUTE_WAIT`]).
+    pub(super) fn subscribed_after_routes(&self, st: &State, slot: Slot, waits: Vec<RouteWait>) {
+        let Some(client) = st.clients.get(slot as usize) else { return };
+        let write = self.store.expect_write(client.key);
+        glommio::spawn_local(async move {
+            // glommio runs a task it spawns at once: the shard's state is
+            // borrowed until the caller is done.
+            futures_lite::future::yield_now().await;
+            let deadline = Instant::now() + ROUTE_WAIT;
+            let mut late = false;
+            for (answer, noted) in waits {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let answered = futures_lite::future::or(async { Some(answer.await) }, async {
+                    glommio::timer::sleep(left).await;
+                    None
+                })
+                .await;
+                match answered {
+                    Some(Ok(true)) => noted.set(true),
+                    // Unsubscribed meanwhile, or the bridge stopped.
+                    Some(_) => {}
+                    None => late = true,
+                }
+            }
+            if late {
+                crate::cluster::route_late();
+            }
+            write.resolve(Outcome::Done);
+        })
+        .detach();
+    }
+}
