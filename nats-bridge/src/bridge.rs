@@ -274,6 +274,9 @@ async fn run(
                     crate::routes::rewrite(&routes);
                     purge_due = false;
                 }
+                if shared.rewrite_routes.swap(false, Ordering::AcqRel) {
+                    crate::routes::rewrite(&routes);
+                }
                 let now = std::time::Instant::now();
                 while let Ok((request, ticket)) = requests.try_recv() {
                     match request {

@@ -152,6 +152,9 @@ pub(crate) async fn run(shared: Arc<Shared>, first_write: oneshot::Sender<()>) {
                     let epoch = shared.status.next_epoch();
                     shared.handovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     info!(target: "cluster", epoch, "cluster: back from a fence, new epoch");
+                    // Taken for gone meanwhile, its routes were swept:
+                    // written again.
+                    shared.rewrite_routes.store(true, std::sync::atomic::Ordering::Release);
                 }
                 served = true;
             }

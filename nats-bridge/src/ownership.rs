@@ -50,7 +50,7 @@ fn release_marker(revision: u64) -> PublishMessage {
 
 /// Whether a publish failed on its expected last subject sequence (10071,
 /// or 10164 on replicated streams: notes/jetstream.md §2.3).
-fn is_conflict(e: &async_nats::jetstream::context::PublishError) -> bool {
+pub(crate) fn is_conflict(e: &async_nats::jetstream::context::PublishError) -> bool {
     e.kind() == PublishErrorKind::WrongLastSequence || e.to_string().contains("10164")
 }
 

@@ -27,7 +27,9 @@
 //! - **Cleanup.** At start (before ready) a replica purges its own
 //!   leftovers by subject (one request); a clean stop purges its own; the
 //!   sweeper deletes the entries of processes taken for gone (each with a
-//!   compare-and-set on the revision read).
+//!   compare-and-set on the revision read). A replica back from a fence
+//!   writes its entries again (it may have been taken for gone and swept
+//!   meanwhile).
 //!
 //! [`Request::Route`]: crate::Request::Route
 
@@ -234,9 +236,23 @@ pub(crate) async fn sweep(shared: &Shared) {
             .header("KV-Operation", "DEL")
             .expected_last_subject_sequence(revision)
             .ttl(DELETED_TTL);
-        match shared.state.send_publish(format!("$KV.{}.{key}", bucket::ROUTES), marker).await {
-            Ok(ack) => ack.await.is_ok(),
-            Err(_) => false,
+        let outcome = match shared.state.send_publish(format!("$KV.{}.{key}", bucket::ROUTES), marker).await {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(_) => true,
+            Err(e) => {
+                // The bucket holds something else (purged by subject: no
+                // marker came): forgotten here, not tried again each turn.
+                if crate::ownership::is_conflict(&e) {
+                    if let Ok(mut remote) = shared.remote.lock() {
+                        let changes = remote.table.forget(&key, revision);
+                        send_changes(shared, &remote, changes);
+                    }
+                }
+                false
+            }
         }
     });
     let swept = deletes.buffer_unordered(SWEEP_WINDOW).filter(|landed| std::future::ready(*landed)).count().await;
@@ -300,6 +316,8 @@ pub(crate) fn request(writers: &Writers, filter: String, shard: usize, add: bool
         if key.want && key.landed && !key.busy {
             let _ = landed.send(true);
         } else if key.want {
+            // Those that stopped waiting (their 2 s are over) go.
+            key.waiters.retain(|w| !w.is_closed());
             key.waiters.push(landed);
         } else {
             let _ = landed.send(false);

@@ -79,6 +79,9 @@ pub(crate) struct Shared {
     /// Another process runs this replica ID: this one must not touch its
     /// membership entry, not even to leave.
     pub(crate) duplicate: AtomicBool,
+    /// Back from a fence: this replica's routes are written again (the
+    /// sweeper may have deleted them meanwhile).
+    pub(crate) rewrite_routes: AtomicBool,
     /// The retained writes waiting for NATS (see `budget.rs`).
     pub(crate) budget: Arc<crate::budget::Budget>,
     /// The undos of refused retained writes looking for them (see
@@ -273,6 +276,7 @@ pub(crate) async fn start(
         stop: Notify::new(),
         stopping: AtomicBool::new(false),
         duplicate: AtomicBool::new(false),
+        rewrite_routes: AtomicBool::new(false),
         writes: std::sync::atomic::AtomicU64::new(0),
         warned: Mutex::new((None, 0)),
         budget: Arc::new(crate::budget::Budget::writes()),

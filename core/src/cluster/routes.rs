@@ -216,6 +216,16 @@ impl RouteTable {
         }
     }
 
+    /// Forget `key` if the entry known is still at `revision` (the
+    /// sweeper found the bucket holds something else: a purge by subject
+    /// left no marker to watch). Changes only for an applied entry.
+    pub fn forget(&mut self, key: &str, revision: u64) -> Vec<RouteChange> {
+        if self.entries.get(key).is_some_and(|e| e.revision == revision) {
+            return self.delete(key);
+        }
+        Vec::new()
+    }
+
     fn forget_key(&mut self, replica: &str, key: &str) {
         if let Some(keys) = self.by_replica.get_mut(replica) {
             keys.remove(key);
@@ -347,6 +357,7 @@ mod tests {
         // Restarted as i2: i1's leftover is not applied.
         assert!(table.member_live("b", "i2", PeerId(0)).is_empty());
         assert_eq!(table.put(&key, entry("b", "i2", "x", 3)), [change(0, "x", true)]);
+        assert!(table.forget(&key, 2).is_empty(), "another revision stays");
         assert_eq!(table.delete(&key), [change(0, "x", false)]);
         assert!(table.delete(&key).is_empty());
         assert!(table.is_empty() && table.applied() == 0);

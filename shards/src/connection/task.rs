@@ -395,7 +395,9 @@ impl Io {
                     return Poll::Ready(Event::Move(to));
                 }
             }
-            if drained && conn.feeding.get() == Feeding::Ready {
+            // Retained messages for a new subscription follow its SUBACK,
+            // which may wait for its routes (cluster mode).
+            if drained && conn.feeding.get() == Feeding::Ready && !shard.store.acks_held(conn) {
                 return Poll::Ready(Event::Feed);
             }
             if conn.park_requested.get() {

@@ -250,6 +250,14 @@ impl ShardStore {
         }
     }
 
+    /// True while an acknowledgement of `conn` waits for a write to the
+    /// cluster (a retained value's, a SUBSCRIBE's routes): what the
+    /// connection would send besides (retained messages for a new
+    /// subscription) waits too, so that they follow the SUBACK.
+    pub(crate) fn acks_held(&self, conn: &ConnShared) -> bool {
+        self.acks.is_held(conn.key)
+    }
+
     /// True while acknowledgements for `conn` wait for the store: a
     /// closing connection drains them before it closes, and it does not
     /// move to another shard meanwhile.

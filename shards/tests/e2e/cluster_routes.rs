@@ -106,7 +106,9 @@ fn a_replica_writes_one_route_per_filter_before_the_suback_and_deletes_it_with_t
 
     // The first subscriber: its SUBACK comes once the entry is written.
     let mut first = client(&b, &Login::v5("sub-0"));
+    let started = Instant::now();
     subscribe(&mut first, 1, "r/+/x");
+    let new_filter = started.elapsed();
     let written = entries(&nats, "rb");
     assert_eq!(written.len(), 1, "{written:?}");
     assert_eq!(written[0].0, route_key("rb", "r/+/x"));
@@ -115,9 +117,12 @@ fn a_replica_writes_one_route_per_filter_before_the_suback_and_deletes_it_with_t
     // More subscribers of the filter, spread over B's two shards by
     // client identifier: still one entry.
     let mut more: Vec<RawClient> = (1..8).map(|i| client(&b, &Login::v5(&format!("sub-{i}")))).collect();
+    let started = Instant::now();
     for c in &mut more {
         subscribe(c, 1, "r/+/x");
     }
+    let written_filter = started.elapsed() / 7;
+    eprintln!("SUBSCRIBE to SUBACK: {new_filter:?} for a new filter (route written first), {written_filter:?} on average for one written");
     assert_eq!(filters(&nats, "rb"), ["r/+/x"]);
     // A applies B's entry.
     eventually(Duration::from_secs(3), 1.0, || a.metric_sum("fleetmq_routes_remote"));
