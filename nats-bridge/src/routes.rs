@@ -55,11 +55,6 @@ use crate::bridge::{Event, Shared};
 use crate::stats::OpKind;
 use crate::watch::{follow, Seen, Start};
 
-/// How long the delete marker of a route stays (its `Nats-TTL`): a filter
-/// subscribed once leaves nothing in the bucket for good (as
-/// `ownership::RELEASED_TTL`).
-const DELETED_TTL: Duration = Duration::from_secs(10);
-
 /// Route changes sent to the shards in one [`Event::Routes`] at most.
 const BATCH: usize = 1024;
 
@@ -232,10 +227,9 @@ pub(crate) async fn sweep(shared: &Shared) {
         if !shared.decides_for_others() {
             return false;
         }
-        let marker = PublishMessage::build()
-            .header("KV-Operation", "DEL")
-            .expected_last_subject_sequence(revision)
-            .ttl(DELETED_TTL);
+        // Gone after setup::DELETED_TTL: a filter subscribed once leaves
+        // nothing in the bucket for good.
+        let marker = crate::setup::delete_marker().expected_last_subject_sequence(revision);
         let outcome = match shared.state.send_publish(format!("$KV.{}.{key}", bucket::ROUTES), marker).await {
             Ok(ack) => ack.await,
             Err(e) => Err(e),
@@ -409,7 +403,7 @@ async fn write(shared: &Shared, filter: &str, want: bool) -> Result<(), String> 
         };
         PublishMessage::build().payload(record.encode().into())
     } else {
-        PublishMessage::build().header("KV-Operation", "DEL").ttl(DELETED_TTL)
+crate::setup::delete_marker()
     };
     let ack = shared.state.send_publish(subject, publish).await.map_err(|e| e.to_string())?;
     ack.await.map(|_| ()).map_err(|e| e.to_string())
