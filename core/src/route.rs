@@ -220,12 +220,24 @@ impl RemoteRoutes {
     /// Idempotent.
     pub fn apply(&mut self, change: &RouteChange) {
         let limits = TopicLimits { max_levels: usize::MAX, max_bytes: usize::MAX };
-        if validate_topic_filter(&change.filter, &limits).is_err() {
+        let (group, inner) = match parse_shared(&change.filter) {
+            Some((group, inner)) => (Some(group), inner),
+            None => (None, change.filter.as_str()),
+        };
+        // A workspace's filter carries its prefix (U+0000, the workspace,
+        // `/`, as the shards keep it): the client's filter after it is
+        // what must be valid.
+        let client_filter = match inner.strip_prefix('\0') {
+            Some(rest) => rest.split_once('/').map_or("", |(_, f)| f),
+            None => inner,
+        };
+        let shared_ok = group.is_none_or(|g| !g.is_empty() && !g.contains(['+', '#']));
+        if !shared_ok || validate_topic_filter(client_filter, &limits).is_err() {
             return;
         }
-        let (key, inner) = match parse_shared(&change.filter) {
-            Some((group, inner)) => (self.group_key(group), inner),
-            None => (0, change.filter.as_str()),
+        let key = match group {
+            Some(group) => self.group_key(group),
+            None => 0,
         };
         if change.present {
             match self.trie.get_mut(inner, &key) {
@@ -366,6 +378,17 @@ mod tests {
         remote.apply(&change(3, "$share/g/a/b", true));
         remote.apply(&change(4, "$share/g/a/#", true));
         remote.apply(&change(5, "bad/#/x", true));
+        remote.apply(&change(5, "\0ws/bad/#/x", true));
+        remote.apply(&change(5, "\0ws", true));
+        // A workspace's filters, plain and shared, as the shards keep them.
+        remote.apply(&change(6, "\0ws/a/+", true));
+        remote.apply(&change(6, "$share/g/\0ws/a/#", true));
+        assert_eq!(remote.peers_for("\0ws/a/b").iter().collect::<Vec<_>>(), [PeerId(6)]);
+        let mut in_ws = 0;
+        remote.for_each_group("\0ws/a/b", |_, _| in_ws += 1);
+        assert_eq!(in_ws, 1);
+        remote.apply(&change(6, "\0ws/a/+", false));
+        remote.apply(&change(6, "$share/g/\0ws/a/#", false));
         assert_eq!(remote.peers_for("a/b").iter().collect::<Vec<_>>(), [PeerId(1), PeerId(2)]);
         let mut groups = Vec::new();
         remote.for_each_group("a/b", |g, peers| groups.push((g.to_string(), peers.iter().collect::<Vec<_>>())));
