@@ -246,7 +246,10 @@ async fn run(
             // And the retained messages loaded: SUBSCRIBEs are answered
             // from the local copy.
             let loaded_by = tokio::time::Instant::now() + START_WAIT / 2;
-            while !shared.status.retained_loaded() && tokio::time::Instant::now() < loaded_by {
+            // And the other replicas' routes: a value published once this
+            // replica is ready reaches their subscribers.
+            let loaded = |shared: &Shared| shared.status.retained_loaded() && shared.routes_loaded.load(Ordering::Acquire);
+            while !loaded(&shared) && tokio::time::Instant::now() < loaded_by {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             // An earlier process's routes go before this one writes any

@@ -142,14 +142,19 @@ pub(crate) fn member_out(shared: &Shared, replica: &str) {
 pub(crate) async fn watch(shared: Arc<Shared>) {
     let me = shared.config.replica_id.clone();
     let mut pending: Vec<RouteChange> = Vec::new();
-    let flush = |pending: &mut Vec<RouteChange>| {
+    // Every flush after the snapshot (its last entry, or a quiet period
+    // when the bucket is empty) finds routes_loaded set.
+    let flush = |pending: &mut Vec<RouteChange>, loaded: bool| {
         if let Ok(remote) = shared.remote.lock() {
             send_changes(&shared, &remote, std::mem::take(pending));
+        }
+        if loaded && !shared.routes_loaded.swap(true, Ordering::AcqRel) {
+            tracing::debug!(target: "cluster", "cluster: the other replicas' routes loaded");
         }
     };
     follow(&shared, bucket::ROUTES, Start::History, Some(Duration::from_millis(50)), |seen| {
         let entry = match seen {
-            Seen::Quiet => return flush(&mut pending),
+            Seen::Quiet => return flush(&mut pending, true),
             Seen::Entry(entry) => entry,
         };
         let Some((replica, filter)) = parse_route_key(&entry.key) else { return };
@@ -172,7 +177,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
         drop(remote);
         pending.extend(changes);
         if entry.delta == 0 || pending.len() >= BATCH {
-            flush(&mut pending);
+            flush(&mut pending, entry.delta == 0);
         }
     })
     .await;

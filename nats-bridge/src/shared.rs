@@ -68,6 +68,9 @@ pub(crate) struct Shared {
     pub(crate) will_map: Mutex<std::collections::HashMap<String, crate::sweeper::KnownWill>>,
     /// The peers and the other replicas' routes (see `routes.rs`).
     pub(crate) remote: Mutex<crate::routes::Remote>,
+    /// The routes watch has handed the shards every entry present at
+    /// start (the start waits for it, as for the retained messages).
+    pub(crate) routes_loaded: AtomicBool,
     pub(crate) stop: Notify,
     pub(crate) stopping: AtomicBool,
     /// Numbers this process's retained writes (their `Fleetmq-Write`
@@ -271,6 +274,7 @@ pub(crate) async fn start(
         clean_starts: Mutex::new(std::collections::HashMap::new()),
         will_map: Mutex::new(std::collections::HashMap::new()),
         remote: Mutex::new(crate::routes::Remote::default()),
+        routes_loaded: AtomicBool::new(false),
         member_reads: Mutex::new(std::collections::HashMap::new()),
         claims_in_flight: std::sync::atomic::AtomicUsize::new(0),
         stop: Notify::new(),
