@@ -327,6 +327,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
                     origin: u64::MAX,
                     stored: 0,
                     from_mesh: false,
+                    groups: fleetmq_core::session::GroupPick::All,
                 }),
                 None => return,
             },

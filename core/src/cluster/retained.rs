@@ -112,6 +112,7 @@ impl RetainedRecord {
             origin: u64::MAX,
             stored: 0,
             from_mesh: false,
+            groups: crate::session::GroupPick::All,
         }))
     }
 }
@@ -222,6 +223,7 @@ mod tests {
             received_at: Instant::now(),
             origin: 7,
             stored: 0,
+            groups: crate::session::GroupPick::All,
             from_mesh: false,
         }
     }

@@ -63,6 +63,35 @@ pub struct Message {
     /// another replica again, and, retained, not stored here (the
     /// publishing replica stored it in `mqtt-retained`).
     pub from_mesh: bool,
+    /// Which of this replica's shared subscription groups get it: the mesh
+    /// gives a value to one member replica per group (DESIGN.md §13).
+    pub groups: GroupPick,
+}
+
+/// Which shared subscription groups of this replica a message is for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum GroupPick {
+    /// Every group (no other replica has members of a group it matches).
+    #[default]
+    All,
+    /// Only the groups named (a value from the mesh: those the publishing
+    /// replica picked this one for; none for a value sent for plain
+    /// subscriptions only).
+    Only(Arc<[ByteString]>),
+    /// Every group but those named (a value published here whose groups
+    /// went to a member on another replica).
+    Except(Arc<[ByteString]>),
+}
+
+impl GroupPick {
+    /// Whether the group named `group` (the share name) gets it.
+    pub fn allows(&self, group: &str) -> bool {
+        match self {
+            GroupPick::All => true,
+            GroupPick::Only(names) => names.iter().any(|g| g == group),
+            GroupPick::Except(names) => !names.iter().any(|g| g == group),
+        }
+    }
 }
 
 impl Message {
@@ -1175,6 +1204,7 @@ fn into_message(publish: Publish, now: Instant) -> Message {
         origin: 0,
         stored: 0,
         from_mesh: false,
+        groups: GroupPick::All,
     }
 }
 

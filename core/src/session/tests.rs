@@ -46,6 +46,7 @@ fn message(topic: &str, qos: QoS, t: Instant) -> Arc<Message> {
         origin: 7,
         stored: 0,
         from_mesh: false,
+        groups: GroupPick::All,
     })
 }
 

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use fleetmq_core::cluster::peers::{Peer, PeerSet};
+use bytestring::ByteString;
+use fleetmq_core::cluster::peers::{Peer, PeerId, PeerSet};
+use fleetmq_core::shared::Strategy;
 use fleetmq_core::mesh::{self, Frame, ValueRef, VERSIONS};
 use fleetmq_core::session::Message;
 use futures_lite::future::or;
@@ -40,7 +42,8 @@ const VALUE_COST: usize = 64;
 /// The values of one link: numbered from 1, kept from the oldest not
 /// acknowledged on.
 pub(crate) struct Queue {
-    values: VecDeque<Arc<Message>>,
+    /// Each value, and the shared groups the peer was picked for.
+    values: VecDeque<(Arc<Message>, Option<Arc<[ByteString]>>)>,
     /// The sequence number of `values[0]` (the next one's when empty).
     front: u64,
     /// The highest sequence number written on the current connection.
@@ -59,9 +62,9 @@ impl Queue {
     }
 
     /// Keep `m`; returns how many of the oldest were dropped to make room.
-    fn push(&mut self, m: Arc<Message>) -> u64 {
+    fn push(&mut self, m: Arc<Message>, groups: Option<Arc<[ByteString]>>) -> u64 {
         self.bytes += Self::cost(&m);
-        self.values.push_back(m);
+        self.values.push_back((m, groups));
         let mut dropped = 0;
         while self.bytes > self.limit && self.values.len() > 1 {
             self.pop_front();
@@ -71,7 +74,7 @@ impl Queue {
     }
 
     fn pop_front(&mut self) {
-        if let Some(m) = self.values.pop_front() {
+        if let Some((m, _)) = self.values.pop_front() {
             self.bytes -= Self::cost(&m);
             self.front += 1;
             // A value dropped before it was sent leaves a gap the
@@ -104,22 +107,22 @@ impl Queue {
         }
         let mut size = mesh::HEADER_BYTES + 12;
         let mut n = 0;
-        for m in self.values.iter().skip(skip) {
-            let bound = value_ref(m, now).encoded_len_bound();
+        for (m, groups) in self.values.iter().skip(skip) {
+            let bound = value_ref(m, groups, now).encoded_len_bound();
             if n > 0 && size + bound > max_frame {
                 break;
             }
             size += bound;
             n += 1;
         }
-        let values = self.values.iter().skip(skip).take(n).map(|m| value_ref(m, now));
+        let values = self.values.iter().skip(skip).take(n).map(|(m, groups)| value_ref(m, groups, now));
         mesh::encode_values(first, values, out);
         self.sent = first + n as u64 - 1;
         Some(n)
     }
 }
 
-fn value_ref(m: &Message, now: Instant) -> ValueRef<'_> {
+fn value_ref<'a>(m: &'a Message, groups: &'a Option<Arc<[ByteString]>>, now: Instant) -> ValueRef<'a> {
     ValueRef {
         topic: &m.topic,
         payload: &m.payload,
@@ -128,7 +131,7 @@ fn value_ref(m: &Message, now: Instant) -> ValueRef<'_> {
         properties: &m.properties,
         expiry_left: m.expiry_left(now),
         origin: m.origin,
-        groups: &[],
+        groups: groups.as_deref().unwrap_or(&[]),
     }
 }
 
@@ -160,6 +163,8 @@ pub(crate) struct Outgoing {
 pub(crate) struct ShardLinks {
     mesh: RefCell<Option<Arc<Mesh>>>,
     links: RefCell<Vec<Option<Rc<Outgoing>>>>,
+    /// The round robin of shared groups over replicas.
+    turn: Cell<u64>,
 }
 
 impl ShardLinks {
@@ -168,24 +173,56 @@ impl ShardLinks {
         self.mesh.borrow().is_some()
     }
 
-    /// Send `message` to each of `peers` that this shard links to (a peer
-    /// not linked yet is not in the live list: nothing to keep for it).
-    pub(crate) fn forward(&self, peers: PeerSet, message: &Arc<Message>) {
+    /// Send `message` to `peer` if this shard links to it (a peer not
+    /// linked is not in the live list: nothing to keep for it), for its
+    /// plain subscriptions and the shared subscription `groups` it was
+    /// picked for.
+    pub(crate) fn forward(&self, peer: PeerId, message: &Arc<Message>, groups: Option<Arc<[ByteString]>>) {
         let links = self.links.borrow();
         let Some(mesh) = &*self.mesh.borrow() else { return };
-        for peer in peers.iter() {
-            let Some(Some(link)) = links.get(peer.index()) else { continue };
-            let mut queue = link.queue.borrow_mut();
-            let before = queue.bytes;
-            let dropped = queue.push(message.clone());
-            let after = queue.bytes;
-            drop(queue);
-            link.stats.buffer_bytes.fetch_add(after as i64 - before as i64, Ordering::Relaxed);
-            if dropped > 0 {
-                link.stats.lost.fetch_add(dropped, Ordering::Relaxed);
-                mesh.stats.lost.fetch_add(dropped, Ordering::Relaxed);
+        let Some(Some(link)) = links.get(peer.index()) else { return };
+        let mut queue = link.queue.borrow_mut();
+        let before = queue.bytes;
+        let dropped = queue.push(message.clone(), groups);
+        let after = queue.bytes;
+        drop(queue);
+        link.stats.buffer_bytes.fetch_add(after as i64 - before as i64, Ordering::Relaxed);
+        if dropped > 0 {
+            link.stats.lost.fetch_add(dropped, Ordering::Relaxed);
+            mesh.stats.lost.fetch_add(dropped, Ordering::Relaxed);
+        }
+        link.signal.notify();
+    }
+
+    /// The replica a shared subscription group gets a value at, among
+    /// this one (`local`: it has members of the group) and the linked
+    /// replicas of `peers`: `None` for this one (or none at all).
+    /// `strategy` as `shared.strategy`: `local_first` keeps it here when
+    /// it can; `hash_client_id` picks by the publisher (`origin`), so one
+    /// publisher's values keep their order at one replica; `random`;
+    /// `round_robin` and `sticky` take the replicas in turn (a sticky
+    /// member is chosen inside the replica).
+    pub(crate) fn pick(&self, strategy: Strategy, local: bool, peers: PeerSet, origin: u64) -> Option<PeerId> {
+        let links = self.links.borrow();
+        let linked = |p: &PeerId| matches!(links.get(p.index()), Some(Some(_)));
+        let candidates: Vec<PeerId> = peers.iter().filter(linked).collect();
+        if candidates.is_empty() || (local && strategy == Strategy::LocalFirst) {
+            return None;
+        }
+        let n = (candidates.len() + usize::from(local)) as u64;
+        let at = match strategy {
+            Strategy::HashClientId => origin % n,
+            Strategy::Random => rand::random::<u64>() % n,
+            _ => {
+                let turn = self.turn.get();
+                self.turn.set(turn.wrapping_add(1));
+                turn % n
             }
-            link.signal.notify();
+        } as usize;
+        match (local, at) {
+            (true, 0) => None,
+            (true, at) => Some(candidates[at - 1]),
+            (false, at) => Some(candidates[at]),
         }
     }
 
@@ -239,7 +276,7 @@ impl ShardLinks {
             }
         }
         for (i, slot) in links.iter_mut().enumerate() {
-            if slot.is_some() && !live.contains(fleetmq_core::cluster::peers::PeerId(i as u16)) {
+            if slot.is_some() && !live.contains(PeerId(i as u16)) {
                 let link = slot.take().expect("checked");
                 link.removed.set(true);
                 link.epoch.set(link.epoch.get() + 1);
@@ -495,6 +532,7 @@ mod tests {
             origin: 1,
             stored: 0,
             from_mesh: false,
+            groups: fleetmq_core::session::GroupPick::All,
         })
     }
 
@@ -512,7 +550,7 @@ mod tests {
     fn a_reconnect_sends_from_what_the_receiver_delivered() {
         let mut q = Queue::new(1 << 20);
         (0..5).for_each(|_| {
-            q.push(message(10));
+            q.push(message(10), None);
         });
         assert_eq!(firsts(&mut q), [(1, 5)]);
         q.acked(2);
@@ -525,7 +563,7 @@ mod tests {
     #[test]
     fn a_full_buffer_drops_the_oldest_and_the_receiver_sees_a_gap() {
         let mut q = Queue::new(3 * (1 + 100 + VALUE_COST));
-        assert_eq!((0..5).map(|_| q.push(message(100))).sum::<u64>(), 2);
+        assert_eq!((0..5).map(|_| q.push(message(100), None)).sum::<u64>(), 2);
         assert_eq!(q.front, 3);
         q.restart(0);
         assert_eq!(firsts(&mut q), [(3, 3)]);
@@ -535,7 +573,7 @@ mod tests {
     fn a_frame_holds_what_fits() {
         let mut q = Queue::new(1 << 30);
         (0..3).for_each(|_| {
-            q.push(message(400_000));
+            q.push(message(400_000), None);
         });
         let mut out = BytesMut::new();
         assert_eq!(q.next_frame(mesh::max_frame(1 << 20) - (1 << 16) + 1000, Instant::now(), &mut out), Some(2));

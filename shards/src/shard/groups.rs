@@ -85,6 +85,8 @@ impl Shard {
                         let filter = ByteString::from(filter);
                         let group = SharedGroup::new(filter.clone(), strategy, self.limits.session.max_queue);
                         let gid = st.groups.insert(GroupEntry { key: key.clone(), group }) as u32;
+                        note_local_group(st, &key, true);
+                        self.broadcast(Control::Shared { key: key.clone(), add: true });
                         st.group_ids.insert(key, gid);
                         if !st.trie.has_filter(&filter) {
                             self.route_change(st, &filter, true);
@@ -104,6 +106,8 @@ impl Shard {
                 if st.groups[gid as usize].group.leave(&client_id) {
                     let entry = st.groups.remove(gid as usize);
                     st.group_ids.remove(&key);
+                    note_local_group(st, &key, false);
+                    self.broadcast(Control::Shared { key: key.clone(), add: false });
                     self.trie_remove(st, &entry.group.filter, Subscriber::Group(gid));
                     for _ in 0..entry.group.queued() {
                         self.metrics.dropped(DropReason::QueueFull);
@@ -222,3 +226,26 @@ impl Shard {
         }
     }
 }
+
+/// This replica in [`State::local_groups`] (a table of the remote kind,
+/// whose peer ids mean nothing here).
+pub(super) const HERE: fleetmq_core::cluster::peers::PeerId = fleetmq_core::cluster::peers::PeerId(0);
+
+/// Keep `State::local_groups` current: the shared subscription `key`
+/// has members here (`add`) or no longer.
+pub(super) fn note_local_group(st: &mut State, key: &str, add: bool) {
+    let change = fleetmq_core::cluster::peers::RouteChange { peer: HERE, filter: key.to_owned(), present: add };
+    st.local_groups.apply(&change);
+}
+
+impl Shard {
+    /// Whether group `gid` takes `message` (see [`fleetmq_core::session::GroupPick`]).
+    pub(super) fn group_allowed(&self, st: &State, gid: u32, message: &Message) -> bool {
+        if message.groups == fleetmq_core::session::GroupPick::All {
+            return true;
+        }
+        let Some(entry) = st.groups.get(gid as usize) else { return false };
+        parse_shared(&entry.key).is_some_and(|(group, _)| message.groups.allows(group))
+    }
+}
+

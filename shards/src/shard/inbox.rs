@@ -28,6 +28,9 @@ pub(crate) enum Control {
     /// A change to a shared subscription group that the receiving shard
     /// owns, from shard `from`.
     Group { from: usize, op: super::GroupOp },
+    /// A shared subscription `key` (`$share/<group>/<filter>`) gained
+    /// (`add`) its first member on this replica, or lost its last.
+    Shared { key: ByteString, add: bool },
 }
 
 /// One shard's inbox of [`Control`] changes from the other shards.

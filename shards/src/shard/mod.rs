@@ -418,6 +418,11 @@ struct State {
     /// Cluster mode: the filters this shard's sessions subscribe to, as
     /// `mqtt-routes` must say (see [`wanted`]); empty alone.
     wanted: HashMap<ByteString, wanted::Want>,
+    /// The shared subscriptions with members on this replica (any shard),
+    /// as `RemoteRoutes` keeps them with [`groups::HERE`] for this
+    /// replica: which groups of a topic this replica can serve, for the
+    /// mesh's pick of one member replica per group.
+    local_groups: RemoteRoutes,
     retained: Retained,
     /// Retained messages subscriptions still have to receive, by session.
     feeds: Feeds,
@@ -528,6 +533,7 @@ impl Shard {
                 routes: RouteTable::new(),
                 remote_routes: RemoteRoutes::new(),
                 wanted: HashMap::new(),
+                local_groups: RemoteRoutes::new(),
                 retained: Retained::default(),
                 feeds: Feeds::default(),
                 applied: 0,
@@ -784,6 +790,7 @@ impl Shard {
                 }
                 Control::Retain { seq, message } => st.retained.apply(seq, message, now),
                 Control::Group { from, op } => self.apply_group_op(st, op, from, now),
+                Control::Shared { key, add } => groups::note_local_group(st, &key, add),
             }
         }
     }
@@ -996,10 +1003,9 @@ impl Shard {
                 Subscriber::Session(slot) => slot,
                 Subscriber::Group(gid) => {
                     i += 1;
-                    // Shared groups across replicas are not picked over the
-                    // mesh yet: a group gets the values published on its
-                    // members' replica only (never twice).
-                    if message.from_mesh {
+                    // The mesh gave the group to a member on another
+                    // replica, or this one is not the group's pick.
+                    if !self.group_allowed(st, gid, message) {
                         continue;
                     }
                     self.dispatch_to_group(st, gid, message.clone(), from_shard, now);
@@ -1372,6 +1378,7 @@ impl Shard {
                 origin: u64::MAX,
                 stored: 0,
                 from_mesh: false,
+                groups: fleetmq_core::session::GroupPick::All,
             };
             self.route(st, Arc::new(message), now);
         }

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use fleetmq_core::session::Message;
+use bytestring::ByteString;
+use fleetmq_core::cluster::peers::PeerId;
+use fleetmq_core::session::{GroupPick, Message};
 
 use super::held::Delivery;
 use super::{Shard, State};
@@ -32,14 +34,16 @@ impl Shard {
     /// [`Shard::route`] past the retained store: local subscribers and
     /// the other shards whose routes match.
     pub(super) fn dispatch(&self, st: &mut State, message: Arc<Message>, now: Instant) -> u64 {
+        if self.shards > 1 {
+            self.catch_up(st);
+        }
         // Before the one-shard return (trap 6 of notes/cluster-seams.md).
-        self.forward_to_peers(st, &message);
+        let message = self.forward_to_peers(st, message);
         if self.shards == 1 {
             // Alone: no route table to consult.
             self.dispatch_local(st, &message, self.id, now);
             return 1;
         }
-        self.catch_up(st);
         let shards = st.routes.shards_for(&message.topic);
         let mut reach = 0;
         for shard in shards.iter() {
@@ -55,17 +59,50 @@ impl Shard {
     }
 
     /// The mesh (DESIGN.md §3): a value published here goes once to each
-    /// other replica with a plain subscription matching it; one that came
-    /// from the mesh never goes on (trap 7), nor do `$SYS` values (each
-    /// replica publishes its own).
-    fn forward_to_peers(&self, st: &mut State, message: &Arc<Message>) {
+    /// other replica with a plain subscription matching it, and each
+    /// shared subscription group with members on other replicas gets it
+    /// at one member replica (`shared.strategy`: `local_first` keeps it
+    /// here when this replica has a member). One that came from the mesh
+    /// never goes on (trap 7), nor do `$SYS` values (each replica
+    /// publishes its own). Returns the message to deliver here: one whose
+    /// [`GroupPick`] leaves out the groups served elsewhere.
+    fn forward_to_peers(&self, st: &mut State, message: Arc<Message>) -> Arc<Message> {
         if message.from_mesh || !self.links.active() || st.remote_routes.is_empty() || message.topic.starts_with("$SYS/") {
-            return;
+            return message;
         }
-        let peers = st.remote_routes.peers_for(&message.topic);
-        if !peers.is_empty() {
-            self.links.forward(peers, message);
+        let plain = st.remote_routes.peers_for(&message.topic);
+        // Groups: (share name, the peer picked) for those served elsewhere.
+        let mut here = Vec::new();
+        st.local_groups.for_each_group(&message.topic, |group, _| here.push(group.clone()));
+        let mut picked: Vec<(ByteString, PeerId)> = Vec::new();
+        let mut elsewhere = Vec::new();
+        st.remote_routes.for_each_group(&message.topic, |group, peers| {
+            if picked.iter().any(|(g, _)| g == group) || elsewhere.contains(group) {
+                return;
+            }
+            let local = here.contains(group);
+            let strategy = self.limits.shared.strategy_for(group);
+            if let Some(peer) = self.links.pick(strategy, local, peers, message.origin) {
+                picked.push((group.clone(), peer));
+                if local {
+                    elsewhere.push(group.clone());
+                }
+            }
+        });
+        let mut targets = plain;
+        picked.iter().for_each(|(_, p)| {
+            targets.insert(*p);
+        });
+        for peer in targets.iter() {
+            let groups: Vec<ByteString> = picked.iter().filter(|(_, p)| *p == peer).map(|(g, _)| g.clone()).collect();
+            self.links.forward(peer, &message, (!groups.is_empty()).then(|| groups.into()));
         }
+        if elsewhere.is_empty() {
+            return message;
+        }
+        let mut kept = Message::clone(&message);
+        kept.groups = GroupPick::Except(elsewhere.into());
+        Arc::new(kept)
     }
 
     /// Values another replica sent over the mesh: to this replica's
@@ -90,6 +127,7 @@ impl Shard {
                 origin: v.origin,
                 stored: 0,
                 from_mesh: true,
+                groups: GroupPick::Only(v.groups.into()),
             };
             self.dispatch(&mut st, Arc::new(message), now);
         }

@@ -373,3 +373,99 @@ fn a_replica_killed_and_restarted_links_again_and_receives() {
     }
     assert_eq!(payloads(&mut on_b, Duration::from_secs(3)), numbers(100));
 }
+
+/// Every payload each of `subs` receives until none comes for `quiet`.
+fn drain(subs: &mut [&mut MosquittoSub], quiet: Duration) -> Vec<Vec<String>> {
+    let mut got = vec![Vec::new(); subs.len()];
+    let mut last = Instant::now();
+    while last.elapsed() < quiet {
+        for (sub, got) in subs.iter_mut().zip(got.iter_mut()) {
+            while let Some(m) = sub.next_message(Duration::from_millis(20)) {
+                got.push(m.rsplit(' ').next().unwrap_or_default().to_owned());
+                last = Instant::now();
+            }
+        }
+    }
+    got
+}
+
+/// Publishes `probe-<i>` on `topic` until `members` (one shared group)
+/// received one between them, so the group's routes reached the
+/// publisher's replica; then lets the rest arrive and forgets them.
+fn until_group_routed(publisher: &mut RawClient, topic: &str, members: &mut [&mut MosquittoSub], wanted: usize) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = vec![false; members.len()];
+    while seen.iter().filter(|s| **s).count() < wanted {
+        assert!(Instant::now() < deadline, "the group's routes did not reach the publisher's replica within 15 s");
+        for _ in 0..4 {
+            publisher.send(&build::publish_qos0(topic, b"probe", true));
+        }
+        for (m, seen) in members.iter_mut().zip(seen.iter_mut()) {
+            while m.next_message(Duration::from_millis(100)).is_some() {
+                *seen = true;
+            }
+        }
+    }
+    thread::sleep(Duration::from_millis(300));
+    drain(members, Duration::from_millis(300));
+}
+
+#[test]
+#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
+fn a_shared_group_with_members_on_two_other_replicas_gets_each_value_once() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("ga,gb,gc");
+    let a = start("ga", &nats, &certs, &[]);
+    let b = start("gb", &nats, &certs, &[]);
+    let c = start("gc", &nats, &certs, &[]);
+    for r in [&a, &b, &c] {
+        wait_links(r, 2, Duration::from_secs(20));
+    }
+    let mut on_b = MosquittoSub::start(&b, &["-t", "$share/g/sh/#"]);
+    let mut on_c = MosquittoSub::start(&c, &["-t", "$share/g/sh/#"]);
+    // A plain subscriber on C gets every value besides the group.
+    let mut plain_c = MosquittoSub::start(&c, &["-t", "sh/x"]);
+    let mut publisher = publisher(&a, "pub-g");
+    until_group_routed(&mut publisher, "sh/x", &mut [&mut on_b, &mut on_c], 2);
+    drain(&mut [&mut plain_c], Duration::from_millis(300));
+    for i in 0..200 {
+        publisher.send(&build::publish_qos0("sh/x", i.to_string().as_bytes(), true));
+    }
+    let got = drain(&mut [&mut on_b, &mut on_c, &mut plain_c], Duration::from_secs(2));
+    // Each value to exactly one member of the group, cluster-wide
+    // [MQTT-4.8.2-3]; round robin over the replicas reaches both.
+    let mut group: Vec<u32> = got[0].iter().chain(&got[1]).map(|p| p.parse().unwrap()).collect();
+    group.sort_unstable();
+    assert_eq!(group, (0..200).collect::<Vec<u32>>(), "b {} c {}", got[0].len(), got[1].len());
+    assert!(!got[0].is_empty() && !got[1].is_empty(), "b {} c {}", got[0].len(), got[1].len());
+    assert_eq!(got[2], numbers(200));
+}
+
+#[test]
+#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
+fn local_first_keeps_a_shared_group_on_the_publishing_replica_when_it_has_a_member() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("la,lb");
+    let a = start("la", &nats, &certs, &["--set", "shared.strategy=local_first"]);
+    let b = start("lb", &nats, &certs, &["--set", "shared.strategy=local_first"]);
+    wait_links(&a, 1, Duration::from_secs(15));
+    let mut on_b = MosquittoSub::start(&b, &["-t", "$share/w/lf/#"]);
+    let mut publisher = publisher(&a, "pub-lf");
+    // A member only on the other replica: the values cross.
+    until_group_routed(&mut publisher, "lf/x", &mut [&mut on_b], 1);
+    // With a member on the publishing replica too, they stay there.
+    let mut on_a = MosquittoSub::start(&a, &["-t", "$share/w/lf/#"]);
+    thread::sleep(Duration::from_millis(500));
+    for i in 0..100 {
+        publisher.send(&build::publish_qos0("lf/x", i.to_string().as_bytes(), true));
+    }
+    let got = drain(&mut [&mut on_a, &mut on_b], Duration::from_secs(2));
+    assert_eq!(got[0], numbers(100), "every value at the member on the publishing replica");
+    assert!(got[1].is_empty(), "none crossed: {:?}", got[1]);
+    drop(on_a);
+    thread::sleep(Duration::from_secs(1));
+    for i in 0..100 {
+        publisher.send(&build::publish_qos0("lf/x", i.to_string().as_bytes(), true));
+    }
+    assert_eq!(payloads(&mut on_b, Duration::from_secs(3)), numbers(100));
+}
