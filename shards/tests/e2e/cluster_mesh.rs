@@ -144,7 +144,6 @@ fn numbers(n: usize) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn two_replicas_link_over_mutual_tls_and_the_status_shows_the_links() {
     let nats = NatsCluster::start(3);
     let certs = Certs::new("ma,mb");
@@ -172,7 +171,6 @@ fn a_replica_without_mesh_certificates_says_the_mesh_is_off() {
 }
 
 #[test]
-#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn a_value_published_on_one_replica_reaches_the_subscribers_of_the_others_once_and_in_order() {
     let nats = NatsCluster::start(3);
     let certs = Certs::new("pa,pb,pc");
@@ -202,7 +200,6 @@ fn a_value_published_on_one_replica_reaches_the_subscribers_of_the_others_once_a
 }
 
 #[test]
-#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn an_unsubscribe_stops_the_values_going_to_that_replica() {
     let nats = NatsCluster::start(3);
     let certs = Certs::new("ua,ub");
@@ -289,7 +286,6 @@ impl Cut {
 }
 
 #[test]
-#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn a_mesh_cut_keeps_the_values_and_delivers_them_when_it_heals() {
     let mut cut = cut("cut", &[]);
     for i in 0..500 {
@@ -308,7 +304,6 @@ fn a_mesh_cut_keeps_the_values_and_delivers_them_when_it_heals() {
 }
 
 #[test]
-#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn past_a_full_mesh_buffer_the_oldest_values_are_dropped_and_counted() {
     let mut cut = cut("full", &["--set", "cluster.mesh_buffer=8KiB"]);
     let payload = |i: usize| format!("{i:0>100}");
@@ -326,7 +321,6 @@ fn past_a_full_mesh_buffer_the_oldest_values_are_dropped_and_counted() {
 }
 
 #[test]
-#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn a_replica_with_a_certificate_from_another_ca_is_refused_and_counted() {
     let nats = NatsCluster::start(3);
     let certs = Certs::new("xa,xb");
@@ -353,7 +347,6 @@ fn a_replica_with_a_certificate_from_another_ca_is_refused_and_counted() {
 }
 
 #[test]
-#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn a_replica_killed_and_restarted_links_again_and_receives() {
     let nats = NatsCluster::start(3);
     let certs = Certs::new("ka,kb");
@@ -411,7 +404,6 @@ fn until_group_routed(publisher: &mut RawClient, topic: &str, members: &mut [&mu
 }
 
 #[test]
-#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn a_shared_group_with_members_on_two_other_replicas_gets_each_value_once() {
     let nats = NatsCluster::start(3);
     let certs = Certs::new("ga,gb,gc");
@@ -442,7 +434,6 @@ fn a_shared_group_with_members_on_two_other_replicas_gets_each_value_once() {
 }
 
 #[test]
-#[ignore = "until the bridge sends Event::Peers and Event::Routes (routes KV, issue 25)"]
 fn local_first_keeps_a_shared_group_on_the_publishing_replica_when_it_has_a_member() {
     let nats = NatsCluster::start(3);
     let certs = Certs::new("la,lb");
