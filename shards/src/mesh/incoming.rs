@@ -18,7 +18,7 @@ use glommio::timer::sleep;
 use tracing::{debug, warn};
 
 use super::outgoing::read_frame;
-use super::{Mesh, RefusedFor};
+use super::{Mesh, ReceivedRef, RefusedFor};
 use crate::shard::Shard;
 
 /// How long a dialer has for the TLS handshake and its Hello.
@@ -74,7 +74,6 @@ async fn serve(shard: Rc<Shard>, mesh: Arc<Mesh>, stream: TcpStream, peer: Optio
 }
 
 type ServerTls = futures_rustls::server::TlsStream<TcpStream>;
-type ReceivedRef = Arc<std::sync::Mutex<super::Received>>;
 
 /// TLS, the Hello and its answer; `None` when the link was refused
 /// (counted and logged once per peer).

@@ -112,6 +112,9 @@ pub(crate) struct Received {
     pub(crate) generation: u64,
 }
 
+/// One link's [`Received`], shared by its connections.
+pub(crate) type ReceivedRef = Arc<Mutex<Received>>;
+
 /// Links remembered by an acceptor at most; past it, those with no
 /// connection are forgotten (their dialer restarted, or left).
 const RECEIVED_MAX: usize = 4096;
@@ -132,7 +135,7 @@ pub(crate) struct Mesh {
     pub(crate) max_frame: usize,
     pub(crate) shards: usize,
     pub(crate) stats: MeshStats,
-    received: Mutex<HashMap<(String, u32), Arc<Mutex<Received>>>>,
+    received: Mutex<HashMap<(String, u32), ReceivedRef>>,
     /// Each shard's listening socket, taken when the shard starts.
     listeners: Mutex<Vec<Option<OwnedFd>>>,
     /// What was logged once already (`mesh:` lines per peer).
@@ -178,7 +181,7 @@ impl Mesh {
             tls,
             advertise,
             buffer_per_link: (cluster.mesh_buffer / shards.max(1)).max(1),
-            max_frame: fleetmq_core::mesh::max_frame(settings.limits.max_packet_size as usize),
+            max_frame: fleetmq_core::mesh::max_frame(settings.limits.max_packet_size),
             shards,
             stats: MeshStats::default(),
             received: Mutex::new(HashMap::new()),
@@ -202,7 +205,7 @@ impl Mesh {
     }
 
     /// What this replica remembers of the link `(instance, link)`.
-    pub(crate) fn received(&self, instance: &str, link: u32) -> Arc<Mutex<Received>> {
+    pub(crate) fn received(&self, instance: &str, link: u32) -> ReceivedRef {
         let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
         if received.len() >= RECEIVED_MAX {
             received.retain(|_, r| Arc::strong_count(r) > 1);

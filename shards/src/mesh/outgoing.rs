@@ -39,11 +39,14 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// What a value costs in a buffer beyond its topic and payload.
 const VALUE_COST: usize = 64;
 
+/// The shared subscription groups a value was sent to a peer for.
+type Groups = Option<Arc<[ByteString]>>;
+
 /// The values of one link: numbered from 1, kept from the oldest not
 /// acknowledged on.
 pub(crate) struct Queue {
     /// Each value, and the shared groups the peer was picked for.
-    values: VecDeque<(Arc<Message>, Option<Arc<[ByteString]>>)>,
+    values: VecDeque<(Arc<Message>, Groups)>,
     /// The sequence number of `values[0]` (the next one's when empty).
     front: u64,
     /// The highest sequence number written on the current connection.
@@ -364,11 +367,12 @@ async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoin
         return Ok(());
     }
     let (tls, accepted) = within(DIAL_TIMEOUT, dial(mesh, &target, shard.id)).await?;
-    let mut queue = link.queue.borrow_mut();
-    let before = queue.bytes;
-    queue.restart(accepted.delivered);
-    let after = queue.bytes;
-    drop(queue);
+    let (before, after) = {
+        let mut queue = link.queue.borrow_mut();
+        let before = queue.bytes;
+        queue.restart(accepted.delivered);
+        (before, queue.bytes)
+    };
     link.stats.buffer_bytes.fetch_add(after as i64 - before as i64, Ordering::Relaxed);
     let _up = Up::new(mesh, link);
     if mesh.first_time(format!("up {} {} {}", target.replica, target.instance, shard.id)) {
