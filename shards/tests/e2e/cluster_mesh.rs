@@ -460,3 +460,31 @@ fn local_first_keeps_a_shared_group_on_the_publishing_replica_when_it_has_a_memb
     }
     assert_eq!(payloads(&mut on_b, Duration::from_secs(3)), numbers(100));
 }
+
+/// A replica is ready only once it has the other replicas' routes: a
+/// value published on it right after its start reaches their subscribers
+/// (before, a replica could be ready with no routes applied, and the
+/// first values published on it went nowhere else).
+#[test]
+fn a_value_published_right_after_a_replica_starts_reaches_the_other_replicas_subscribers() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("ea,eb0,eb1,eb2");
+    let a = start("ea", &nats, &certs, &[]);
+    let mut on_a = MosquittoSub::start(&a, &["-q", "1", "-t", "early/#"]);
+    // Its route is in mqtt-routes once the SUBACK is sent.
+    thread::sleep(Duration::from_millis(300));
+    for round in 0..3 {
+        let b = start(&format!("eb{round}"), &nats, &certs, &[]);
+        // At once: no wait for links or routes beyond the start's own.
+        let mut p = publisher(&b, &format!("early-pub-{round}"));
+        p.send(&build::publish(&format!("early/{round}"), 1, 1, (false, false), b"first", true));
+        match p.read(Duration::from_secs(10)) {
+            Incoming::Packet { header: 0x40, .. } => {}
+            other => panic!("PUBACK: {other:?}"),
+        }
+        let got = on_a.next_message(Duration::from_secs(10)).unwrap_or_default();
+        assert!(got.ends_with(&format!("early/{round} first")), "round {round}: {got:?}");
+        drop(p);
+        drop(b);
+    }
+}
