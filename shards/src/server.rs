@@ -481,7 +481,7 @@ fn spawn_reloader(
 /// for some milliseconds after its process ends (io_uring releases them
 /// after the process): the probe tries again for up to
 /// [`LISTENER_RELEASE_WAIT`] before it gives up.
-fn refuse_if_listened_on(addr: SocketAddr) -> std::io::Result<()> {
+pub(crate) fn refuse_if_listened_on(addr: SocketAddr) -> std::io::Result<()> {
     let give_up = Instant::now() + LISTENER_RELEASE_WAIT;
     loop {
         let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;

@@ -28,6 +28,11 @@ use rustls::{RootCertStore, ServerConfig, ServerConnection};
 /// How often [`TlsConfig::current`] looks at the files at most.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The longest certificate, key or CA file read (PEM): a chain or a CA
+/// bundle is kilobytes; a path to something else (`/dev/zero`) must not
+/// take the memory.
+pub const PEM_MAX_BYTES: u64 = 16 << 20;
+
 /// What identifies one version of a file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
@@ -178,7 +183,18 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
 }
 
 pub(crate) fn read(what: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("{what} {}", path.display()))
+    use std::io::Read;
+    let file = std::fs::File::open(path).with_context(|| format!("{what} {}", path.display()))?;
+    let mut pem = Vec::new();
+    // One byte more than allowed tells a file that is too long (or
+    // endless, as /dev/zero) without reading it all.
+    file.take(PEM_MAX_BYTES + 1)
+        .read_to_end(&mut pem)
+        .with_context(|| format!("{what} {}", path.display()))?;
+    if pem.len() as u64 > PEM_MAX_BYTES {
+        bail!("{what} {}: longer than {} MiB; not a certificate or key file", path.display(), PEM_MAX_BYTES >> 20);
+    }
+    Ok(pem)
 }
 
 pub(crate) fn load_certs(what: &str, path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {

@@ -166,6 +166,13 @@ impl Mesh {
             .mesh_listen
             .parse()
             .with_context(|| format!("cluster.mesh_listen: bad address {}", cluster.mesh_listen))?;
+        // SO_REUSEPORT would share a port another process listens on
+        // (the MQTT port, another replica's mesh) and take some of its
+        // connections: refuse it, as the MQTT listeners do.
+        if addr.port() != 0 {
+            crate::server::refuse_if_listened_on(addr)
+                .with_context(|| format!("cannot listen on {addr} (cluster.mesh_listen)"))?;
+        }
         let mut fds = Vec::new();
         for _ in 0..shards {
             let listener = bind(addr).with_context(|| format!("cannot listen on {addr} (cluster.mesh_listen)"))?;

@@ -37,7 +37,7 @@ pub(crate) fn cluster_args(id: &str, urls: &[String]) -> Vec<String> {
 
 /// Runs `fleetmq serve` for a replica expected to refuse to start; its
 /// exit status and stderr.
-fn refused_start(id: &str, urls: &[String], extra: &[&str]) -> (bool, String) {
+pub(crate) fn refused_start(id: &str, urls: &[String], extra: &[&str]) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetmq"));
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         .args(cluster_args(id, urls))
