@@ -334,15 +334,21 @@ pub(crate) fn request(writers: &Writers, filter: String, shard: usize, add: bool
     }
 }
 
-/// Write every wanted entry again (after a purge of this replica's
-/// entries: a duplicate's wait is over).
+/// Say again what this replica wants of every key it knows: a put for
+/// each wanted filter, a delete (with its marker, so peers hear of it) for
+/// each other one. After a purge of this replica's entries (a duplicate's
+/// wait is over) the bucket holds none of them; after a fence it may hold
+/// any: the sweeper may have deleted them, and deletes of filters whose
+/// subscribers the fence closed may have failed meanwhile (a fresh-user
+/// pass saw such entries stay for good, and the mesh kept sending their
+/// values).
 pub(crate) fn rewrite(writers: &Writers) {
     let mut start = Vec::new();
     {
         let mut w = writers.borrow_mut();
         for (filter, key) in w.keys.iter_mut() {
-            key.landed = false;
-            if key.want && !key.busy {
+            key.landed = !key.want;
+            if !key.busy {
                 key.busy = true;
                 start.push(filter.clone());
             }

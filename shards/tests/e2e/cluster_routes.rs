@@ -193,3 +193,33 @@ fn the_routes_of_a_replica_killed_are_purged_at_its_restart_and_swept_once_it_is
     let swept = eventually(Duration::from_secs(10), Vec::<String>::new(), || filters(&nats, "rb"));
     eprintln!("routes of a killed replica: dropped by A after {took:?}, swept {swept:?} later");
 }
+
+/// Every NATS server lost: replica B fences and closes its subscriber,
+/// whose route it cannot delete while NATS is away. Once NATS is back and
+/// B serves again, the entry goes, and replica A drops it (before: it
+/// stayed for good, and the mesh kept sending B the values of a filter
+/// nobody on B wanted; found by a fresh-user pass).
+#[test]
+fn the_route_of_a_subscriber_closed_by_a_fence_goes_once_nats_is_back() {
+    let mut nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", TTL]);
+    let b = replica("rb", &nats.urls(), &["--set", TTL]);
+    let mut sub = RawClient::connect(b.mqtt);
+    assert_eq!(sub.handshake(&build::Connect::v5("fenced-sub").encode()).1, 0);
+    subscribe(&mut sub, 1, "fenced/#");
+    eventually(Duration::from_secs(5), 1.0, || a.metric_sum("fleetmq_routes_remote"));
+    for i in 0..3 {
+        nats.stop(i);
+    }
+    // Fenced (7T/6 ≈ 6 s): its connections closed, the subscriber's too.
+    crate::cluster::wait_ready(&b, 503, Duration::from_secs(15));
+    crate::cluster::expect_disconnect(&mut sub, 0x8b, Duration::from_secs(3));
+    // Long enough for the failing delete's retries to wait their longest
+    // (5 s): B serves again while its delete waits.
+    thread::sleep(Duration::from_secs(15));
+    nats.restart_all();
+    crate::cluster::wait_ready(&b, 200, Duration::from_secs(30));
+    crate::cluster::wait_ready(&a, 200, Duration::from_secs(30));
+    eventually(Duration::from_secs(15), Vec::<String>::new(), || filters(&nats, "rb"));
+    eventually(Duration::from_secs(5), 0.0, || a.metric_sum("fleetmq_routes_remote"));
+}
