@@ -4,7 +4,7 @@
 //! ([`run_link`]).
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -166,8 +166,10 @@ pub(crate) struct Outgoing {
 pub(crate) struct ShardLinks {
     mesh: RefCell<Option<Arc<Mesh>>>,
     links: RefCell<Vec<Option<Rc<Outgoing>>>>,
-    /// The round robin of shared groups over replicas.
-    turn: Cell<u64>,
+    /// The round robin of each shared group over replicas (one turn
+    /// per group: a turn shared by two groups matching one topic gave
+    /// the second the same replica every time).
+    turns: RefCell<HashMap<ByteString, u64>>,
 }
 
 impl ShardLinks {
@@ -204,8 +206,8 @@ impl ShardLinks {
     /// it can; `hash_client_id` picks by the publisher (`origin`), so one
     /// publisher's values keep their order at one replica; `random`;
     /// `round_robin` and `sticky` take the replicas in turn (a sticky
-    /// member is chosen inside the replica).
-    pub(crate) fn pick(&self, strategy: Strategy, local: bool, peers: PeerSet, origin: u64) -> Option<PeerId> {
+    /// member is chosen inside the replica), each group its own turn.
+    pub(crate) fn pick(&self, group: &ByteString, strategy: Strategy, local: bool, peers: PeerSet, origin: u64) -> Option<PeerId> {
         let links = self.links.borrow();
         let linked = |p: &PeerId| matches!(links.get(p.index()), Some(Some(_)));
         let candidates: Vec<PeerId> = peers.iter().filter(linked).collect();
@@ -217,9 +219,13 @@ impl ShardLinks {
             Strategy::HashClientId => origin % n,
             Strategy::Random => rand::random::<u64>() % n,
             _ => {
-                let turn = self.turn.get();
-                self.turn.set(turn.wrapping_add(1));
-                turn % n
+                let mut turns = self.turns.borrow_mut();
+                let turn = match turns.get_mut(group) {
+                    Some(turn) => turn,
+                    None => turns.entry(group.clone()).or_default(),
+                };
+                *turn = turn.wrapping_add(1);
+                (*turn - 1) % n
             }
         } as usize;
         match (local, at) {

@@ -82,7 +82,7 @@ impl Shard {
             }
             let local = here.contains(group);
             let strategy = self.limits.shared.strategy_for(group);
-            if let Some(peer) = self.links.pick(strategy, local, peers, message.origin) {
+            if let Some(peer) = self.links.pick(group, strategy, local, peers, message.origin) {
                 picked.push((group.clone(), peer));
                 if local {
                     elsewhere.push(group.clone());

@@ -415,15 +415,25 @@ fn a_shared_group_with_members_on_two_other_replicas_gets_each_value_once() {
     }
     let mut on_b = MosquittoSub::start(&b, &["-t", "$share/g/sh/#"]);
     let mut on_c = MosquittoSub::start(&c, &["-t", "$share/g/sh/#"]);
+    // A second group matching the same topic, with members on all three
+    // replicas: each group takes its own turns (one turn shared by both
+    // gave group g the same replica for every value; fresh-user pass).
+    let mut h_a = MosquittoSub::start(&a, &["-t", "$share/h/sh/x"]);
+    let mut h_b = MosquittoSub::start(&b, &["-t", "$share/h/sh/x"]);
+    let mut h_c = MosquittoSub::start(&c, &["-t", "$share/h/sh/x"]);
     // A plain subscriber on C gets every value besides the group.
     let mut plain_c = MosquittoSub::start(&c, &["-t", "sh/x"]);
     let mut publisher = publisher(&a, "pub-g");
     until_group_routed(&mut publisher, "sh/x", &mut [&mut on_b, &mut on_c], 2);
-    drain(&mut [&mut plain_c], Duration::from_millis(300));
+    until_group_routed(&mut publisher, "sh/x", &mut [&mut h_a, &mut h_b, &mut h_c], 3);
+    drain(&mut [&mut plain_c, &mut on_b, &mut on_c], Duration::from_millis(300));
     for i in 0..200 {
         publisher.send(&build::publish_qos0("sh/x", i.to_string().as_bytes(), true));
     }
-    let got = drain(&mut [&mut on_b, &mut on_c, &mut plain_c], Duration::from_secs(2));
+    let got = drain(&mut [&mut on_b, &mut on_c, &mut plain_c, &mut h_a, &mut h_b, &mut h_c], Duration::from_secs(2));
+    let mut h: Vec<u32> = got[3].iter().chain(&got[4]).chain(&got[5]).map(|p| p.parse().unwrap()).collect();
+    h.sort_unstable();
+    assert_eq!(h, (0..200).collect::<Vec<u32>>(), "group h: a {} b {} c {}", got[3].len(), got[4].len(), got[5].len());
     // Each value to exactly one member of the group, cluster-wide
     // [MQTT-4.8.2-3]; round robin over the replicas reaches both.
     let mut group: Vec<u32> = got[0].iter().chain(&got[1]).map(|p| p.parse().unwrap()).collect();
