@@ -67,7 +67,7 @@ async fn serve(shard: Rc<Shard>, mesh: Arc<Mesh>, stream: TcpStream, peer: Optio
         return;
     };
     mesh.stats.links_in.fetch_add(1, Ordering::Relaxed);
-    if let Err(why) = receive(&shard, &mesh, tls, &received, generation).await {
+    if let Err(why) = receive(&shard, &mesh, tls, &replica, &received, generation).await {
         debug!(target: "mesh", peer = %replica, "mesh: incoming link ended: {why}");
     }
     mesh.stats.links_in.fetch_sub(1, Ordering::Relaxed);
@@ -87,9 +87,13 @@ async fn handshake(mesh: &Arc<Mesh>, stream: TcpStream, ip: &str) -> Option<(Ser
             return None;
         }
         Err(e) => {
-            mesh.stats.refused(RefusedFor::Certificate);
-            if mesh.first_time(format!("tls-in {ip}")) {
-                warn!(target: "mesh", peer = %ip, error = %e, "mesh: refused a link: TLS handshake failed (no certificate from cluster.mesh_ca?)");
+            // A certificate refused, or not TLS at all (plaintext, HTTP).
+            let why = e.to_string();
+            let certificate = why.contains("certificate");
+            mesh.stats.refused(if certificate { RefusedFor::Certificate } else { RefusedFor::Protocol });
+            if mesh.first_time(format!("tls-in {ip} {certificate}")) {
+                let what = if certificate { "no certificate from cluster.mesh_ca" } else { "not a TLS 1.3 client" };
+                warn!(target: "mesh", peer = %ip, error = %e, "mesh: refused a link: TLS handshake failed ({what})");
             }
             return None;
         }
@@ -136,7 +140,14 @@ async fn handshake(mesh: &Arc<Mesh>, stream: TcpStream, ip: &str) -> Option<(Ser
 
 /// Deliver what arrives on the link and acknowledge it, until it breaks
 /// or a newer connection of the same link replaces it.
-async fn receive(shard: &Rc<Shard>, mesh: &Arc<Mesh>, mut tls: ServerTls, received: &ReceivedRef, generation: u64) -> Result<(), String> {
+async fn receive(
+    shard: &Rc<Shard>,
+    mesh: &Arc<Mesh>,
+    mut tls: ServerTls,
+    peer: &str,
+    received: &ReceivedRef,
+    generation: u64,
+) -> Result<(), String> {
     let mut buf = BytesMut::with_capacity(16 << 10);
     let mut out = BytesMut::new();
     let mut chunk = vec![0u8; 64 << 10];
@@ -148,9 +159,25 @@ async fn receive(shard: &Rc<Shard>, mesh: &Arc<Mesh>, mut tls: ServerTls, receiv
         mesh.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
         buf.extend_from_slice(&chunk[..n]);
         let mut ack = None;
-        while let Some(frame) = mesh::decode(&mut buf, mesh.max_frame).map_err(|e| e.to_string())? {
+        loop {
+            let frame = match mesh::decode(&mut buf, mesh.max_frame) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(e) => {
+                    // A peer with a valid certificate sending what is not
+                    // a frame of this version: refused, counted, logged.
+                    mesh.stats.refused(RefusedFor::Protocol);
+                    if mesh.first_time(format!("bad-frame {peer}")) {
+                        warn!(target: "mesh", %peer, error = %e, "mesh: link closed: a malformed or oversized frame");
+                    }
+                    return Err(e.to_string());
+                }
+            };
             let Frame::Values { first, values } = frame else { continue };
-            let last = first + values.len() as u64 - 1;
+            if values.is_empty() {
+                continue;
+            }
+            let last = first.saturating_add(values.len() as u64 - 1);
             // Each value once: what an earlier connection of this link
             // delivered already is skipped.
             let skip = {
