@@ -96,6 +96,18 @@ impl MeshStats {
         self.refused[at].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The peers some shard links to now (a link holds its peer's
+    /// figures: one that left or was taken for gone drops out of the
+    /// status and the per-peer series, so an alert on its links does not
+    /// fire for good after a scale-down), sorted by replica ID.
+    fn linked(&self) -> Vec<(String, Arc<PeerStats>)> {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut linked: Vec<_> =
+            peers.iter().filter(|(_, p)| Arc::strong_count(p) > 1).map(|(r, p)| (r.clone(), p.clone())).collect();
+        linked.sort_by(|a, b| a.0.cmp(&b.0));
+        linked
+    }
+
     /// The figures of the peer `replica`.
     pub(crate) fn peer(&self, replica: &str) -> Arc<PeerStats> {
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
@@ -224,8 +236,9 @@ impl Mesh {
     /// links up out of one per shard, buffered bytes and values lost.
     pub(crate) fn status_json(&self) -> serde_json::Value {
         let relaxed = Ordering::Relaxed;
-        let peers = self.stats.peers.lock().unwrap_or_else(|e| e.into_inner());
-        let mut list: Vec<_> = peers
+        let list: Vec<_> = self
+            .stats
+            .linked()
             .iter()
             .map(|(replica, p)| {
                 let up = p.links_up.load(relaxed);
@@ -239,7 +252,6 @@ impl Mesh {
                 })
             })
             .collect();
-        list.sort_by(|a, b| a["replica"].as_str().cmp(&b["replica"].as_str()));
         serde_json::json!({
             "listen": self.advertise,
             "links_per_peer": self.shards,
@@ -276,7 +288,7 @@ impl Mesh {
         for (why, n) in RefusedFor::ALL.iter().zip(&s.refused) {
             let _ = writeln!(out, "fleetmq_mesh_refused_total{{reason=\"{}\"}} {}", why.as_str(), n.load(relaxed));
         }
-        let peers = s.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let peers = s.linked();
         let _ = writeln!(out, "# HELP fleetmq_mesh_peer_links_up Links up to each peer replica\n# TYPE fleetmq_mesh_peer_links_up gauge");
         for (replica, p) in peers.iter() {
             let _ = writeln!(out, "fleetmq_mesh_peer_links_up{{peer=\"{replica}\"}} {}", p.links_up.load(relaxed));

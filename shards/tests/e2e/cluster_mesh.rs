@@ -520,3 +520,28 @@ fn a_mesh_port_in_use_or_an_endless_certificate_file_refuses_the_start() {
     let (ok, stderr) = crate::cluster::refused_start("ib", &nats.urls(), &args);
     assert!(!ok && stderr.contains("cluster.mesh_cert") && stderr.contains("longer than"), "{stderr}");
 }
+
+/// A replica that stops cleanly leaves the others' mesh status and
+/// per-peer series (before, it stayed listed as `down` with
+/// `fleetmq_mesh_peer_links_up` 0 until they restarted, so an alert on it
+/// fired for good after a scale-down; fresh-user pass).
+#[test]
+fn a_replica_that_stops_leaves_the_mesh_status_of_the_others() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("sa,sb");
+    let a = start("sa", &nats, &certs, &[]);
+    let b = start("sb", &nats, &certs, &[]);
+    wait_links(&a, 1, Duration::from_secs(15));
+    assert!(a.admin_get("/metrics").1.contains("peer=\"sb\""));
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = status(&a);
+        if s["cluster"]["mesh"]["peers"].as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stopped replica is still listed: {s}");
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!a.admin_get("/metrics").1.contains("peer=\"sb\""), "no per-peer series left for the stopped replica");
+}
