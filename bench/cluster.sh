@@ -164,6 +164,7 @@ mesh_links() {
 start_system() {
     local system=$1
     SYSTEM_DIR=$(mktemp -d "$WORK/$system.XXXX")
+    ADMIN_a="" ADMIN_b=""
     case "$system" in
     fleetmq-mesh | fleetmq-one)
         "$FLEETMQ" cert --out "$SYSTEM_DIR/certs" --names a,b >"$SYSTEM_DIR/cert.log" 2>&1 ||
@@ -224,6 +225,25 @@ cluster_args() {
     fi
 }
 
+# fleetmq_drops PREFIX: keeps each replica's /metrics after a run as
+# PREFIX.<replica>.metrics and prints the values it dropped by reason
+# (fleetmq_messages_dropped_total, summed over shards) and mesh values
+# lost, e.g. "drops a: queue_full=1500; b: none". A QoS 0 loss the loadgen
+# reports is then placed: in the broker (and why) or not.
+fleetmq_drops() {
+    local prefix=$1 id port out=""
+    for id in a b; do
+        port=$(eval "echo \${ADMIN_$id:-}")
+        [[ -n $port ]] || continue
+        curl -s -m 2 "http://127.0.0.1:$port/metrics" >"$prefix.$id.metrics" 2>/dev/null || true
+        out+="$id: $(awk '/^fleetmq_messages_dropped_total\{/ || /^fleetmq_mesh_values_lost_total/ {
+                r = $1; if (match(r, /reason="[^"]*"/)) r = substr(r, RSTART + 8, RLENGTH - 9); else sub(/\{.*/, "", r)
+                n[r] += $2 } END { for (k in n) if (n[k] > 0) { printf "%s%s=%d", sep, k, n[k]; sep = "," }
+                if (!sep) printf "none" }' "$prefix.$id.metrics"); "
+    done
+    printf 'drops %s' "${out:-none}"
+}
+
 # cross_deliveries JSON: the measured deliveries to subscribers on another
 # broker than the publishers' (by_url rows without publishers).
 cross_deliveries() { jq -r '[.by_url[]? | select(.publishers == 0) | .received] | add // 0' "$1"; }
@@ -275,6 +295,7 @@ cluster_main() {
                 else
                     log "$b $s run $r: loadgen failed: $(tail -n 1 "$OUT/$b/$s-$r.txt")"
                 fi
+                [[ $b == fleetmq-* ]] && log "$b $s run $r: $(fleetmq_drops "$OUT/$b/$s-$r")"
                 [[ -z $(cluster_died) ]] || log "$b $s run $r: A PROCESS DIED (PIDs $(cluster_died); logs: $SYSTEM_DIR)"
                 cluster_stop
                 # Keep the logs of the last run of each system.
