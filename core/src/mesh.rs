@@ -5,8 +5,19 @@
 //!
 //! A frame is `[len: u32][version: u8][kind: u8][body]`, big-endian, `len`
 //! counting the bytes after itself (so at least 2). Every frame carries
-//! the protocol version it is written in ([`VERSION`]); this build speaks
-//! [`VERSIONS`].
+//! the protocol version it is written in: the Hello and its answer in
+//! [`FIRST_VERSION`] (every build reads them), the frames after them in
+//! the version the two agreed. This build speaks [`VERSIONS`].
+//!
+//! Versions (the frames' layout is the same in both):
+//! - **1**: as below.
+//! - **2** (session 39): version 1 plus a keepalive. The acceptor
+//!   answers every [`Frame::Values`], an empty one too, with a
+//!   [`Frame::Ack`]; the dialer sends an empty `Values` (numbered after
+//!   the last value it sent) when it wrote nothing for a second; either
+//!   end closes a link on which it read nothing for a few seconds (a
+//!   stopped or frozen peer). A version-1 peer links as before, without
+//!   the keepalive.
 //!
 //! A link, from the dialing replica (the sender of values) to the
 //! accepting one:
@@ -31,12 +42,15 @@ use bytestring::ByteString;
 use crate::packet::codec::{decode_publish_properties, encode_publish_properties};
 use crate::packet::{Props, QoS};
 
-/// The mesh protocol version this build writes.
-pub const VERSION: u16 = 1;
+/// The version of the Hello and its answer (every build reads them).
+pub const FIRST_VERSION: u16 = 1;
+
+/// The first version with the keepalive (see the module documentation).
+pub const KEEPALIVE_VERSION: u16 = 2;
 
 /// Every mesh protocol version this build speaks (the member record's
-/// `mesh_versions`).
-pub const VERSIONS: &[u16] = &[1];
+/// `mesh_versions`), lowest first.
+pub const VERSIONS: &[u16] = &[1, 2];
 
 /// Bytes a frame may hold beyond the largest allowed packet: the frame
 /// and value headers, and the batch around the values.
@@ -222,7 +236,7 @@ pub fn decode(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame>, Fra
 
 fn decode_body(mut body: Bytes) -> Result<Frame, FrameError> {
     let version = body.get_u8();
-    if u16::from(version) != VERSION {
+    if !VERSIONS.contains(&u16::from(version)) {
         return Err(FrameError::Version(version));
     }
     let kind = body.get_u8();
@@ -261,10 +275,10 @@ fn decode_body(mut body: Bytes) -> Result<Frame, FrameError> {
     Ok(frame)
 }
 
-/// Append `frame` to `out`. A [`Frame::Values`] is written as
-/// [`encode_values`] does.
-pub fn encode(frame: &Frame, out: &mut BytesMut) {
-    let start = begin(out, frame_kind(frame));
+/// Append `frame`, written in protocol `version`, to `out`. A
+/// [`Frame::Values`] is written as [`encode_values`] does.
+pub fn encode(frame: &Frame, version: u16, out: &mut BytesMut) {
+    let start = begin(out, version, frame_kind(frame));
     match frame {
         Frame::Hello { versions, replica, instance, link } => {
             let n = versions.len().min(255);
@@ -348,10 +362,16 @@ fn props_len(p: &Props) -> usize {
     scratch.len()
 }
 
-/// Append one [`Frame::Values`] frame numbered from `first` holding
-/// `values`.
-pub fn encode_values<'a>(first: u64, values: impl ExactSizeIterator<Item = ValueRef<'a>>, out: &mut BytesMut) {
-    let start = begin(out, VALUES);
+/// Append one [`Frame::Values`] frame, written in protocol `version`,
+/// numbered from `first` holding `values` (none: the keepalive of
+/// version 2).
+pub fn encode_values<'a>(
+    first: u64,
+    version: u16,
+    values: impl ExactSizeIterator<Item = ValueRef<'a>>,
+    out: &mut BytesMut,
+) {
+    let start = begin(out, version, VALUES);
     out.put_u64(first);
     out.put_u32(values.len() as u32);
     for v in values {
@@ -369,10 +389,10 @@ fn frame_kind(frame: &Frame) -> u8 {
     }
 }
 
-fn begin(out: &mut BytesMut, kind: u8) -> usize {
+fn begin(out: &mut BytesMut, version: u16, kind: u8) -> usize {
     let start = out.len();
     out.put_u32(0);
-    out.put_u8(VERSION as u8);
+    out.put_u8(version as u8);
     out.put_u8(kind);
     start
 }
@@ -540,7 +560,7 @@ mod tests {
         #[test]
         fn frames_read_back_as_written(frames in prop::collection::vec(frame(), 1..4)) {
             let mut buf = BytesMut::new();
-            frames.iter().for_each(|f| encode(f, &mut buf));
+            frames.iter().for_each(|f| encode(f, 2, &mut buf));
             for f in &frames {
                 let got = decode(&mut buf, 1 << 20).unwrap();
                 prop_assert_eq!(got.as_ref(), Some(f));
@@ -551,7 +571,7 @@ mod tests {
         #[test]
         fn a_frame_cut_anywhere_asks_for_more_bytes(f in frame(), cut in any::<prop::sample::Index>()) {
             let mut whole = BytesMut::new();
-            encode(&f, &mut whole);
+            encode(&f, 1, &mut whole);
             let mut part = BytesMut::from(&whole[..cut.index(whole.len())]);
             prop_assert_eq!(decode(&mut part, 1 << 20), Ok(None));
         }
@@ -596,7 +616,7 @@ mod tests {
             groups: &[],
         };
         let mut buf = BytesMut::new();
-        encode_values(3, [v].into_iter(), &mut buf);
+        encode_values(3, 2, [v].into_iter(), &mut buf);
         assert!(v.encoded_len_bound() + HEADER_BYTES + 12 >= buf.len());
         let Some(Frame::Values { first: 3, values }) = decode(&mut buf, 1 << 10).unwrap() else { panic!() };
         assert_eq!(values[0].properties.message_expiry_interval, Some(7));
@@ -604,7 +624,26 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_in_a_version_this_build_speaks_is_read_and_another_refused() {
+        for version in VERSIONS {
+            let mut buf = BytesMut::new();
+            encode(&Frame::Ack { delivered: 7 }, *version, &mut buf);
+            assert_eq!(buf[4], *version as u8);
+            assert_eq!(decode(&mut buf, 100), Ok(Some(Frame::Ack { delivered: 7 })));
+        }
+        let mut buf = BytesMut::new();
+        encode(&Frame::Ack { delivered: 7 }, 3, &mut buf);
+        assert_eq!(decode(&mut buf, 100), Err(FrameError::Version(3)));
+        // The keepalive: an empty Values frame.
+        let mut buf = BytesMut::new();
+        encode_values(5, KEEPALIVE_VERSION, std::iter::empty(), &mut buf);
+        assert_eq!(decode(&mut buf, 100), Ok(Some(Frame::Values { first: 5, values: vec![] })));
+    }
+
+    #[test]
     fn the_version_is_the_highest_both_speak() {
+        assert_eq!(choose_version(VERSIONS, &[1]), Some(1), "a version-1 peer links without the keepalive");
+        assert_eq!(choose_version(VERSIONS, &[1, 2]), Some(2));
         assert_eq!(choose_version(&[1, 2], &[2, 3]), Some(2));
         assert_eq!(choose_version(&[1], &[2]), None);
     }

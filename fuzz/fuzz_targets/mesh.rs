@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let mut buf = BytesMut::from(data);
     while let Ok(Some(frame)) = decode(&mut buf, 1 << 16) {
         let mut again = BytesMut::new();
-        encode(&frame, &mut again);
+        encode(&frame, fleetmq_core::mesh::FIRST_VERSION, &mut again);
         let back = decode(&mut again, 1 << 20).expect("an encoded frame decodes");
         assert_eq!(back.as_ref(), Some(&frame), "re-encoding changed the frame");
     }

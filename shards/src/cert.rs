@@ -13,6 +13,12 @@
 //! certificates with mode 0644. Nothing is written when any of the files
 //! exists, unless `--force`; nothing is written either when a name is
 //! refused.
+//!
+//! With `--ca-cert FILE --ca-key FILE` (a CA made by an earlier `fleetmq
+//! cert`), no CA is made: the replica certificates are signed by that
+//! one, so a replica joins a deployment without new certificates for the
+//! others; only `<name>.pem` and `<name>.key` are written, valid until
+//! `--days` from now or the CA's own end, whichever is first.
 
 use std::fs::{OpenOptions, Permissions};
 use std::io::Write;
@@ -66,6 +72,14 @@ pub struct CertArgs {
     /// existing files are named).
     #[arg(long)]
     pub force: bool,
+    /// Sign with this existing mesh CA certificate (PEM, from an earlier
+    /// `fleetmq cert`) instead of making a new CA: adds replicas to a
+    /// deployment. Goes with --ca-key.
+    #[arg(long, value_name = "FILE", requires = "ca_key")]
+    pub ca_cert: Option<PathBuf>,
+    /// The existing CA's key (PEM). Goes with --ca-cert.
+    #[arg(long, value_name = "FILE", requires = "ca_cert")]
+    pub ca_key: Option<PathBuf>,
 }
 
 /// One certificate and its private key, both PEM.
@@ -101,7 +115,15 @@ pub struct MeshCerts {
 pub fn run_cert(args: &CertArgs) -> anyhow::Result<Vec<String>> {
     let names = replica_names(args.replicas, &args.names)?;
     let extra = extra_sans(&args.san)?;
-    let files = planned_files(&args.out, &names);
+    let existing_ca = match (&args.ca_cert, &args.ca_key) {
+        (Some(cert), Some(key)) => Some(load_ca(cert, key)?),
+        _ => None,
+    };
+    let mut files = planned_files(&args.out, &names);
+    if existing_ca.is_some() {
+        // The CA's files are not written.
+        files.drain(..2);
+    }
     if !args.force {
         let existing: Vec<String> = files
             .iter()
@@ -115,19 +137,27 @@ pub fn run_cert(args: &CertArgs) -> anyhow::Result<Vec<String>> {
             );
         }
     }
-    let certs = generate(&names, &extra, args.days, OffsetDateTime::now_utc())?;
+    let now = OffsetDateTime::now_utc();
+    let certs = match &existing_ca {
+        Some(ca) => sign_with(ca, &names, &extra, args.days, now)?,
+        None => generate(&names, &extra, args.days, now)?,
+    };
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating the folder {}", args.out.display()))?;
-    for issued in std::iter::once(&certs.ca).chain(&certs.replicas) {
+    let ca = existing_ca.is_none().then_some(&certs.ca);
+    for issued in ca.into_iter().chain(&certs.replicas) {
         let (cert, key) = file_pair(&args.out, &issued.name);
         write_file(&cert, &issued.cert_pem, 0o644, args.force)?;
         write_file(&key, &issued.key_pem, 0o600, args.force)?;
     }
     let until = certs.not_after.date();
     let dir = args.out.display();
-    let mut lines = vec![format!(
-        "wrote {dir}/ca.pem and {dir}/ca.key: the mesh CA, valid until {until} (keep ca.key off the replicas)"
-    )];
+    let mut lines = match &args.ca_cert {
+        None => vec![format!(
+            "wrote {dir}/ca.pem and {dir}/ca.key: the mesh CA, valid until {until} (keep ca.key off the replicas)"
+        )],
+        Some(ca) => vec![format!("signed by the mesh CA {} (not written again)", ca.display())],
+    };
     lines.extend(names.iter().map(|n| {
         format!("wrote {dir}/{n}.pem and {dir}/{n}.key: replica {n}, valid until {until}")
     }));
@@ -246,26 +276,53 @@ pub fn generate(
     let not_before = now - Duration::days(1);
     let not_after = now + Duration::days(i64::from(days));
     let ca_key = KeyPair::generate().context("generating the CA key")?;
-    let mut ca_params = CertificateParams::default();
     // A name of its own per CA: a peer with a certificate of another
     // deployment's CA is then refused as unknown, not checked against this
     // CA's key.
     let mut tag = [0u8; 4];
     rand::thread_rng().fill_bytes(&mut tag);
     let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
-    ca_params.distinguished_name = subject(&format!("fleetmq mesh CA {tag}"));
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca_params.key_usages = vec![
+    let ca_params = ca_params(subject(&format!("fleetmq mesh CA {tag}")), not_before, not_after);
+    let ca_cert = ca_params
+        .self_signed(&ca_key)
+        .context("signing the CA certificate")?;
+    let replicas = sign_replicas(names, extra, not_before, not_after, &ca_cert, &ca_key)?;
+    Ok(MeshCerts {
+        ca: Issued {
+            name: CA_STEM.to_owned(),
+            cert_pem: ca_cert.pem(),
+            key_pem: ca_key.serialize_pem(),
+        },
+        replicas,
+        not_after,
+    })
+}
+
+/// The parameters of a mesh CA named `dn`.
+fn ca_params(dn: DistinguishedName, not_before: OffsetDateTime, not_after: OffsetDateTime) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    ca_params.not_before = not_before;
-    ca_params.not_after = not_after;
-    ca_params.serial_number = Some(random_serial());
-    let ca_cert = ca_params
-        .self_signed(&ca_key)
-        .context("signing the CA certificate")?;
+    params.not_before = not_before;
+    params.not_after = not_after;
+    params.serial_number = Some(random_serial());
+    params
+}
+
+/// One certificate per name, signed by `ca_cert` / `ca_key`.
+fn sign_replicas(
+    names: &[String],
+    extra: &[SanType],
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+    ca_cert: &rcgen::Certificate,
+    ca_key: &KeyPair,
+) -> anyhow::Result<Vec<Issued>> {
     let mut replicas = Vec::with_capacity(names.len());
     for name in names {
         let key = KeyPair::generate().with_context(|| format!("generating the key of {name}"))?;
@@ -286,7 +343,7 @@ pub fn generate(
         params.not_after = not_after;
         params.serial_number = Some(random_serial());
         let cert = params
-            .signed_by(&key, &ca_cert, &ca_key)
+            .signed_by(&key, ca_cert, ca_key)
             .with_context(|| format!("signing the certificate of {name}"))?;
         replicas.push(Issued {
             name: name.clone(),
@@ -294,15 +351,97 @@ pub fn generate(
             key_pem: key.serialize_pem(),
         });
     }
+    Ok(replicas)
+}
+
+/// An existing mesh CA (`--ca-cert`, `--ca-key`): its certificate as it
+/// was written, its key, and an rcgen issuer with its name and key.
+pub struct ExistingCa {
+    pem: String,
+    der: rustls::pki_types::CertificateDer<'static>,
+    key: KeyPair,
+    issuer: rcgen::Certificate,
+    not_after: OffsetDateTime,
+}
+
+/// Reads the CA of `--ca-cert` / `--ca-key`.
+///
+/// # Errors
+/// A file that cannot be read (at most 1 MiB), is not PEM, is not a CA
+/// certificate, or a key that is not the certificate's; each names its
+/// option and file.
+pub fn load_ca(cert: &Path, key: &Path) -> anyhow::Result<ExistingCa> {
+    let der = crate::tls::load_certs("--ca-cert", cert)?.swap_remove(0);
+    let key_pem = String::from_utf8(crate::tls::read("--ca-key", key)?)
+        .with_context(|| format!("--ca-key {}: not a PEM file", key.display()))?;
+    let key_pair = KeyPair::from_pem(&key_pem)
+        .with_context(|| format!("--ca-key {}: no private key rcgen reads (PKCS#8 PEM)", key.display()))?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(&der)
+        .map_err(|e| anyhow::anyhow!("--ca-cert {}: not an X.509 certificate: {e}", cert.display()))?;
+    if !parsed.is_ca() {
+        bail!("--ca-cert {}: not a CA certificate (give the ca.pem of `fleetmq cert`)", cert.display());
+    }
+    if parsed.public_key().raw != key_pair.public_key_der().as_slice() {
+        bail!("--ca-key {} is not the key of --ca-cert {}", key.display(), cert.display());
+    }
+    let mut dn = DistinguishedName::new();
+    for attr in parsed.subject().iter_attributes() {
+        let value = attr.as_str().with_context(|| format!("--ca-cert {}: a subject that is not text", cert.display()))?;
+        let oid: Vec<u64> = attr.attr_type().iter().map(|arcs| arcs.collect()).unwrap_or_default();
+        dn.push(DnType::from_oid(&oid), value);
+    }
+    let not_after = OffsetDateTime::from_unix_timestamp(parsed.validity().not_after.timestamp())
+        .with_context(|| format!("--ca-cert {}: its end of validity", cert.display()))?;
+    let now = OffsetDateTime::now_utc();
+    let issuer = ca_params(dn, now - Duration::days(1), not_after)
+        .self_signed(&key_pair)
+        .context("the CA as an issuer")?;
+    let pem = String::from_utf8_lossy(&crate::tls::read("--ca-cert", cert)?).into_owned();
+    Ok(ExistingCa { pem, der, key: key_pair, issuer, not_after })
+}
+
+/// One certificate per name signed by `ca`, valid from a day before `now`
+/// to `days` days after it or the CA's end, whichever is first; each one
+/// checked against the CA as a peer checks it.
+///
+/// # Errors
+/// As [`generate`]; a certificate the CA does not verify (a CA not made
+/// by `fleetmq cert` whose name rcgen writes otherwise).
+pub fn sign_with(
+    ca: &ExistingCa,
+    names: &[String],
+    extra: &[SanType],
+    days: u32,
+    now: OffsetDateTime,
+) -> anyhow::Result<MeshCerts> {
+    let not_after = (now + Duration::days(i64::from(days))).min(ca.not_after);
+    let replicas = sign_replicas(names, extra, now - Duration::days(1), not_after, &ca.issuer, &ca.key)?;
+    for issued in &replicas {
+        verify_signed(&ca.der, issued)?;
+    }
     Ok(MeshCerts {
-        ca: Issued {
-            name: CA_STEM.to_owned(),
-            cert_pem: ca_cert.pem(),
-            key_pem: ca_key.serialize_pem(),
-        },
+        ca: Issued { name: CA_STEM.to_owned(), cert_pem: ca.pem.clone(), key_pem: String::new() },
         replicas,
         not_after,
     })
+}
+
+/// Checks that `issued` verifies against the CA `ca_der` for its name.
+fn verify_signed(ca_der: &rustls::pki_types::CertificateDer<'static>, issued: &Issued) -> anyhow::Result<()> {
+    use rustls::client::danger::ServerCertVerifier as _;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca_der.clone()).context("--ca-cert as a trust root")?;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots.into(), crate::tls::provider())
+        .build()
+        .context("--ca-cert as a trust root")?;
+    let der = CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).context("the new certificate")?;
+    let name = ServerName::try_from(issued.name.clone()).context("the replica name")?;
+    verifier
+        .verify_server_cert(&der, &[], &name, &[], UnixTime::now())
+        .map_err(|e| anyhow::anyhow!("the certificate of {} does not verify against --ca-cert ({e}); nothing written", issued.name))?;
+    Ok(())
 }
 
 /// Subject `CN=<common_name>, O=fleetmq`.
@@ -430,5 +569,43 @@ mod tests {
             assert!((29 * 86_400..=30 * 86_400).contains(&days), "{days}");
             assert!(issued.key_pem.starts_with("-----BEGIN PRIVATE KEY-----"));
         }
+    }
+
+    fn args(out: &Path, names: &[&str], ca: bool) -> CertArgs {
+        CertArgs {
+            out: out.to_owned(),
+            replicas: None,
+            names: self::names(names),
+            san: Vec::new(),
+            days: 30,
+            force: false,
+            ca_cert: ca.then(|| out.join("ca.pem")),
+            ca_key: ca.then(|| out.join("ca.key")),
+        }
+    }
+
+    #[test]
+    fn a_replica_added_later_is_signed_by_the_existing_ca_which_stays_as_it_was() {
+        let dir = std::env::temp_dir().join(format!("fleetmq-cert-add-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        run_cert(&args(&dir, &["r1", "r2"], false)).unwrap();
+        let ca_before = std::fs::read(dir.join("ca.pem")).unwrap();
+        // Without the CA: refused, ca.pem exists (the fresh-user pass).
+        assert!(run_cert(&args(&dir, &["r3"], false)).is_err());
+        let lines = run_cert(&args(&dir, &["r3"], true)).unwrap();
+        assert!(lines[0].contains("signed by the mesh CA"), "{lines:?}");
+        assert_eq!(std::fs::read(dir.join("ca.pem")).unwrap(), ca_before);
+        let ca = CertificateDer::from_pem_slice(&ca_before).unwrap();
+        let r3 = Issued { name: "r3".into(), cert_pem: std::fs::read_to_string(dir.join("r3.pem")).unwrap(), key_pem: String::new() };
+        verify_signed(&ca, &r3).unwrap();
+        // Another deployment's key does not go with this CA.
+        let other = dir.join("other");
+        run_cert(&args(&other, &["x"], false)).unwrap();
+        let mut wrong = args(&dir, &["r4"], true);
+        wrong.ca_key = Some(other.join("ca.key"));
+        let e = run_cert(&wrong).unwrap_err().to_string();
+        assert!(e.contains("is not the key of --ca-cert"), "{e}");
+        assert!(!dir.join("r4.pem").exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

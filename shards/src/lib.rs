@@ -36,6 +36,17 @@ pub mod tls;
 mod transport;
 pub mod ws;
 
+/// Checks what of the mesh settings the start reads from files (the
+/// certificates: readable, signed by `cluster.mesh_ca`, naming the
+/// replica), for `fleetmq check-config`; nothing without a `[cluster]`
+/// section or mesh certificates.
+///
+/// # Errors
+/// The first problem, naming its key.
+pub fn check_mesh(settings: &fleetmq_core::settings::Settings) -> anyhow::Result<()> {
+    mesh::check(settings)
+}
+
 /// The shard, in `0..shards`, that owns `client_id`: where a connection
 /// with that client identifier is served and its session kept, unless the
 /// session was moved to its subscribers' shard (DESIGN.md §3, "Ownership

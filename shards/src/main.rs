@@ -182,7 +182,10 @@ fn serve(args: &ServeArgs) -> ExitCode {
 }
 
 fn check_config(args: &ServeArgs) -> ExitCode {
-    let printed = config::load(args).and_then(|s| config::to_toml(&s));
+    let printed = config::load(args).and_then(|s| {
+        fleetmq_shards::check_mesh(&s)?;
+        config::to_toml(&s)
+    });
     match printed {
         Ok(text) => {
             // A closed stdout (e.g. `| head`) is not a settings problem.

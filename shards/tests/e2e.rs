@@ -172,6 +172,13 @@ mod cluster_retained;
 #[path = "e2e/cluster_mesh.rs"]
 mod cluster_mesh;
 
+/// The mesh as an operator meets it: refusals counted by reason and
+/// logged once a minute, a frozen peer's link down within seconds, the
+/// handshake cap, `check-config` of the mesh settings, a replica added
+/// with the existing CA.
+#[path = "e2e/cluster_mesh_ops.rs"]
+mod cluster_mesh_ops;
+
 /// Cluster mode: 20,000 retained values reach a wildcard subscription on
 /// every replica, and on one started after they exist.
 #[path = "e2e/cluster_retained_many.rs"]

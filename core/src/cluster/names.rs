@@ -107,6 +107,32 @@ pub fn replica_id_from_host(host_name: &str) -> String {
     }
 }
 
+/// Checks a mesh address other replicas dial (`cluster.mesh_advertise`):
+/// `host:port`, the host a DNS name ([`check_dns_name`]), an IPv4
+/// address or an IPv6 address in brackets, the port 1 to 65535.
+///
+/// # Errors
+/// Why not, in words.
+pub fn check_mesh_address(addr: &str) -> Result<(), String> {
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err("no port".to_owned());
+    };
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => return Err(format!("port {port:?} is not a number from 1 to 65535")),
+        Ok(_) => {}
+    }
+    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return v6.parse::<std::net::Ipv6Addr>().map(drop).map_err(|_| format!("[{v6}] is not an IPv6 address"));
+    }
+    if host.contains(':') {
+        return Err(format!("host {host:?}: an IPv6 address goes in brackets, e.g. [::1]:7884"));
+    }
+    if host.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    check_dns_name(host).map_err(|e| format!("host {host:?} {e}"))
+}
+
 /// The URL schemes async-nats dials: plain, TLS, WebSocket and secure
 /// WebSocket.
 pub const NATS_SCHEMES: [&str; 4] = ["nats", "tls", "ws", "wss"];

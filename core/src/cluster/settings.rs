@@ -74,15 +74,24 @@ pub struct Cluster {
     pub session_log_max_bytes: usize,
     /// Copies of every stream and bucket: 1, 3 or 5. Default 3.
     pub nats_replicas: u8,
-    /// Where the mesh listens. Default `0.0.0.0:7884`.
+    /// Where the mesh listens: an IP address and a port (0: a free
+    /// port). Default `0.0.0.0:7884`; two replicas on one host need one
+    /// each.
     pub mesh_listen: String,
-    /// The address other replicas dial for the mesh. Default: `mesh_listen`.
+    /// The address other replicas dial for the mesh: `host:port`, a DNS
+    /// name or an IP address (IPv6 in brackets), port 1..=65535. Default
+    /// empty: the bound `mesh_listen` address (the host name for
+    /// `0.0.0.0`).
     pub mesh_advertise: String,
-    /// This replica's mesh certificate (from `fleetmq cert`). Default none.
+    /// This replica's mesh certificate (from `fleetmq cert`): PEM, at
+    /// most 1 MiB, signed by `mesh_ca` and naming `replica_id` (checked
+    /// at the start and by `fleetmq check-config`). Default none (no
+    /// mesh; the three go together).
     pub mesh_cert: PathBuf,
-    /// Its key. Default none.
+    /// Its key (PEM). Default none.
     pub mesh_key: PathBuf,
-    /// The deployment's mesh CA. Default none.
+    /// The deployment's mesh CA (PEM), the only certificate a link
+    /// trusts. Default none.
     pub mesh_ca: PathBuf,
     /// Values kept for one peer replica while its mesh link is down or
     /// behind, bytes (payloads and topics plus 64 bytes each), split
@@ -165,6 +174,25 @@ impl Cluster {
         if !(4 << 10..=64 << 30).contains(&self.mesh_buffer) {
             return Err(out_of_range("cluster.mesh_buffer", format_size(self.mesh_buffer), "4KiB..=64GiB"));
         }
+        if self.mesh_listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(SettingsError::Invalid {
+                key: "cluster.mesh_listen",
+                value: self.mesh_listen.clone(),
+                allowed: "an IP address and a port, e.g. \"0.0.0.0:7884\" or \"[::]:7884\" (port 0: a free port)".into(),
+            });
+        }
+        if !self.mesh_advertise.is_empty() {
+            if let Err(why) = super::names::check_mesh_address(&self.mesh_advertise) {
+                return Err(SettingsError::Invalid {
+                    key: "cluster.mesh_advertise",
+                    value: self.mesh_advertise.clone(),
+                    allowed: format!(
+                        "{why}; the host:port the other replicas dial: a DNS name, an IPv4 address or an IPv6 \
+                         address in brackets, and a port from 1 to 65535, e.g. \"fleetmq-0.mesh:7884\""
+                    ),
+                });
+            }
+        }
         if ![1, 3, 5].contains(&self.nats_replicas) {
             return Err(out_of_range("cluster.nats_replicas", self.nats_replicas.to_string(), "1, 3 or 5"));
         }
@@ -246,6 +274,23 @@ mod tests {
         // The rules of `fleetmq cert --names`: a DNS name is fine.
         c.replica_id = "b.example.net".into();
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn mesh_addresses_that_cannot_be_bound_or_dialed_are_refused_naming_the_key() {
+        for bad in [":::bad", "host", "host:0", "host:99999", "::1:7884", "[::1", "[zz]:1", "a_b:1", ":7884"] {
+            let c = Cluster { mesh_advertise: bad.into(), ..Cluster::default() };
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.starts_with("cluster.mesh_advertise = ") && e.contains("e.g."), "{bad}: {e}");
+        }
+        for good in ["fleetmq-0.mesh:7884", "10.0.0.5:7884", "[::1]:7884", "localhost:1"] {
+            Cluster { mesh_advertise: good.into(), ..Cluster::default() }.validate().unwrap();
+        }
+        for bad in ["127.0.0.1:99999", "localhost:7884", "7884", ""] {
+            let c = Cluster { mesh_listen: bad.into(), ..Cluster::default() };
+            assert!(c.validate().unwrap_err().to_string().starts_with("cluster.mesh_listen = "), "{bad}");
+        }
+        Cluster { mesh_listen: "[::]:0".into(), ..Cluster::default() }.validate().unwrap();
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,17 +19,33 @@ use glommio::timer::sleep;
 use tracing::{debug, warn};
 
 use super::outgoing::read_frame;
-use super::{Mesh, ReceivedRef, RefusedFor};
+use super::{Mesh, ReceivedRef, RefusedFor, KEEPALIVE_DEAD};
 use crate::shard::Shard;
 
 /// How long a dialer has for the TLS handshake and its Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS handshakes (with their Hello) in progress on one listener shard at
+/// most; a connection past it is closed at once and counted
+/// `reason="busy"`, so a flood of silent connections holds at most this
+/// many handshakes' memory for [`HELLO_TIMEOUT`] each.
+pub(crate) const HANDSHAKES_MAX: usize = 64;
+
+/// Counts a handshake in progress while it lives.
+struct InProgress(Rc<Cell<usize>>);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
 
 /// Accept mesh links on this shard's listener until the shard stops.
 pub(crate) fn spawn_acceptor(shard: &Rc<Shard>, mesh: &Arc<Mesh>, fd: OwnedFd) {
     // SAFETY: a listening socket we own; the listener owns it now.
     let listener = unsafe { TcpListener::from_raw_fd(fd.into_raw_fd()) };
     let (shard, mesh) = (shard.clone(), mesh.clone());
+    let handshakes = Rc::new(Cell::new(0usize));
     glommio::spawn_local(async move {
         loop {
             let accepted = or(async { Some(listener.accept().await) }, async {
@@ -40,7 +57,18 @@ pub(crate) fn spawn_acceptor(shard: &Rc<Shard>, mesh: &Arc<Mesh>, fd: OwnedFd) {
                 None => break,
                 Some(Ok(stream)) => {
                     let peer = stream.peer_addr().ok();
-                    glommio::spawn_local(serve(shard.clone(), mesh.clone(), stream, peer)).detach();
+                    if handshakes.get() >= HANDSHAKES_MAX {
+                        mesh.stats.refused(RefusedFor::Busy);
+                        let ip = peer.map(|p| p.ip().to_string()).unwrap_or_default();
+                        if mesh.log_due(format!("busy {ip}")) {
+                            warn!(target: "mesh", peer = %ip, "mesh: refused a link: {HANDSHAKES_MAX} TLS handshakes in progress on this shard already (closed at once; counted reason=\"busy\")");
+                        }
+                        drop(stream);
+                        continue;
+                    }
+                    handshakes.set(handshakes.get() + 1);
+                    let guard = InProgress(handshakes.clone());
+                    glommio::spawn_local(serve(shard.clone(), mesh.clone(), stream, peer, guard)).detach();
                 }
                 Some(Err(e)) => {
                     debug!(target: "mesh", error = %e, "mesh: accept failed");
@@ -52,7 +80,7 @@ pub(crate) fn spawn_acceptor(shard: &Rc<Shard>, mesh: &Arc<Mesh>, fd: OwnedFd) {
     .detach();
 }
 
-async fn serve(shard: Rc<Shard>, mesh: Arc<Mesh>, stream: TcpStream, peer: Option<SocketAddr>) {
+async fn serve(shard: Rc<Shard>, mesh: Arc<Mesh>, stream: TcpStream, peer: Option<SocketAddr>, guard: InProgress) {
     let _ = stream.set_nodelay(true);
     let ip = peer.map(|p| p.ip().to_string()).unwrap_or_default();
     let hello = or(async { Some(handshake(&mesh, stream, &ip).await) }, async {
@@ -60,14 +88,16 @@ async fn serve(shard: Rc<Shard>, mesh: Arc<Mesh>, stream: TcpStream, peer: Optio
         None
     })
     .await;
-    let Some(Some((tls, replica, received, generation))) = hello else {
+    drop(guard);
+    let Some(Some(link)) = hello else {
         if hello.is_none() {
             mesh.stats.refused(RefusedFor::Protocol);
         }
         return;
     };
     mesh.stats.links_in.fetch_add(1, Ordering::Relaxed);
-    if let Err(why) = receive(&shard, &mesh, tls, &replica, &received, generation).await {
+    let replica = link.replica.clone();
+    if let Err(why) = receive(&shard, &mesh, link).await {
         debug!(target: "mesh", peer = %replica, "mesh: incoming link ended: {why}");
     }
     mesh.stats.links_in.fetch_sub(1, Ordering::Relaxed);
@@ -75,40 +105,58 @@ async fn serve(shard: Rc<Shard>, mesh: Arc<Mesh>, stream: TcpStream, peer: Optio
 
 type ServerTls = futures_rustls::server::TlsStream<TcpStream>;
 
+/// A link accepted: the TLS stream after the Hello, whose link it is,
+/// and the version agreed.
+struct Link {
+    tls: ServerTls,
+    replica: String,
+    received: ReceivedRef,
+    generation: u64,
+    version: u16,
+}
+
 /// TLS, the Hello and its answer; `None` when the link was refused
-/// (counted and logged once per peer).
-async fn handshake(mesh: &Arc<Mesh>, stream: TcpStream, ip: &str) -> Option<(ServerTls, String, ReceivedRef, u64)> {
+/// (counted, and logged at most once a minute per source and reason).
+async fn handshake(mesh: &Arc<Mesh>, stream: TcpStream, ip: &str) -> Option<Link> {
     let acceptor = futures_rustls::TlsAcceptor::from(mesh.tls.server.clone());
     let mut tls = match acceptor.accept(stream).await {
         Ok(tls) => tls,
-        Err(e) if e.kind() != std::io::ErrorKind::InvalidData => {
-            // Not a TLS refusal: the dialer went away.
-            debug!(target: "mesh", peer = %ip, error = %e, "mesh: incoming link closed in its handshake");
-            return None;
-        }
         Err(e) => {
-            // A certificate refused, or not TLS at all (plaintext, HTTP).
-            let why = e.to_string();
-            let certificate = why.contains("certificate");
-            mesh.stats.refused(if certificate { RefusedFor::Certificate } else { RefusedFor::Protocol });
-            if mesh.first_time(format!("tls-in {ip} {certificate}")) {
-                let what = if certificate { "no certificate from cluster.mesh_ca" } else { "not a TLS 1.3 client" };
-                warn!(target: "mesh", peer = %ip, error = %e, "mesh: refused a link: TLS handshake failed ({what})");
+            let Some(why) = super::tls::refused_for(&e) else {
+                // Not a TLS refusal: the dialer went away.
+                debug!(target: "mesh", peer = %ip, error = %e, "mesh: incoming link closed in its handshake");
+                return None;
+            };
+            // A certificate refused (here, or ours by the dialer: its
+            // alert), or not TLS at all (plaintext, HTTP).
+            mesh.stats.refused(why);
+            if mesh.log_due(format!("tls-in {ip} {}", why.as_str())) {
+                let what = match why {
+                    RefusedFor::Certificate => "a certificate refused: not from cluster.mesh_ca, none, or ours refused by the dialer",
+                    _ => "not a TLS 1.3 client",
+                };
+                warn!(target: "mesh", peer = %ip, error = %e, reason = why.as_str(), "mesh: refused a link: TLS handshake failed ({what})");
             }
             return None;
         }
     };
     let mut buf = BytesMut::new();
-    let Ok(Frame::Hello { versions, replica, instance, link }) = read_frame(&mut tls, &mut buf, mesh.max_frame).await else {
+    let hello = read_frame(&mut tls, &mut buf, mesh.max_frame).await;
+    let Ok(Frame::Hello { versions, replica, instance, link }) = hello else {
         mesh.stats.refused(RefusedFor::Protocol);
+        if mesh.log_due(format!("hello {ip}")) {
+            warn!(target: "mesh", peer = %ip, "mesh: refused a link: no Hello after the TLS handshake");
+        }
         return None;
     };
     let cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first().cloned());
+    let version = mesh::choose_version(VERSIONS, &versions);
     let refusal = if !cert.is_some_and(|c| super::tls::names_replica(&c, &replica)) {
-        Some((Refusal::NameMismatch, RefusedFor::Name))
+        // A valid certificate of another replica: a certificate problem.
+        Some((Refusal::NameMismatch, RefusedFor::Certificate))
     } else if replica == mesh.replica {
         Some((Refusal::Myself, RefusedFor::Name))
-    } else if mesh::choose_version(VERSIONS, &versions).is_none() {
+    } else if version.is_none() {
         Some((Refusal::NoCommonVersion, RefusedFor::Version))
     } else {
         None
@@ -116,43 +164,42 @@ async fn handshake(mesh: &Arc<Mesh>, stream: TcpStream, ip: &str) -> Option<(Ser
     let mut out = BytesMut::new();
     if let Some((refusal, counted)) = refusal {
         mesh.stats.refused(counted);
-        if mesh.first_time(format!("refused-in {replica} {ip}")) {
+        if mesh.log_due(format!("refused-in {replica} {ip} {}", refusal.as_str())) {
             warn!(target: "mesh", peer = %replica, %ip, reason = refusal.as_str(), ?versions,
                   "mesh: refused a link (this build speaks versions {VERSIONS:?})");
         }
-        mesh::encode(&Frame::HelloAck(Err(refusal)), &mut out);
+        mesh::encode(&Frame::HelloAck(Err(refusal)), mesh::FIRST_VERSION, &mut out);
         let _ = tls.write_all(&out).await;
         let _ = tls.flush().await;
         return None;
     }
-    let version = mesh::choose_version(VERSIONS, &versions).unwrap_or(mesh::VERSION);
+    let version = version.unwrap_or(mesh::FIRST_VERSION);
     let received = mesh.received(&instance, link);
     let (delivered, generation) = {
         let mut r = received.lock().unwrap_or_else(|e| e.into_inner());
         r.generation += 1;
         (r.delivered, r.generation)
     };
-    mesh::encode(&Frame::HelloAck(Ok(Accepted { version, delivered })), &mut out);
+    mesh::encode(&Frame::HelloAck(Ok(Accepted { version, delivered })), mesh::FIRST_VERSION, &mut out);
     tls.write_all(&out).await.ok()?;
     tls.flush().await.ok()?;
-    Some((tls, replica, received, generation))
+    Some(Link { tls, replica, received, generation, version })
 }
 
-/// Deliver what arrives on the link and acknowledge it, until it breaks
-/// or a newer connection of the same link replaces it.
-async fn receive(
-    shard: &Rc<Shard>,
-    mesh: &Arc<Mesh>,
-    mut tls: ServerTls,
-    peer: &str,
-    received: &ReceivedRef,
-    generation: u64,
-) -> Result<(), String> {
+/// Deliver what arrives on the link and acknowledge it, until it breaks,
+/// a newer connection of the same link replaces it, or (version 2)
+/// nothing is read for [`KEEPALIVE_DEAD`].
+async fn receive(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: Link) -> Result<(), String> {
+    let Link { mut tls, replica: peer, received, generation, version } = link;
+    let keepalive = version >= mesh::KEEPALIVE_VERSION;
     let mut buf = BytesMut::with_capacity(16 << 10);
     let mut out = BytesMut::new();
     let mut chunk = vec![0u8; 64 << 10];
     loop {
-        let n = tls.read(&mut chunk).await.map_err(|e| e.to_string())?;
+        let Some(read) = super::or_dead(keepalive, tls.read(&mut chunk)).await else {
+            return Err(format!("nothing read for {} s (the dialer stopped or froze)", KEEPALIVE_DEAD.as_secs()));
+        };
+        let n = read.map_err(|e| e.to_string())?;
         if n == 0 {
             return Err("closed by the peer".into());
         }
@@ -167,24 +214,26 @@ async fn receive(
                     // A peer with a valid certificate sending what is not
                     // a frame of this version: refused, counted, logged.
                     mesh.stats.refused(RefusedFor::Protocol);
-                    if mesh.first_time(format!("bad-frame {peer}")) {
+                    if mesh.log_due(format!("bad-frame {peer}")) {
                         warn!(target: "mesh", %peer, error = %e, "mesh: link closed: a malformed or oversized frame");
                     }
                     return Err(e.to_string());
                 }
             };
             let Frame::Values { first, values } = frame else { continue };
-            if values.is_empty() {
-                continue;
-            }
-            let last = first.saturating_add(values.len() as u64 - 1);
             // Each value once: what an earlier connection of this link
-            // delivered already is skipped.
+            // delivered already is skipped. An empty frame (the
+            // keepalive) is answered with what was delivered.
             let skip = {
                 let mut r = received.lock().unwrap_or_else(|e| e.into_inner());
                 if r.generation != generation {
                     return Err("replaced by a newer connection".into());
                 }
+                if values.is_empty() {
+                    ack = Some(r.delivered);
+                    continue;
+                }
+                let last = first.saturating_add(values.len() as u64 - 1);
                 let skip = r.delivered.saturating_add(1).saturating_sub(first);
                 r.delivered = r.delivered.max(last);
                 ack = Some(r.delivered);
@@ -197,7 +246,7 @@ async fn receive(
         shard.flush_soon().await;
         if let Some(delivered) = ack {
             out.clear();
-            mesh::encode(&Frame::Ack { delivered }, &mut out);
+            mesh::encode(&Frame::Ack { delivered }, version, &mut out);
             tls.write_all(&out).await.map_err(|e| e.to_string())?;
             tls.flush().await.map_err(|e| e.to_string())?;
         }

@@ -25,6 +25,7 @@ use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use fleetmq_core::settings::Settings;
@@ -36,29 +37,62 @@ mod tls;
 
 pub(crate) use outgoing::ShardLinks;
 
+/// How long a link's dialer writes nothing before it sends a keepalive
+/// (an empty Values frame, mesh protocol version 2).
+pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(1);
+
+/// How long either end of a version-2 link reads nothing before it takes
+/// the link for dead and closes it (a stopped, frozen or unreachable
+/// peer): the dialer then keeps its values in the buffer and dials
+/// again. About 3 to 4 keepalives missed.
+pub(crate) const KEEPALIVE_DEAD: Duration = Duration::from_secs(4);
+
+/// `read`'s output, or `None` when `keepalive` is on (a version-2 link)
+/// and it takes longer than [`KEEPALIVE_DEAD`]: the peer is taken for
+/// dead.
+pub(crate) async fn or_dead<T>(keepalive: bool, read: impl std::future::Future<Output = T>) -> Option<T> {
+    futures_lite::future::or(async { Some(read.await) }, async {
+        if !keepalive {
+            std::future::pending::<()>().await;
+        }
+        glommio::timer::sleep(KEEPALIVE_DEAD).await;
+        None
+    })
+    .await
+}
+
 /// Why a link was refused (`fleetmq_mesh_refused_total{reason}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RefusedFor {
-    /// The TLS handshake failed: a certificate from another CA, none, or
-    /// a server certificate that does not name the peer dialed.
+    /// A certificate: the TLS handshake failed on one (from another CA,
+    /// none, expired, a server certificate that does not name the peer
+    /// dialed; or the peer's alert saying so of ours:
+    /// [`tls::refused_for`]), or a valid client certificate that does
+    /// not name the replica its Hello claims.
     Certificate,
-    /// The client certificate does not name the replica its Hello claims.
+    /// The Hello names the accepting replica itself (two processes with
+    /// one replica ID).
     Name,
     /// No mesh protocol version in common.
     Version,
-    /// Not a Hello, or no answer to it in time.
+    /// Not TLS, not a Hello, a malformed frame, or no answer in time.
     Protocol,
+    /// Too many TLS handshakes in progress on the listener shard
+    /// ([`incoming::HANDSHAKES_MAX`]): closed at once.
+    Busy,
 }
 
 impl RefusedFor {
-    const ALL: [RefusedFor; 4] = [RefusedFor::Certificate, RefusedFor::Name, RefusedFor::Version, RefusedFor::Protocol];
+    const ALL: [RefusedFor; 5] =
+        [RefusedFor::Certificate, RefusedFor::Name, RefusedFor::Version, RefusedFor::Protocol, RefusedFor::Busy];
 
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RefusedFor::Certificate => "certificate",
             RefusedFor::Name => "name",
             RefusedFor::Version => "version",
             RefusedFor::Protocol => "protocol",
+            RefusedFor::Busy => "busy",
         }
     }
 }
@@ -84,7 +118,7 @@ pub(crate) struct MeshStats {
     pub(crate) values_in: AtomicU64,
     pub(crate) values_out: AtomicU64,
     pub(crate) lost: AtomicU64,
-    refused: [AtomicU64; 4],
+    refused: [AtomicU64; 5],
     /// Replica ID → its figures (peers met over the process's life).
     peers: Mutex<HashMap<String, Arc<PeerStats>>>,
 }
@@ -131,6 +165,37 @@ pub(crate) type ReceivedRef = Arc<Mutex<Received>>;
 /// connection are forgotten (their dialer restarted, or left).
 const RECEIVED_MAX: usize = 4096;
 
+/// How long one warning (a source and a reason) stays quiet after it was
+/// logged: a rogue or misconfigured dialer retrying every few seconds
+/// gives a line a minute, not one a dial, and not one for good.
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// When each warning was last logged, by key (a source and a reason).
+#[derive(Debug, Default)]
+struct LogLimit {
+    last: HashMap<String, Instant>,
+}
+
+impl LogLimit {
+    /// Whether `key` is to be logged at `now` (never logged, or
+    /// [`LOG_EVERY`] ago or more; then remembered). At most
+    /// [`RECEIVED_MAX`] keys: those past their quiet time go first, all
+    /// of them if none is.
+    fn due(&mut self, key: String, now: Instant) -> bool {
+        if self.last.get(&key).is_some_and(|at| now.saturating_duration_since(*at) < LOG_EVERY) {
+            return false;
+        }
+        if self.last.len() >= RECEIVED_MAX {
+            self.last.retain(|_, at| now.saturating_duration_since(*at) < LOG_EVERY);
+            if self.last.len() >= RECEIVED_MAX {
+                self.last.clear();
+            }
+        }
+        self.last.insert(key, now);
+        true
+    }
+}
+
 /// The mesh of this process: certificates, the bound listener, figures.
 pub(crate) struct Mesh {
     /// This replica's ID.
@@ -152,6 +217,8 @@ pub(crate) struct Mesh {
     listeners: Mutex<Vec<Option<OwnedFd>>>,
     /// What was logged once already (`mesh:` lines per peer).
     logged: Mutex<HashSet<String>>,
+    /// When rate-limited warnings were last logged.
+    log_limit: Mutex<LogLimit>,
 }
 
 impl std::fmt::Debug for Mesh {
@@ -206,6 +273,7 @@ impl Mesh {
             received: Mutex::new(HashMap::new()),
             listeners: Mutex::new(fds),
             logged: Mutex::new(HashSet::new()),
+            log_limit: Mutex::new(LogLimit::default()),
         })))
     }
 
@@ -221,6 +289,12 @@ impl Mesh {
             logged.clear();
         }
         logged.insert(what)
+    }
+
+    /// Whether the warning `key` (a source and a reason) is to be logged
+    /// now: at most once per [`LOG_EVERY`].
+    pub(crate) fn log_due(&self, key: String) -> bool {
+        self.log_limit.lock().unwrap_or_else(|e| e.into_inner()).due(key, Instant::now())
     }
 
     /// What this replica remembers of the link `(instance, link)`.
@@ -300,6 +374,22 @@ impl Mesh {
     }
 }
 
+/// Checks the mesh settings of `settings` as the start does, without
+/// binding (`fleetmq check-config`): `mesh_cert`, `mesh_key` and
+/// `mesh_ca` readable, PEM, at most 1 MiB each, the certificate signed by
+/// the CA and naming the replica ID (`cluster.replica_id`, else from the
+/// host name), the key its pair. `mesh_listen` and `mesh_advertise` are
+/// checked with the other ranges (`Settings::validate`).
+///
+/// # Errors
+/// The first of these that fails, naming its key.
+pub(crate) fn check(settings: &Settings) -> anyhow::Result<()> {
+    let Some(cluster) = &settings.cluster else { return Ok(()) };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    tls::MeshTls::load(cluster, &cluster.replica_id_or(host.trim()))?;
+    Ok(())
+}
+
 /// The address to advertise: `mesh_advertise`, else the bound address,
 /// with the host name instead of an unspecified IP.
 fn advertised(advertise: &str, bound: SocketAddr) -> String {
@@ -330,7 +420,19 @@ fn bind(addr: SocketAddr) -> std::io::Result<StdListener> {
 
 #[cfg(test)]
 mod tests {
-    use super::advertised;
+    use super::{advertised, LogLimit, LOG_EVERY};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_refusal_is_logged_again_after_a_minute_and_another_reason_at_once() {
+        let mut limit = LogLimit::default();
+        let t = Instant::now();
+        assert!(limit.due("10.0.0.1 certificate".into(), t));
+        assert!(!limit.due("10.0.0.1 certificate".into(), t + Duration::from_secs(5)), "quiet within the minute");
+        assert!(limit.due("10.0.0.1 protocol".into(), t + Duration::from_secs(5)), "another reason from the source");
+        assert!(limit.due("10.0.0.2 certificate".into(), t + Duration::from_secs(5)), "another source");
+        assert!(limit.due("10.0.0.1 certificate".into(), t + LOG_EVERY), "again after the minute, not never");
+    }
 
     #[test]
     fn an_unspecified_listen_address_advertises_the_host_name() {

@@ -24,7 +24,7 @@ use glommio::timer::sleep;
 use rustls::pki_types::ServerName;
 use tracing::{debug, info, warn};
 
-use super::{Mesh, PeerStats, RefusedFor};
+use super::{Mesh, PeerStats, RefusedFor, KEEPALIVE_DEAD, KEEPALIVE_IDLE};
 use crate::shard::Shard;
 use crate::signal::Signal;
 
@@ -102,7 +102,7 @@ impl Queue {
 
     /// The next Values frame: the kept values not sent on this connection
     /// yet, as many as fit in `max_frame`; `None` when all were sent.
-    fn next_frame(&mut self, max_frame: usize, now: Instant, out: &mut BytesMut) -> Option<usize> {
+    fn next_frame(&mut self, max_frame: usize, version: u16, now: Instant, out: &mut BytesMut) -> Option<usize> {
         let first = self.sent + 1;
         let skip = (first - self.front) as usize;
         if skip >= self.values.len() {
@@ -119,7 +119,7 @@ impl Queue {
             n += 1;
         }
         let values = self.values.iter().skip(skip).take(n).map(|(m, groups)| value_ref(m, groups, now));
-        mesh::encode_values(first, values, out);
+        mesh::encode_values(first, version, values, out);
         self.sent = first + n as u64 - 1;
         Some(n)
     }
@@ -312,9 +312,14 @@ async fn run_link(shard: Rc<Shard>, mesh: Arc<Mesh>, link: Rc<Outgoing>) {
         let replica = link.target.borrow().replica.clone();
         match connect_and_send(&shard, &mesh, &link, epoch).await {
             Ok(()) => backoff = BACKOFF_MIN,
-            Err(Failed { why, was_up }) => {
-                if was_up {
-                    backoff = BACKOFF_MIN;
+            Err(Failed { why, up_since }) => {
+                if let Some(since) = up_since {
+                    // Dialed again at once after a link that lived; one
+                    // that breaks right after its handshake backs off
+                    // (and logs a line pair per backoff, not per 100 ms).
+                    if since.elapsed() >= BACKOFF_MAX {
+                        backoff = BACKOFF_MIN;
+                    }
                     info!(target: "mesh", peer = %replica, shard = shard.id, "mesh: link down: {why}");
                 } else {
                     debug!(target: "mesh", peer = %replica, shard = shard.id, "mesh: dial failed: {why}");
@@ -341,12 +346,12 @@ async fn run_link(shard: Rc<Shard>, mesh: Arc<Mesh>, link: Rc<Outgoing>) {
 /// Why a connection ended.
 pub(crate) struct Failed {
     why: String,
-    /// It was up (values flowed) before it failed.
-    was_up: bool,
+    /// When it came up (its Hello was answered), if it did.
+    up_since: Option<Instant>,
 }
 
 fn failed(why: impl std::fmt::Display) -> Failed {
-    Failed { why: why.to_string(), was_up: false }
+    Failed { why: why.to_string(), up_since: None }
 }
 
 async fn within<T>(limit: Duration, f: impl std::future::Future<Output = Result<T, Failed>>) -> Result<T, Failed> {
@@ -381,11 +386,14 @@ async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoin
     };
     link.stats.buffer_bytes.fetch_add(after as i64 - before as i64, Ordering::Relaxed);
     let _up = Up::new(mesh, link);
-    if mesh.first_time(format!("up {} {} {}", target.replica, target.instance, shard.id)) {
-        info!(target: "mesh", peer = %target.replica, shard = shard.id, version = accepted.version, "mesh: link up");
-    }
+    let up_since = Some(Instant::now());
+    // Every time: the first link to a peer, and each one back after a cut
+    // (the matching "link down" names the cause).
+    info!(target: "mesh", peer = %target.replica, shard = shard.id, version = accepted.version, "mesh: link up");
+    let version = accepted.version;
+    let keepalive = version >= mesh::KEEPALIVE_VERSION;
     let (reader, mut writer) = futures_lite::io::split(tls);
-    let reading = read_acks(mesh, link, reader);
+    let reading = read_acks(mesh, link, reader, keepalive, up_since);
     let writing = async {
         let mut out = BytesMut::new();
         loop {
@@ -393,13 +401,29 @@ async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoin
                 return Ok(());
             }
             out.clear();
-            let n = link.queue.borrow_mut().next_frame(mesh.max_frame, Instant::now(), &mut out);
-            let Some(n) = n else {
-                link.signal.wait().await;
-                continue;
+            let n = link.queue.borrow_mut().next_frame(mesh.max_frame, version, Instant::now(), &mut out);
+            let n = match n {
+                Some(n) => n,
+                None if keepalive => {
+                    let idle = or(async { link.signal.wait().await; false }, async { sleep(KEEPALIVE_IDLE).await; true }).await;
+                    if !idle {
+                        continue;
+                    }
+                    // Nothing written for a second: an empty Values frame
+                    // numbered after the last value sent, which the
+                    // acceptor answers with an Ack.
+                    let next = link.queue.borrow().sent + 1;
+                    mesh::encode_values(next, version, std::iter::empty(), &mut out);
+                    0
+                }
+                None => {
+                    link.signal.wait().await;
+                    continue;
+                }
             };
-            writer.write_all(&out).await.map_err(|e| Failed { why: e.to_string(), was_up: true })?;
-            writer.flush().await.map_err(|e| Failed { why: e.to_string(), was_up: true })?;
+            let broke = |e: std::io::Error| Failed { why: e.to_string(), up_since };
+            writer.write_all(&out).await.map_err(broke)?;
+            writer.flush().await.map_err(broke)?;
             mesh.stats.bytes_out.fetch_add(out.len() as u64, Ordering::Relaxed);
             mesh.stats.values_out.fetch_add(n as u64, Ordering::Relaxed);
         }
@@ -439,11 +463,15 @@ async fn dial(mesh: &Arc<Mesh>, target: &Target, shard: usize) -> Result<(Client
     let connector = futures_rustls::TlsConnector::from(mesh.tls.client.clone());
     let mut tls = match connector.connect(name, tcp).await {
         Ok(tls) => tls,
-        Err(e) if e.kind() != std::io::ErrorKind::InvalidData => return Err(failed(format!("TLS: {e}"))),
         Err(e) => {
-            mesh.stats.refused(RefusedFor::Certificate);
-            if mesh.first_time(format!("tls {} {}", target.replica, target.instance)) {
-                warn!(target: "mesh", peer = %target.replica, %addr, error = %e, "mesh: refused: TLS handshake failed (a certificate not from cluster.mesh_ca, or not naming the peer)");
+            let Some(why) = super::tls::refused_for(&e) else { return Err(failed(format!("TLS: {e}"))) };
+            mesh.stats.refused(why);
+            if mesh.log_due(format!("tls {} {}", target.replica, why.as_str())) {
+                let what = match why {
+                    RefusedFor::Certificate => "a certificate not from cluster.mesh_ca, or not naming the peer",
+                    _ => "the peer does not speak TLS 1.3 there",
+                };
+                warn!(target: "mesh", peer = %target.replica, %addr, error = %e, reason = why.as_str(), "mesh: refused: TLS handshake failed ({what})");
             }
             return Err(failed(format!("TLS: {e}")));
         }
@@ -455,7 +483,7 @@ async fn dial(mesh: &Arc<Mesh>, target: &Target, shard: usize) -> Result<(Client
         instance: mesh.instance.clone(),
         link: shard as u32,
     };
-    mesh::encode(&hello, &mut out);
+    mesh::encode(&hello, mesh::FIRST_VERSION, &mut out);
     tls.write_all(&out).await.map_err(failed)?;
     tls.flush().await.map_err(failed)?;
     let mut buf = BytesMut::new();
@@ -464,10 +492,11 @@ async fn dial(mesh: &Arc<Mesh>, target: &Target, shard: usize) -> Result<(Client
         Frame::HelloAck(Err(refusal)) => {
             let why = match refusal {
                 fleetmq_core::mesh::Refusal::NoCommonVersion => RefusedFor::Version,
+                fleetmq_core::mesh::Refusal::NameMismatch => RefusedFor::Certificate,
                 _ => RefusedFor::Name,
             };
             mesh.stats.refused(why);
-            if mesh.first_time(format!("refused {} {}", target.replica, target.instance)) {
+            if mesh.log_due(format!("refused {} {}", target.replica, refusal.as_str())) {
                 warn!(target: "mesh", peer = %target.replica, reason = refusal.as_str(), "mesh: the peer refused the link");
             }
             Err(failed(format!("refused: {}", refusal.as_str())))
@@ -508,13 +537,22 @@ pub(crate) async fn read_frame(
     }
 }
 
-/// Read the receiver's acknowledgements until the connection breaks.
-async fn read_acks(mesh: &Arc<Mesh>, link: &Outgoing, mut reader: impl AsyncRead + Unpin) -> Result<(), Failed> {
+/// Read the receiver's acknowledgements until the connection breaks or,
+/// with the `keepalive` (version 2), none comes for [`KEEPALIVE_DEAD`].
+async fn read_acks(
+    mesh: &Arc<Mesh>,
+    link: &Outgoing,
+    mut reader: impl AsyncRead + Unpin,
+    keepalive: bool,
+    up_since: Option<Instant>,
+) -> Result<(), Failed> {
     let mut buf = BytesMut::new();
     loop {
-        let frame = read_frame(&mut reader, &mut buf, mesh.max_frame)
-            .await
-            .map_err(|f| Failed { why: f.why, was_up: true })?;
+        let Some(read) = super::or_dead(keepalive, read_frame(&mut reader, &mut buf, mesh.max_frame)).await else {
+            let why = format!("no answer for {} s (the peer stopped, froze or is unreachable)", KEEPALIVE_DEAD.as_secs());
+            return Err(Failed { why, up_since });
+        };
+        let frame = read.map_err(|f| Failed { why: f.why, up_since })?;
         if let Frame::Ack { delivered } = frame {
             let mut queue = link.queue.borrow_mut();
             let before = queue.bytes;
@@ -549,7 +587,7 @@ mod tests {
     fn firsts(q: &mut Queue) -> Vec<(u64, usize)> {
         let mut out = BytesMut::new();
         let mut got = Vec::new();
-        while q.next_frame(1 << 20, Instant::now(), &mut out).is_some() {
+        while q.next_frame(1 << 20, 2, Instant::now(), &mut out).is_some() {
             let Some(Frame::Values { first, values }) = mesh::decode(&mut out, 1 << 20).unwrap() else { panic!() };
             got.push((first, values.len()));
         }
@@ -586,6 +624,6 @@ mod tests {
             q.push(message(400_000), None);
         });
         let mut out = BytesMut::new();
-        assert_eq!(q.next_frame(mesh::max_frame(1 << 20) - (1 << 16) + 1000, Instant::now(), &mut out), Some(2));
+        assert_eq!(q.next_frame(mesh::max_frame(1 << 20) - (1 << 16) + 1000, 2, Instant::now(), &mut out), Some(2));
     }
 }

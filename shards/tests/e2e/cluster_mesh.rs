@@ -18,10 +18,10 @@ use crate::raw::{wire as build, Incoming, RawClient};
 
 /// A folder of mesh certificates made by `fleetmq cert --names ...`,
 /// removed when dropped.
-struct Certs(PathBuf);
+pub(crate) struct Certs(PathBuf);
 
 impl Certs {
-    fn new(names: &str) -> Certs {
+    pub(crate) fn new(names: &str) -> Certs {
         let dir = std::env::temp_dir().join(format!("fleetmq-mesh-{}-{}", std::process::id(), rand_suffix()));
         let out = Command::new(env!("CARGO_BIN_EXE_fleetmq"))
             .args(["cert", "--out"])
@@ -33,7 +33,7 @@ impl Certs {
         Certs(dir)
     }
 
-    fn path(&self, file: &str) -> String {
+    pub(crate) fn path(&self, file: &str) -> String {
         self.0.join(file).display().to_string()
     }
 }
@@ -54,7 +54,7 @@ fn rand_suffix() -> u64 {
 /// The settings of replica `id` with the mesh on loopback (port 0 unless
 /// `listen` says otherwise), its certificates from `certs` (the CA from
 /// `ca`, by default the same folder), and `extra`.
-fn mesh_args(id: &str, certs: &Certs, ca: Option<&Certs>, extra: &[&str]) -> Vec<String> {
+pub(crate) fn mesh_args(id: &str, certs: &Certs, ca: Option<&Certs>, extra: &[&str]) -> Vec<String> {
     let mut args = vec![
         "--set".to_owned(),
         "cluster.member_ttl=5s".to_owned(),
@@ -76,24 +76,24 @@ fn mesh_args(id: &str, certs: &Certs, ca: Option<&Certs>, extra: &[&str]) -> Vec
     args
 }
 
-fn start(id: &str, nats: &NatsCluster, certs: &Certs, extra: &[&str]) -> Broker {
+pub(crate) fn start(id: &str, nats: &NatsCluster, certs: &Certs, extra: &[&str]) -> Broker {
     let args = mesh_args(id, certs, None, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     replica(id, &nats.urls(), &args)
 }
 
-fn status(broker: &Broker) -> serde_json::Value {
+pub(crate) fn status(broker: &Broker) -> serde_json::Value {
     let (code, body) = broker.admin_get("/api/v1/status");
     assert_eq!(code, 200, "{body}");
     serde_json::from_str(&body).expect("status is JSON")
 }
 
-fn links_up(broker: &Broker) -> i64 {
+pub(crate) fn links_up(broker: &Broker) -> i64 {
     status(broker)["cluster"]["mesh_links_up"].as_i64().unwrap_or(-1)
 }
 
 /// Waits until `broker` has `n` mesh links up.
-fn wait_links(broker: &Broker, n: i64, timeout: Duration) {
+pub(crate) fn wait_links(broker: &Broker, n: i64, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     while links_up(broker) != n {
         assert!(Instant::now() < deadline, "mesh links up stayed {} (wanted {n}): {}", links_up(broker), status(broker));
@@ -102,7 +102,7 @@ fn wait_links(broker: &Broker, n: i64, timeout: Duration) {
 }
 
 /// A publisher on `broker` (MQTT 5).
-fn publisher(broker: &Broker, id: &str) -> RawClient {
+pub(crate) fn publisher(broker: &Broker, id: &str) -> RawClient {
     let mut c = RawClient::connect(broker.mqtt);
     assert_eq!(c.handshake(&build::Connect::v5(id).encode()).1, 0);
     c
@@ -111,7 +111,7 @@ fn publisher(broker: &Broker, id: &str) -> RawClient {
 /// Publishes `probe` values on `topic` from `client` until every one of
 /// `subs` got one (the routes of their replicas reached the publisher's),
 /// then reads what the probes left.
-fn until_routed(client: &mut RawClient, topic: &str, subs: &mut [&mut MosquittoSub]) {
+pub(crate) fn until_routed(client: &mut RawClient, topic: &str, subs: &mut [&mut MosquittoSub]) {
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut got = vec![false; subs.len()];
     while got.iter().any(|g| !g) {
@@ -131,7 +131,7 @@ fn until_routed(client: &mut RawClient, topic: &str, subs: &mut [&mut MosquittoS
 }
 
 /// The payloads `sub` receives until `timeout` passes without one.
-fn payloads(sub: &mut MosquittoSub, timeout: Duration) -> Vec<String> {
+pub(crate) fn payloads(sub: &mut MosquittoSub, timeout: Duration) -> Vec<String> {
     let mut out = Vec::new();
     while let Some(m) = sub.next_message(timeout) {
         out.push(m.rsplit(' ').next().unwrap_or_default().to_owned());
@@ -139,7 +139,7 @@ fn payloads(sub: &mut MosquittoSub, timeout: Duration) -> Vec<String> {
     out
 }
 
-fn numbers(n: usize) -> Vec<String> {
+pub(crate) fn numbers(n: usize) -> Vec<String> {
     (0..n).map(|i| i.to_string()).collect()
 }
 
@@ -301,6 +301,12 @@ fn a_mesh_cut_keeps_the_values_and_delivers_them_when_it_heals() {
     assert_eq!(payloads(&mut cut.on_b, Duration::from_secs(8)), numbers(500));
     assert_eq!(cut.a.metric_sum("fleetmq_mesh_values_lost_total"), 0.0);
     wait_links(&cut.a, 1, Duration::from_secs(10));
+    // The cut and the heal are both in the log: "link down" with its
+    // cause, and "link up" again (before, only the first link up of a
+    // peer process was logged).
+    let log = cut.a.stderr();
+    assert!(log.contains("mesh: link down: "), "{log}");
+    assert_eq!(log.matches("mesh: link up").count(), 2, "{log}");
 }
 
 #[test]
@@ -337,12 +343,19 @@ fn a_replica_with_a_certificate_from_another_ca_is_refused_and_counted() {
     }
     assert_eq!(links_up(&a), 0);
     assert_eq!(links_up(&b), 0);
-    let (_, metrics) = a.admin_get("/metrics");
-    assert!(metrics.contains("fleetmq_mesh_refused_total{reason=\"certificate\"}"), "{metrics}");
-    // Logged once per peer (its dials, and its dials to us), not once
-    // per dial.
+    // Both ends count a certificate refusal: the acceptor too, which
+    // hears it as the dialer's alert ("received fatal alert: UnknownCA",
+    // counted as `protocol` before).
+    thread::sleep(Duration::from_secs(1));
+    for r in [&a, &b] {
+        assert!(r.metric_sum("fleetmq_mesh_refused_total{reason=\"certificate\"}") >= 2.0, "{}", r.admin_get("/metrics").1);
+        assert_eq!(r.metric_sum("fleetmq_mesh_refused_total{reason=\"protocol\"}"), 0.0, "{}", r.admin_get("/metrics").1);
+    }
+    // Logged once a minute per peer and reason (its dials, and its dials
+    // to us), not once per dial.
     thread::sleep(Duration::from_secs(2));
     assert!(a.stderr().matches("mesh: refused").count() <= 2, "{}", a.stderr());
+    assert!(a.stderr().contains("reason=\"certificate\"") || a.stderr().contains("reason=certificate"), "{}", a.stderr());
     assert_eq!(status(&a)["cluster"]["mesh"]["peers"][0]["state"], "down");
 }
 
