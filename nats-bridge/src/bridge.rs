@@ -215,6 +215,19 @@ fn start_request(shared: &Arc<Shared>, request: Request, ticket: Option<Ticket>)
 /// How long the stop waits for requests in flight.
 const STOP_DRAIN: Duration = Duration::from_secs(3);
 
+/// [`STOP_DRAIN`] when NATS is away: what is in flight is not answered.
+const STOP_DRAIN_AWAY: Duration = Duration::from_millis(300);
+
+/// Whether NATS is known to be away: this replica is fenced, or its state
+/// or lease connection is not connected (async-nats sees a server's
+/// connection close at once; all servers gone: it stays down).
+fn nats_away(shared: &Shared) -> bool {
+    use async_nats::connection::State;
+    shared.status.is_fenced()
+        || shared.state_client.connection_state() != State::Connected
+        || shared.lease.client().connection_state() != State::Connected
+}
+
 async fn run(
     config: BridgeConfig,
     status: Arc<ClusterStatus>,
@@ -302,16 +315,26 @@ async fn run(
                     break;
                 }
             }
+            // With NATS known to be away (fenced, or a connection down),
+            // the writes below could only wait out their bounds (5 s and
+            // 1 s): skipped, and the others take this replica for gone
+            // after member_ttl (their sweepers delete its routes).
+            let away = nats_away(&shared);
+            if away {
+                info!(target: "cluster", "cluster: NATS away at the stop: own routes not purged, no leaving record (the others take this replica for gone after member_ttl)");
+            }
             // A clean stop takes its routes along (the peers drop them when
             // it leaves anyway).
-            if !shared.duplicate.load(Ordering::Acquire) {
+            if !away && !shared.duplicate.load(Ordering::Acquire) {
                 crate::routes::purge_own(&shared).await;
             }
             // Leave: the peers see this replica stopped now rather than
             // gone member_ttl later, and the wills it handed over start
             // their grace.
-            membership::leave(&shared).await;
-            let drain_by = tokio::time::Instant::now() + STOP_DRAIN;
+            if !away {
+                membership::leave(&shared).await;
+            }
+            let drain_by = tokio::time::Instant::now() + if away { STOP_DRAIN_AWAY } else { STOP_DRAIN };
             while shared.status.stats.in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < drain_by {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
