@@ -52,9 +52,9 @@ async fn rows(
     .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_value_is_in_the_table_exactly_once_after_the_consumer_is_killed_mid_stream() {
-    const VALUES: u32 = 20_000;
+/// A nats-server with the ingest stream, a PostgreSQL, a JetStream context
+/// and a PostgreSQL client.
+async fn start() -> (Nats, Postgres, jetstream::Context, tokio_postgres::Client) {
     let nats = Nats::start();
     let postgres = Postgres::start();
     let js = jetstream::new(
@@ -64,6 +64,13 @@ async fn every_value_is_in_the_table_exactly_once_after_the_consumer_is_killed_m
     );
     create_stream(&js).await;
     let pg = postgres.client().await;
+    (nats, postgres, js, pg)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_value_is_in_the_table_exactly_once_after_the_consumer_is_killed_mid_stream() {
+    const VALUES: u32 = 20_000;
+    let (nats, postgres, js, pg) = start().await;
 
     let values: Vec<Value> = (0..VALUES)
         .map(|i| Value::numbered(&format!("c{}", i % 4), i))
@@ -135,15 +142,7 @@ async fn every_value_is_in_the_table_exactly_once_after_the_consumer_is_killed_m
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_value_delivered_again_is_not_written_twice_and_every_header_has_its_column() {
-    let nats = Nats::start();
-    let postgres = Postgres::start();
-    let js = jetstream::new(
-        async_nats::connect(nats.url())
-            .await
-            .expect("connect to NATS"),
-    );
-    create_stream(&js).await;
-    let pg = postgres.client().await;
+    let (nats, postgres, js, pg) = start().await;
     let values: Vec<Value> = (0..300).map(|i| Value::numbered("d", i)).collect();
     publish(&js, &values).await;
     // One with every optional header, one with none at all.
@@ -222,4 +221,40 @@ async fn a_value_delivered_again_is_not_written_twice_and_every_header_has_its_c
     assert_eq!(row.get::<_, Option<String>>(2), None);
     assert_eq!(row.get::<_, Option<String>>(3), None);
     assert_eq!(row.get::<_, Vec<u8>>(4), b"no headers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_that_arrive_while_postgresql_is_down_are_written_when_it_is_back() {
+    let (nats, mut postgres, js, pg) = start().await;
+    let before: Vec<Value> = (0..200).map(|i| Value::numbered("e", i)).collect();
+    let during: Vec<Value> = (200..400).map(|i| Value::numbered("e", i)).collect();
+    let mut consumer = Consumer::start(&nats.url(), &postgres.url(), &[]);
+    publish(&js, &before).await;
+    assert_eq!(
+        wait_for_rows(&pg, TABLE, 200, Duration::from_secs(20)).await,
+        200
+    );
+    drop(pg);
+
+    postgres.stop_server();
+    publish(&js, &during).await;
+    // Longer than the 2 s ack wait: the batch in hand is kept alive, or
+    // delivered again, and either way written once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    postgres.start_again();
+
+    let pg = postgres.client().await;
+    assert_eq!(
+        wait_for_rows(&pg, TABLE, 400, Duration::from_secs(20)).await,
+        400
+    );
+    wait_all_acknowledged(&js, "fleetmq-pg-consumer").await;
+    assert_eq!(count(&pg, TABLE).await, 400);
+    let log = consumer.log();
+    assert!(
+        log.contains("writing a batch to PostgreSQL failed; retrying"),
+        "{log}"
+    );
+    assert!(log.contains("reconnected to PostgreSQL"), "{log}");
+    assert!(consumer.terminate().is_some_and(|s| s.success()));
 }

@@ -6,7 +6,7 @@
 //! log is printed then).
 
 use std::ffi::CString;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -191,14 +191,37 @@ impl Postgres {
             log: dir.path("postgres.log"),
             dir,
         };
-        postgres.spawn(&bin, user);
+        postgres.spawn(&bin, user, false);
         postgres
     }
 
-    fn spawn(&mut self, bin: &Path, user: Option<(u32, u32)>) {
+    /// Stops the server (fast shutdown: clients are disconnected).
+    pub(crate) fn stop_server(&mut self) {
+        self.stop();
+    }
+
+    /// Starts the stopped server again, same data and port.
+    ///
+    /// # Panics
+    ///
+    /// It is not ready within 30 s (the port may have been taken).
+    pub(crate) fn start_again(&mut self) {
+        assert!(self.child.is_none(), "PostgreSQL is running");
+        self.spawn(&postgres_bin(), postgres_user(), true);
+    }
+
+    /// Starts the server on a free port, or on the port it had when
+    /// `same_port`.
+    fn spawn(&mut self, bin: &Path, user: Option<(u32, u32)>, same_port: bool) {
         for _attempt in 0..3 {
-            self.port = free_port();
-            let log = File::create(&self.log).expect("create the log");
+            if !same_port {
+                self.port = free_port();
+            }
+            let log = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log)
+                .expect("open the log");
             if let Some((uid, gid)) = user {
                 let _ = std::os::unix::fs::chown(&self.log, Some(uid), Some(gid));
             }
@@ -217,7 +240,7 @@ impl Postgres {
                 return;
             }
             self.stop();
-            if !tail(&self.log, 20).contains("could not bind") {
+            if same_port || !tail(&self.log, 20).contains("could not bind") {
                 break;
             }
         }
