@@ -16,3 +16,7 @@ mod exactly_once;
 /// What it says and how it exits when a server is away.
 #[path = "pg_consumer/startup.rs"]
 mod startup;
+
+/// Rows per second (ignored by default).
+#[path = "pg_consumer/measure.rs"]
+mod measure;

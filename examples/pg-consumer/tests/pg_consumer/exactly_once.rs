@@ -5,37 +5,17 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull};
+use async_nats::jetstream;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
-use crate::ingest::{count, create_stream, publish, wait_for_rows, Consumer, Value, STREAM};
+use crate::ingest::{
+    count, create_stream, publish, wait_all_acknowledged, wait_for_rows, Consumer, Value,
+};
 use crate::servers::{Nats, Postgres};
 
 /// The table the consumer writes by default.
 const TABLE: &str = "mqtt_ingest";
-
-/// Waits (10 s at most) until durable `name` has nothing pending and
-/// nothing unacknowledged.
-async fn wait_all_acknowledged(js: &jetstream::Context, name: &str) {
-    let stream = js.get_stream(STREAM).await.expect("the stream");
-    let mut last = String::from("not created");
-    for _ in 0..200 {
-        // The consumer process creates it when it starts.
-        if let Ok(mut consumer) = stream.get_consumer::<pull::Config>(name).await {
-            let info = consumer.info().await.expect("consumer info");
-            if info.num_pending == 0 && info.num_ack_pending == 0 {
-                return;
-            }
-            last = format!(
-                "{} pending, {} unacknowledged",
-                info.num_pending, info.num_ack_pending
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("durable {name} after 10 s: {last}");
-}
 
 /// Every row by msg_id: (topic, qos, client_id, payload).
 async fn rows(

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, stream};
+use async_nats::jetstream::{self, consumer::pull, stream};
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
@@ -80,6 +80,28 @@ pub(crate) async fn publish(js: &jetstream::Context, values: &[Value]) {
     }
 }
 
+/// Waits (10 s at most) until durable `name` has nothing pending and
+/// nothing unacknowledged.
+pub(crate) async fn wait_all_acknowledged(js: &jetstream::Context, name: &str) {
+    let stream = js.get_stream(STREAM).await.expect("the stream");
+    let mut last = String::from("not created");
+    for _ in 0..200 {
+        // The consumer process creates it when it starts.
+        if let Ok(mut consumer) = stream.get_consumer::<pull::Config>(name).await {
+            let info = consumer.info().await.expect("consumer info");
+            if info.num_pending == 0 && info.num_ack_pending == 0 {
+                return;
+            }
+            last = format!(
+                "{} pending, {} unacknowledged",
+                info.num_pending, info.num_ack_pending
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("durable {name} after 10 s: {last}");
+}
+
 /// Rows in `table`.
 pub(crate) async fn count(pg: &tokio_postgres::Client, table: &str) -> i64 {
     pg.query_one(&format!("SELECT count(*) FROM {table}"), &[])
@@ -121,7 +143,11 @@ impl Consumer {
         let dir = TempDir::new("consumer");
         let log = dir.path("consumer.log");
         let file = std::fs::File::create(&log).expect("create the log");
-        let child = Command::new(env!("CARGO_BIN_EXE_fleetmq-pg-consumer"))
+        // FLEETMQ_PG_CONSUMER_BIN: another build (e.g. release, to measure).
+        let binary = std::env::var_os("FLEETMQ_PG_CONSUMER_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fleetmq-pg-consumer")));
+        let child = Command::new(binary)
             .args([
                 "--nats-url",
                 nats,

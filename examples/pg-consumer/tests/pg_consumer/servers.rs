@@ -84,6 +84,7 @@ pub(crate) struct Postgres {
     child: Option<Child>,
     port: u16,
     log: PathBuf,
+    fsync: bool,
     dir: TempDir,
 }
 
@@ -159,6 +160,12 @@ impl Postgres {
     /// PostgreSQL is not installed, initdb fails, or the server is not
     /// ready within 30 s; the message carries its log.
     pub(crate) fn start() -> Postgres {
+        Postgres::start_with_fsync(false)
+    }
+
+    /// [`Postgres::start`] with `fsync` on or off (on: every commit waits
+    /// for the disk, as in production; for measurements).
+    pub(crate) fn start_with_fsync(fsync: bool) -> Postgres {
         let bin = postgres_bin();
         let user = postgres_user();
         let dir = TempDir::new("postgres");
@@ -189,6 +196,7 @@ impl Postgres {
             child: None,
             port: 0,
             log: dir.path("postgres.log"),
+            fsync,
             dir,
         };
         postgres.spawn(&bin, user, false);
@@ -230,7 +238,8 @@ impl Postgres {
                 .arg(self.dir.path("data"))
                 .args(["-p", &self.port.to_string(), "-k"])
                 .arg(&self.dir.0)
-                .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+                .args(["-c", "listen_addresses=127.0.0.1", "-c"])
+                .arg(if self.fsync { "fsync=on" } else { "fsync=off" })
                 .stdout(Stdio::from(log.try_clone().expect("clone a file handle")))
                 .stderr(Stdio::from(log))
                 .spawn()
