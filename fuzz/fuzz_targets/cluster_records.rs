@@ -6,6 +6,7 @@
 //! `mqtt-retained` in either layout (format 1 JSON, format 2 binary) that
 //! reads back writes to bytes that read back to the same record. A route
 //! key (`mqtt-routes`) that parses is made again to a key that parses the same.
+//! A session record (`mqtt-session-state`) gives its subscriptions or `None`.
 #![no_main]
 
 use std::time::Instant;
@@ -13,6 +14,7 @@ use std::time::Instant;
 use fleetmq_core::cluster::records::{client_id_of_key, FloorRecord, MemberRecord, OwnerRecord, Record};
 use fleetmq_core::cluster::retained::{topic_of_retained_key, RetainedRecord};
 use fleetmq_core::cluster::routes::{parse_route_key, route_key, RouteRecord};
+use fleetmq_core::cluster::sessions::SessionRecord;
 use fleetmq_core::cluster::wills::WillRecord;
 use libfuzzer_sys::fuzz_target;
 
@@ -27,6 +29,10 @@ fuzz_target!(|data: &[u8]| {
     round_trip::<MemberRecord>(data);
     round_trip::<OwnerRecord>(data);
     round_trip::<RouteRecord>(data);
+    if let Some(s) = round_trip::<SessionRecord>(data) {
+        let _ = s.restored_subscriptions();
+        let _ = s.expired(u64::MAX);
+    }
     let _ = FloorRecord::decode(data);
     if let Some(r) = round_trip::<RetainedRecord>(data) {
         let _ = r.message(Instant::now(), u64::MAX / 2);

@@ -275,6 +275,7 @@ async fn run(
             }
             let _ = started.send(Ok(shared.clone()));
             let routes = crate::routes::Writer::new(shared.clone());
+            let sessions = crate::session_state::Writer::new(shared.clone());
             let mut releases = crate::releases::HeldReleases::default();
             loop {
                 tokio::select! {
@@ -301,6 +302,9 @@ async fn run(
                         // In the order sent (per-key order), here.
                         Request::Route { filter, shard, add, landed } => {
                             crate::routes::request(&routes, filter, shard, add, landed);
+                        }
+                        Request::SessionPut { client_id, record, landed } => {
+                            crate::session_state::request(&sessions, client_id, record, landed);
                         }
                         request => start_request(&shared, request, ticket),
                     }

@@ -28,6 +28,7 @@ mod releases;
 mod request;
 mod retained;
 mod routes;
+mod session_state;
 mod setup;
 mod shared;
 mod stats;

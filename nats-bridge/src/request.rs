@@ -116,6 +116,31 @@ pub enum Request {
         /// before that; dropped when the bridge stops.
         landed: Option<oneshot::Sender<bool>>,
     },
+    /// `client_id`'s persistent session is now `record` (a
+    /// [`SessionRecord`] encoded), or ended (`None`), in
+    /// `mqtt-session-state` (see `session_state.rs`). Taken in order on
+    /// the bridge's own loop; one write in flight per client identifier,
+    /// the newest record written next.
+    ///
+    /// [`SessionRecord`]: fleetmq_core::cluster::sessions::SessionRecord
+    SessionPut {
+        /// The client identifier.
+        client_id: String,
+        /// The record, or `None` to delete it.
+        record: Option<bytes::Bytes>,
+        /// Hears `true` once this record (or a newer one) is in the
+        /// bucket, `false` when the bridge stops first.
+        landed: Option<oneshot::Sender<bool>>,
+    },
+    /// Read `client_id`'s record in `mqtt-session-state` (to take up a
+    /// session another replica served).
+    SessionGet {
+        /// The client identifier.
+        client_id: String,
+        /// The record's bytes (`None`: no session), or why JetStream did
+        /// not answer.
+        reply: oneshot::Sender<Result<Option<bytes::Bytes>, String>>,
+    },
     /// Give `client_id` up if the claim at `revision` is still the latest.
     /// Off every CONNECT's path: held while claims are in flight, up to
     /// 1 s (see `releases.rs`), so may be sent with
@@ -256,8 +281,12 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
                 tracing::debug!(target: "cluster", %client_id, error = %e, "cluster: will not deleted (replaced, or store unavailable)");
             }
         }
-        // Taken by the bridge's loop itself (`routes::request`).
-        Request::Route { .. } => {}
+        Request::SessionGet { client_id, reply } => {
+            let _ = reply.send(crate::session_state::get(&shared, &client_id).await);
+        }
+        // Taken by the bridge's loop itself (`routes::request`,
+        // `session_state::request`).
+        Request::Route { .. } | Request::SessionPut { .. } => {}
         Request::Ping { reply } => {
             let _ = reply.send(std::time::Instant::now());
         }

@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) sessions: async_nats::jetstream::kv::Store,
     /// `mqtt-session-will`, opened once.
     pub(crate) wills: async_nats::jetstream::kv::Store,
+    /// `mqtt-session-state`, on the state connection.
+    pub(crate) session_state: async_nats::jetstream::kv::Store,
     /// Counts changes of membership that may hand entries over (a peer
     /// gone, stopped or replaced, an epoch moved on): the ownership sweep
     /// runs again when it moved.
@@ -255,6 +257,10 @@ pub(crate) async fn start(
         .get_key_value(fleetmq_core::cluster::records::bucket::WILLS)
         .await
         .map_err(|e| StartError::Connect(format!("bucket mqtt-session-will: {e}")))?;
+    let session_state = state
+        .get_key_value(fleetmq_core::cluster::records::bucket::SESSION_STATE)
+        .await
+        .map_err(|e| StartError::Connect(format!("bucket mqtt-session-state: {e}")))?;
     let shards = mailboxes.len();
     Ok(Arc::new(Shared {
         config,
@@ -264,6 +270,7 @@ pub(crate) async fn start(
         state_client,
         sessions,
         wills,
+        session_state,
         handovers: std::sync::atomic::AtomicU64::new(0),
         known: Mutex::new(crate::ownership::KnownRevisions::default()),
         mailboxes,

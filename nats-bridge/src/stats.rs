@@ -24,12 +24,22 @@ pub enum OpKind {
     Retained,
     /// A write (put or delete) of this replica's entry in `mqtt-routes`.
     Route,
+    /// A write (put or delete) of a persistent session's record in
+    /// `mqtt-session-state`.
+    Session,
 }
 
 impl OpKind {
     /// Every kind, in the order of [`OpKind::name`].
-    pub const ALL: [OpKind; 6] =
-        [OpKind::Heartbeat, OpKind::Probe, OpKind::Claim, OpKind::Release, OpKind::Retained, OpKind::Route];
+    pub const ALL: [OpKind; 7] = [
+        OpKind::Heartbeat,
+        OpKind::Probe,
+        OpKind::Claim,
+        OpKind::Release,
+        OpKind::Retained,
+        OpKind::Route,
+        OpKind::Session,
+    ];
 
     /// The `op` label value.
     pub fn name(self) -> &'static str {
@@ -40,6 +50,7 @@ impl OpKind {
             OpKind::Release => "release",
             OpKind::Retained => "retained",
             OpKind::Route => "route",
+            OpKind::Session => "session",
         }
     }
 

@@ -215,3 +215,9 @@ mod cluster_sessions_bucket;
 /// live; purged at a restart, swept once gone.
 #[path = "e2e/cluster_routes.rs"]
 mod cluster_routes;
+
+/// Persistent sessions in `mqtt-session-state`: taken up at another
+/// replica with their subscriptions, ended everywhere by Clean Start,
+/// not taken up once expired.
+#[path = "e2e/cluster_session_state.rs"]
+mod cluster_session_state;

@@ -9,5 +9,6 @@ pub mod peers;
 pub mod records;
 pub mod retained;
 pub mod routes;
+pub mod sessions;
 pub mod settings;
 pub mod wills;

@@ -20,7 +20,8 @@ use fleetmq_core::settings::Settings;
 use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event, Request};
 use futures_lite::future::or;
 use glommio::timer::sleep;
-use tracing::{debug, info};
+use fleetmq_core::cluster::sessions::SessionRecord;
+use tracing::{debug, info, warn};
 
 use crate::metrics::RefuseReason;
 use crate::shard::Shard;
@@ -68,6 +69,8 @@ pub(crate) struct Node {
     /// taken for gone, which is at most 2 × `cluster.member_ttl` after its
     /// last write (DESIGN.md §5).
     parks_at_least: Duration,
+    /// This replica's ID (`cluster.replica_id`, or the host name).
+    replica_id: String,
 }
 
 impl Node {
@@ -103,6 +106,7 @@ impl Node {
             append_wait: cluster.session_log_append_wait,
             parks_at_least: cluster.will_stop_grace + 2 * cluster.member_ttl,
             mesh,
+            replica_id,
         }))
     }
 
@@ -143,6 +147,7 @@ impl Node {
             epoch: self.status().epoch(),
             parks_for: None,
             moved: claimed.moved,
+            taken_up: None,
         };
         match within(budget, &mut outcome).await {
             Some(Ok(Ok(claimed))) => {
@@ -247,6 +252,15 @@ impl Node {
         }
         let budget = |now: Instant| self.connect_budget.saturating_sub(now.duration_since(connect_at));
         let mut claim = self.claim(client_id, connect.clean_start, budget(Instant::now())).await?;
+        if claim.moved {
+            // Served by another replica before (DESIGN.md §6): its
+            // persistent session goes on here, or Clean Start ends it.
+            if connect.clean_start {
+                save_session(client_id, None::<fn(&str) -> SessionRecord>, None);
+            } else {
+                claim.taken_up = self.session_to_take_up(client_id, budget(Instant::now())).await?;
+            }
+        }
         if let Some(will) = &connect.will {
             // Stored as the shard keeps it: the topic with the workspace prefix.
             let mut will = will.clone();
@@ -266,6 +280,71 @@ impl Node {
         claim.parks_for = parks_for(session_expiry, if claim.moved { self.parks_at_least } else { Duration::ZERO });
         Ok(claim)
     }
+}
+
+impl Node {
+    /// `client_id`'s session in `mqtt-session-state`, if it has one that
+    /// has not expired (an expired one is deleted). A record this build
+    /// cannot read is logged and left: the client starts a new session.
+    ///
+    /// # Errors
+    /// The refusal: JetStream did not answer within `budget`.
+    async fn session_to_take_up(&self, client_id: &str, budget: Duration) -> Result<Option<Box<SessionRecord>>, Refused> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self.bridge.send(Request::SessionGet { client_id: client_id.to_owned(), reply }).is_err() {
+            return Err(unavailable("cluster bridge queue full"));
+        }
+        let bytes = match within(budget, answer).await {
+            Some(Ok(Ok(bytes))) => bytes,
+            Some(Ok(Err(_))) | Some(Err(_)) => return Err(unavailable("cluster store unavailable")),
+            None => return Err(unavailable("connect budget exceeded")),
+        };
+        let Some(bytes) = bytes else { return Ok(None) };
+        use fleetmq_core::cluster::records::Record as _;
+        match SessionRecord::decode(&bytes) {
+            Ok(record) if record.client_id != client_id || !record.protocol_known() => {
+                warn!(target: "cluster", client_id, "cluster: a session record of another client or protocol under this key; not taken up");
+                Ok(None)
+            }
+            Ok(record) if record.expired(crate::store::unix_ms()) => {
+                save_session(client_id, None::<fn(&str) -> SessionRecord>, None);
+                Ok(None)
+            }
+            Ok(record) => {
+                debug!(target: "cluster", client_id, from = %record.replica, "cluster: persistent session taken up from another replica");
+                Ok(Some(Box::new(record)))
+            }
+            Err(e) => {
+                warn!(target: "cluster", client_id, error = %e, "cluster: session record not readable; the client starts a new session");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Write `client_id`'s persistent session record, made by `make` (given
+/// this replica's ID), to `mqtt-session-state`, or delete it (`None`);
+/// `landed` hears `true` once it is in the bucket. False when not sent
+/// (alone, the shard's cluster task not started yet, or the bridge's
+/// queue full: counted in `fleetmq_bridge_queue_full_total`).
+pub(crate) fn save_session<F: FnOnce(&str) -> SessionRecord>(
+    client_id: &str,
+    make: Option<F>,
+    landed: Option<tokio::sync::oneshot::Sender<bool>>,
+) -> bool {
+    let Some(node) = shard_state(|sc| sc.node.borrow().clone()) else { return false };
+    let record = make.map(|make| {
+        let mut record = make(&node.replica_id);
+        record.format = node.status().write_format();
+        use fleetmq_core::cluster::records::Record as _;
+        bytes::Bytes::from(record.encode())
+    });
+    let request = Request::SessionPut { client_id: client_id.to_owned(), record, landed };
+    let sent = node.bridge.send(request);
+    if sent.is_err() {
+        debug!(target: "cluster", client_id, "cluster: session record not sent: the bridge's queue is full");
+    }
+    sent.is_ok()
 }
 
 /// How long a claim stays parked once its connection ended: the session
@@ -304,6 +383,17 @@ pub(crate) struct Claim {
     parks_for: Option<Duration>,
     /// The client identifier was another replica's before this claim.
     moved: bool,
+    /// The persistent session to take up (Clean Start 0, the client
+    /// identifier another replica's before): its record in
+    /// `mqtt-session-state`, not expired.
+    pub(crate) taken_up: Option<Box<fleetmq_core::cluster::sessions::SessionRecord>>,
+}
+
+impl Claim {
+    /// Whether this replica wrote `record` (an earlier process of it).
+    pub(crate) fn is_own(&self, record: &SessionRecord) -> bool {
+        record.replica == self.node.replica_id
+    }
 }
 
 impl Drop for Claim {
@@ -436,6 +526,12 @@ impl ShardCluster {
         true
     }
 
+    /// Whether a connection here holds a claim of `client_id` later than
+    /// `revision`.
+    fn holds_newer(&self, client_id: &str, revision: u64) -> bool {
+        self.claims.borrow().get(client_id).is_some_and(|mine| *mine > revision)
+    }
+
     /// Another replica claimed `client_id` at `revision` (with Clean Start
     /// 1 when `clean_start`): whether a connection here holds an older
     /// claim (and must close).
@@ -525,11 +621,16 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                         shard.apply_retained(revision, message, now);
                         retained += 1;
                     }
-                    Event::TakenOver { client_id, revision, replica, clean_start }
-                        if shard_state(|sc| sc.lost_to(&client_id, (revision, clean_start), now)) =>
-                    {
-                        debug!(target: "cluster", %client_id, %replica, "cluster: taken over by another replica");
-                        shard.close_client(&client_id, ReasonCode::SESSION_TAKEN_OVER);
+                    Event::TakenOver { client_id, revision, replica, clean_start } => {
+                        let newer_here = shard_state(|sc| sc.holds_newer(&client_id, revision));
+                        if shard_state(|sc| sc.lost_to(&client_id, (revision, clean_start), now)) {
+                            debug!(target: "cluster", %client_id, %replica, "cluster: taken over by another replica");
+                            shard.close_client(&client_id, ReasonCode::SESSION_TAKEN_OVER);
+                        }
+                        if !newer_here {
+                            // Its session is that replica's now.
+                            shard.moved_away(&client_id);
+                        }
                     }
                     _ => {}
                 }

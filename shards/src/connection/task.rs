@@ -84,6 +84,16 @@ fn start(
         expires_at,
         now,
     ));
+    if let Some(claim) = admission.claim.as_mut() {
+        // A session another replica served: taken up on the shard that
+        // holds the client identifier (else the record travels on).
+        if claim.taken_up.is_some() && shard.holds_home(&negotiated.client_id) {
+            if let Some(record) = claim.taken_up.take() {
+                let own = claim.is_own(&record);
+                shard.take_up(&record, own, now);
+            }
+        }
+    }
     let authorizer =
         AclAuthorizer::for_client(&settings.auth, &admission.identity, &negotiated.client_id);
     let slot = shard.attach(

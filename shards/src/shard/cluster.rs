@@ -119,6 +119,10 @@ impl Shard {
         } else {
             self.store.log(fleetmq_core::store::Record::WillEnd { client_id });
         }
+        if st.clients[slot as usize].saved == super::session_state::Saved::MovedAway && st.clients[slot as usize].conn.is_none() {
+            // The session is the other replica's: nothing keeps it here now.
+            self.remove_client(st, slot);
+        }
         drop(guard);
         self.try_flush();
     }

@@ -23,6 +23,7 @@ mod held;
 mod inbox;
 mod index;
 mod restore;
+mod session_state;
 mod placement;
 mod route;
 mod retained;
@@ -187,6 +188,8 @@ struct Client {
     pending_will: Option<Box<(Instant, Will)>>,
     /// When the session went offline.
     offline_since: Option<Instant>,
+    /// Its record in `mqtt-session-state` (cluster mode).
+    saved: session_state::Saved,
 }
 
 /// Limits the shard applies, derived once from the settings.
@@ -491,6 +494,7 @@ impl Shard {
         let mut connack = negotiated.connack.clone();
         connack.session_present = session_present;
         self.attach_logged(st, slot, conn, connect.protocol.level(), Packet::ConnAck(connack));
+        self.save_session(st, slot, None);
         self.attach_feeds(st, slot, conn, session_present);
         if session_present {
             let mut outputs = std::mem::take(&mut st.outputs);
@@ -530,6 +534,7 @@ impl Shard {
                 will: None,
                 pending_will: None,
                 offline_since: None,
+                saved: session_state::Saved::No,
             });
             st.by_id.insert(&st.clients, slot as Slot);
             slot as Slot
@@ -539,6 +544,7 @@ impl Shard {
     /// Remove a session and its subscriptions (and, for a session moved
     /// here, its home shard's forwarding entry).
     fn remove_client(&self, st: &mut State, slot: Slot) {
+        self.session_ended(st, slot);
         let client = st.clients.remove(slot as usize);
         self.log_detached(&client.session, true);
         if client.offline_since.is_some() {
@@ -655,6 +661,7 @@ impl Shard {
         let client_id = client.session.client_id().clone();
         let over_limit = self.global.offline_sessions.load(Ordering::Relaxed)
             >= self.limits.max_offline_sessions;
+        let moved_away = client.saved == session_state::Saved::MovedAway;
         if expiry == 0 || over_limit {
             if let Some(pending) = st.clients[slot as usize].pending_will.take() {
                 will_now = Some(pending.1);
@@ -664,6 +671,12 @@ impl Shard {
             self.log_detached(&client.session, false);
             client.offline_since = Some(now);
             self.global.offline_sessions.fetch_add(1, Ordering::Relaxed);
+            self.save_session(st, slot, None);
+            if moved_away && st.clients[slot as usize].pending_will.is_none() {
+                // Another replica's now (a delayed will waits for the
+                // cluster's word first: `end_pending_will`).
+                self.remove_client(st, slot);
+            }
         }
         if let Some(will) = will_now {
             self.publish_will(st, Some(&client_id), will, now);
@@ -710,6 +723,7 @@ impl Shard {
         let durable = self.store.defers();
         let mut reach = 0;
         let mut route_waits = Vec::new();
+        let mut subscriptions_changed = false;
         for output in outputs.drain(..) {
             match output {
                 Output::Send(packet) => conn.send(&packet),
@@ -750,11 +764,13 @@ impl Shard {
                             now,
                         );
                     } else {
+                        subscriptions_changed = true;
                         self.log_subscription(st, slot, &filter, Some(subscription));
                         self.subscribe(st, slot, filter, subscription, existed);
                     }
                 }
                 Output::Unsubscribed { filter } => {
+                    subscriptions_changed |= parse_shared(&filter).is_none();
                     self.log_subscription(st, slot, &filter, None);
                     let client_id = st.clients[slot as usize].session.client_id().clone();
                     self.unsubscribe(st, &filter, slot, &client_id);
@@ -774,6 +790,10 @@ impl Shard {
         }
         outputs.clear();
         st.outputs = outputs;
+        if subscriptions_changed {
+            // Its SUBACK or UNSUBACK waits for the record too.
+            self.save_session(st, slot, Some(&mut route_waits));
+        }
         if !route_waits.is_empty() {
             // The SUBACK waits for the routes (cluster mode).
             self.subscribed_after_routes(st, slot, route_waits);
@@ -1264,6 +1284,7 @@ mod tests {
             will: None,
             pending_will: None,
             offline_since: None,
+            saved: session_state::Saved::No,
         }
     }
 

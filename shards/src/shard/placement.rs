@@ -82,6 +82,8 @@ pub(crate) struct Move {
     session: Session,
     owner: (Option<Arc<str>>, Arc<str>),
     will: Option<Box<Will>>,
+    /// Its record in `mqtt-session-state` (see `session_state`).
+    saved: super::session_state::Saved,
     conn_key: u64,
     protocol: ProtocolVersion,
     keep_alive: u16,
@@ -182,6 +184,7 @@ impl Shard {
             session: client.session,
             owner: client.owner,
             will: client.will,
+            saved: client.saved,
             conn_key: conn.key,
             protocol: conn.protocol,
             keep_alive: conn.keep_alive,
@@ -226,6 +229,7 @@ impl Shard {
         let client = &mut st.clients[slot as usize];
         client.conn = Some(conn.clone());
         client.will = moving.will;
+        client.saved = moving.saved;
         if let Some(at) = conn.next_deadline() {
             super::push_deadline(&mut st.deadlines, std::cmp::Reverse((at, slot, conn.key)));
         }

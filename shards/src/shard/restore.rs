@@ -75,6 +75,29 @@ impl Shard {
         self.restore_wills(st, &wills, now, now_ms);
     }
 
+    /// A session of `client_id` with no connection, as stored: protocol
+    /// level 3, 4 or 5, Session Expiry Interval `expiry` (seconds), in
+    /// `workspace`. Its connection's figures come with its next CONNECT.
+    pub(super) fn offline_session(&self, client_id: &ByteString, protocol: u8, expiry: u32, workspace: &str) -> Session {
+        let protocol = match protocol {
+            3 => ProtocolVersion::V3_1,
+            4 => ProtocolVersion::V3_1_1,
+            _ => ProtocolVersion::V5,
+        };
+        let negotiated = Negotiated {
+            client_id: client_id.clone(),
+            keep_alive: 0,
+            session_expiry: expiry,
+            client_receive_maximum: u16::MAX,
+            client_max_packet_size: usize::MAX,
+            client_topic_alias_maximum: 0,
+            connack: ConnAck::default(),
+        };
+        let mut session = Session::new(protocol, &negotiated, self.limits.session.clone());
+        session.set_namespace(workspace_namespace(workspace));
+        session
+    }
+
     fn restore_session(
         &self,
         st: &mut State,
@@ -84,22 +107,7 @@ impl Shard {
         now: Instant,
         now_ms: u64,
     ) {
-        let protocol = match rs.protocol {
-            3 => ProtocolVersion::V3_1,
-            4 => ProtocolVersion::V3_1_1,
-            _ => ProtocolVersion::V5,
-        };
-        let negotiated = Negotiated {
-            client_id: client_id.clone(),
-            keep_alive: 0,
-            session_expiry: rs.expiry,
-            client_receive_maximum: u16::MAX,
-            client_max_packet_size: usize::MAX,
-            client_topic_alias_maximum: 0,
-            connack: ConnAck::default(),
-        };
-        let mut session = Session::new(protocol, &negotiated, self.limits.session.clone());
-        session.set_namespace(workspace_namespace(&rs.workspace));
+        let mut session = self.offline_session(client_id, rs.protocol, rs.expiry, &rs.workspace);
         session.set_logged(true);
         let subscriptions: HashMap<_, _> =
             rs.subscriptions.iter().filter(|(f, _)| parse_shared(f).is_none()).map(|(f, s)| (f.clone(), *s)).collect();

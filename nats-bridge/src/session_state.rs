@@ -1,0 +1,146 @@
+//! `mqtt-session-state` (DESIGN.md §4; issue 24): this replica's writes of
+//! its persistent sessions' records, and the read of a session another
+//! replica served, to take it up.
+//!
+//! Shards send each change of a session as its whole record
+//! ([`Request::SessionPut`](crate::Request::SessionPut), `None` to delete)
+//! in the order they happen. The writer keeps one write in flight per
+//! client identifier and writes the newest record when it lands, so that
+//! records of one session land in the order they were made whatever
+//! JetStream or a retry does, and a burst of changes costs one write or
+//! two. A waiter (a SUBACK, an UNSUBACK) hears `true` once a write of its
+//! record or a newer one landed; the shard bounds its wait.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
+use fleetmq_core::cluster::records::{bucket, client_key};
+use tokio::sync::oneshot;
+use tracing::debug;
+
+use crate::bridge::Shared;
+
+/// The first pause after a failed write; doubled up to 5 s.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// One session's record as the writer sees it.
+struct Key {
+    /// The newest record (`None`: delete), and its number.
+    newest: (Option<Bytes>, u64),
+    /// The number of the newest record that landed.
+    landed: u64,
+    /// A write is under way.
+    busy: bool,
+    /// Waiters, each with the record number it waits for.
+    waiters: Vec<(u64, oneshot::Sender<bool>)>,
+}
+
+/// This replica's session records on their way to the bucket (bridge
+/// thread only).
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    keys: HashMap<String, Key>,
+    next: u64,
+}
+
+/// The writer, shared by the bridge's loop and its write tasks.
+pub(crate) type Writers = Rc<RefCell<Writer>>;
+
+impl Writer {
+    /// Nothing written yet.
+    pub(crate) fn new(shared: Arc<Shared>) -> Writers {
+        Rc::new(RefCell::new(Writer { shared, keys: HashMap::new(), next: 0 }))
+    }
+}
+
+/// `client_id`'s record is now `record` (`None`: the session ended);
+/// `landed` hears `true` once it (or a newer one) is in the bucket,
+/// `false` if the bridge stops first.
+pub(crate) fn request(writers: &Writers, client_id: String, record: Option<Bytes>, landed: Option<oneshot::Sender<bool>>) {
+    let mut w = writers.borrow_mut();
+    w.next += 1;
+    let number = w.next;
+    let key = w.keys.entry(client_id.clone()).or_insert_with(|| Key { newest: (None, 0), landed: 0, busy: false, waiters: Vec::new() });
+    key.newest = (record, number);
+    if let Some(landed) = landed {
+        key.waiters.retain(|(_, w)| !w.is_closed());
+        key.waiters.push((number, landed));
+    }
+    let start = !key.busy;
+    key.busy = true;
+    drop(w);
+    if start {
+        tokio::task::spawn_local(write_key(writers.clone(), client_id));
+    }
+}
+
+/// Write `client_id`'s newest record until the newest landed.
+async fn write_key(writers: Writers, client_id: String) {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let (shared, record, number) = {
+            let mut w = writers.borrow_mut();
+            let shared = w.shared.clone();
+            let Some(key) = w.keys.get_mut(&client_id) else { return };
+            if key.landed >= key.newest.1 || shared.stopping.load(Ordering::Acquire) {
+                for (_, waiter) in key.waiters.drain(..) {
+                    let _ = waiter.send(key.landed >= key.newest.1);
+                }
+                w.keys.remove(&client_id);
+                return;
+            }
+            (shared, key.newest.0.clone(), key.newest.1)
+        };
+        let started = std::time::Instant::now();
+        let outcome = write(&shared, &client_id, record).await;
+        shared.status.stats.record(crate::OpKind::Session, started.elapsed());
+        match outcome {
+            Ok(()) => {
+                backoff = FIRST_BACKOFF;
+                let mut w = writers.borrow_mut();
+                if let Some(key) = w.keys.get_mut(&client_id) {
+                    key.landed = number;
+                    let (done, waiting): (Vec<_>, Vec<_>) =
+                        std::mem::take(&mut key.waiters).into_iter().partition(|(wants, _)| *wants <= number);
+                    key.waiters = waiting;
+                    for (_, waiter) in done {
+                        let _ = waiter.send(true);
+                    }
+                }
+            }
+            Err(e) => {
+                debug!(target: "cluster", %client_id, error = %e, "cluster: session record not written, trying again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Put `record` as `client_id`'s, or delete it (`None`, with a marker
+/// that goes after [`crate::setup::DELETED_TTL`]).
+async fn write(shared: &Shared, client_id: &str, record: Option<Bytes>) -> Result<(), String> {
+    let subject = format!("$KV.{}.{}", bucket::SESSION_STATE, client_key(client_id));
+    let publish = match record {
+        Some(record) => PublishMessage::build().payload(record),
+        None => crate::setup::delete_marker(),
+    };
+    let ack = shared.state.send_publish(subject, publish).await.map_err(|e| e.to_string())?;
+    ack.await.map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// `client_id`'s record as the bucket holds it (`None`: none, or
+/// deleted).
+///
+/// # Errors
+/// JetStream did not answer (the text of its error).
+pub(crate) async fn get(shared: &Shared, client_id: &str) -> Result<Option<Bytes>, String> {
+    let entry = shared.session_state.entry(client_key(client_id)).await.map_err(|e| e.to_string())?;
+    Ok(entry.filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put).map(|e| e.value))
+}

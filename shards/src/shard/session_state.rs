@@ -1,0 +1,191 @@
+//! Persistent sessions in `mqtt-session-state` (cluster mode; DESIGN.md
+//! §4, §6; issue 24): the shard writes each change of a persistent
+//! session's record (its connection attached or ended, a subscription
+//! added or removed) and deletes it when the session ends here, and takes
+//! a session up from its record when its client comes back here after it
+//! was served by another replica.
+//!
+//! The SUBACK or UNSUBACK of a change waits for the record the way it
+//! waits for its route (see [`super::wanted`], at most its 2 s); the
+//! CONNACK does not wait (a session with no subscription owes nothing
+//! yet). The values a session is owed while it is away are not in the
+//! record (the session log, issue 24's other part).
+//!
+//! [`Saved`] keeps one shard from writing over another replica's newer
+//! record: a session whose client another replica claimed since is
+//! `MovedAway` and is never written again here; it goes once its
+//! connection (if any) has closed.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytestring::ByteString;
+use fleetmq_core::cluster::sessions::SessionRecord;
+use fleetmq_core::packet::ReasonCode;
+use fleetmq_core::store::Record;
+use fleetmq_core::topic::parse_shared;
+
+
+use super::wanted::RouteWait;
+use super::{Shard, Slot, State, Subscriber};
+
+/// Whether a session's record is in `mqtt-session-state` as this shard
+/// knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Saved {
+    /// Not written (not persistent, alone, or not yet).
+    #[default]
+    No,
+    /// Written (or on its way): deleted when the session ends here.
+    Yes,
+    /// Another replica claimed the client since: the record is that
+    /// replica's now; nothing is written here any more, and the session
+    /// goes once its connection has closed.
+    MovedAway,
+}
+
+impl Shard {
+    /// Write the record of the session on `slot` as it is now, if it is
+    /// persistent (cluster mode). With `waits`, the acknowledgement of the
+    /// packet being handled waits for it (pushed as a route wait).
+    pub(super) fn save_session(&self, st: &mut State, slot: Slot, waits: Option<&mut Vec<RouteWait>>) {
+        if !self.store.clustered() {
+            return;
+        }
+        let client = &mut st.clients[slot as usize];
+        if client.saved == Saved::MovedAway {
+            return;
+        }
+        let expiry = client.session.session_expiry();
+        if expiry == 0 {
+            // Ends with its connection: the record goes then (remove_client).
+            return;
+        }
+        client.saved = Saved::Yes;
+        let offline_since_ms =
+            client.offline_since.map(|since| crate::store::unix_ms().saturating_sub(since.elapsed().as_millis() as u64));
+        let session = &client.session;
+        let subscriptions = session.subscriptions().iter().map(|(f, s)| (&**f, s));
+        let make = |replica: &str| {
+            SessionRecord::new(
+                session.client_id(),
+                client.owner.0.as_deref(),
+                &client.owner.1,
+                session.protocol().level(),
+                expiry,
+                replica,
+                offline_since_ms,
+                subscriptions,
+            )
+        };
+        let (landed, answer) = tokio::sync::oneshot::channel();
+        let sent = crate::cluster::save_session(session.client_id(), Some(make), waits.is_some().then_some(landed));
+        if let (true, Some(waits)) = (sent, waits) {
+            waits.push((answer, Rc::new(Cell::new(false))));
+        }
+    }
+
+    /// The session on `slot` ends here: its record goes too, if this shard
+    /// wrote one.
+    pub(super) fn session_ended(&self, st: &mut State, slot: Slot) {
+        let client = &mut st.clients[slot as usize];
+        if client.saved == Saved::Yes {
+            client.saved = Saved::No;
+            crate::cluster::save_session(client.session.client_id(), None::<fn(&str) -> SessionRecord>, None);
+        }
+    }
+
+    /// Another replica claimed `client_id` (at a revision later than any
+    /// connection's here): its session here is that replica's now (taken
+    /// up from the record, or ended with Clean Start). It is never written
+    /// here again, and goes now when offline, else once its connection
+    /// (asked to close) has ended.
+    pub(crate) fn moved_away(&self, client_id: &str) {
+        let mut guard = self.state.borrow_mut();
+        let st = &mut *guard;
+        let Some(slot) = st.by_id.get(&st.clients, client_id) else { return };
+        let client = &mut st.clients[slot as usize];
+        client.saved = Saved::MovedAway;
+        if client.conn.is_none() && client.pending_will.is_none() {
+            self.remove_client(st, slot);
+        }
+    }
+
+    /// Whether `client_id`'s session lives on this shard (or would): its
+    /// home shard, and not moved to another one (see [`super::placement`]).
+    pub(crate) fn holds_home(&self, client_id: &str) -> bool {
+        let st = self.state.borrow();
+        st.by_id.get(&st.clients, client_id).is_some()
+            || (super::owner_of(client_id, self.shards) == self.id && !st.moved.contains_key(client_id))
+    }
+
+    /// Take up the session of `record` (read from `mqtt-session-state`: its
+    /// client was served by another replica since this shard last saw it)
+    /// before its CONNECT (Clean Start 0) attaches: a session of that
+    /// client here is older and is replaced, its connection (if one is
+    /// still attached) taken over. The session is restored offline with the
+    /// record's subscriptions; the attach finds it (CONNACK Session Present
+    /// 1, `[MQTT-3.2.2-2]`) and checks its identity.
+    ///
+    /// `own`: this replica wrote the record (an earlier process of it,
+    /// before a restart): a session of the client here, restored from the
+    /// local store with the values it was owed, is at least as new and is
+    /// kept.
+    pub(crate) fn take_up(&self, record: &SessionRecord, own: bool, now: Instant) {
+        let Some(subscriptions) = record.restored_subscriptions() else { return };
+        let mut guard = self.state.borrow_mut();
+        let st = &mut *guard;
+        if let Some(slot) = st.by_id.get(&st.clients, &record.client_id) {
+            if own {
+                return;
+            }
+            st.clients[slot as usize].saved = Saved::MovedAway;
+            if let Some(old) = st.clients[slot as usize].conn.take() {
+                old.request_close(Some(ReasonCode::SESSION_TAKEN_OVER), false);
+                self.connection_ended(st, slot, true, now);
+            }
+            // Still here (offline, kept): replaced by the record's.
+            if let Some(slot) = st.by_id.get(&st.clients, &record.client_id) {
+                st.clients[slot as usize].pending_will = None;
+                self.remove_client(st, slot);
+            }
+        }
+        let client_id = ByteString::from(record.client_id.as_str());
+        let mut session = self.offline_session(&client_id, record.protocol, record.expiry_s, &record.workspace);
+        let durable = self.store.is_durable();
+        if durable {
+            // The local store keeps it too, subscriptions after the session.
+            self.store.log(Record::Session {
+                client_id: client_id.clone(),
+                username: record.username.as_deref().map(ByteString::from),
+                workspace: ByteString::from(record.workspace.as_str()),
+                expiry: record.expiry_s,
+                protocol: record.protocol,
+            });
+            for (filter, subscription) in &subscriptions {
+                self.store.log_subscription(&client_id, filter, Some(*subscription));
+            }
+        }
+        session.set_logged(durable);
+        session.restore(subscriptions.clone(), std::iter::empty(), Vec::new(), Vec::new());
+        let owner = (record.username.as_deref().map(Arc::from), Arc::from(record.workspace.as_str()));
+        let slot = self.insert_client(st, session, owner);
+        let client = &mut st.clients[slot as usize];
+        client.saved = Saved::Yes;
+        client.offline_since = Some(now);
+        self.global.offline_sessions.fetch_add(1, Ordering::Relaxed);
+        for (filter, subscription) in subscriptions {
+            debug_assert!(parse_shared(&filter).is_none());
+            self.want_route(st, &filter, true, &mut Vec::new());
+            if !st.trie.has_filter(&filter) {
+                self.route_change(st, &filter, true);
+            }
+            st.trie.insert(&filter, Subscriber::Session(slot), subscription);
+        }
+        drop(guard);
+        self.try_flush();
+    }
+}
