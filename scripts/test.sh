@@ -28,6 +28,14 @@ if ! command -v ss >/dev/null; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2
 fi
 
+# examples/pg-consumer's tests start a PostgreSQL of their own (initdb into
+# a temporary folder, run as the `postgres` user) from Debian's package.
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && [ -z "${FLEETMQ_PG_BIN:-}" ]; then
+    echo "test.sh: installing postgresql"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql
+fi
+
 # The interop tests (shards/tests/e2e/interop.rs) run paho-mqtt 2.x
 # (Python) and MQTT.js (Node, `mqtt` 5.x) against the broker; they fail,
 # saying so, when either is missing.

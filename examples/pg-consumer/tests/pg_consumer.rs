@@ -1,0 +1,22 @@
+//! End-to-end tests of `fleetmq-pg-consumer`: the real binary between a
+//! real nats-server (JetStream) and a real PostgreSQL.
+
+/// PostgreSQL and nats-server on free ports, cleaned up on drop.
+#[path = "pg_consumer/servers.rs"]
+mod servers;
+
+/// The ingest stream, publishers and the consumer process.
+#[path = "pg_consumer/ingest.rs"]
+mod ingest;
+
+/// Killed mid-stream, delivered again, stopped: nothing lost, nothing twice.
+#[path = "pg_consumer/exactly_once.rs"]
+mod exactly_once;
+
+/// What it says and how it exits when a server is away.
+#[path = "pg_consumer/startup.rs"]
+mod startup;
+
+/// Rows per second (ignored by default).
+#[path = "pg_consumer/measure.rs"]
+mod measure;
