@@ -98,8 +98,9 @@ pub async fn run(options: &Options, mut stop: watch::Receiver<bool>) -> Result<S
         let Some(done) = write(&mut pg, options, &table, &batch, &mut stop).await else {
             warn!(
                 messages = batch.len(),
-                "stopping with a batch PostgreSQL did not take: NATS delivers it again later"
+                "stopping with a batch PostgreSQL did not take: handed back to NATS"
             );
+            hand_back(&nats, &batch).await;
             break;
         };
         acknowledge(&nats, &batch).await;
@@ -254,7 +255,8 @@ async fn create_consumer(
         ack_policy: consumer::AckPolicy::Explicit,
         ack_wait: options.ack_wait,
         deliver_policy: consumer::DeliverPolicy::All,
-        // Two batches in flight at most: one being written, one fetched.
+        // Room for the batch in hand and one more (messages acknowledged
+        // but not yet counted by the server).
         max_ack_pending: 2 * i64::from(options.batch_size),
         ..Default::default()
     };
@@ -391,6 +393,16 @@ async fn acknowledge(nats: &async_nats::Client, batch: &[jetstream::Message]) {
             "acknowledgements not sent: those messages come again and are skipped"
         );
     }
+}
+
+/// Negative acknowledgements for messages fetched but not written (a stop
+/// while PostgreSQL is away), so NATS delivers them again at once instead
+/// of after the ack wait.
+async fn hand_back(nats: &async_nats::Client, batch: &[jetstream::Message]) {
+    for message in batch {
+        let _ = message.ack_with(jetstream::AckKind::Nak(None)).await;
+    }
+    let _ = nats.flush().await;
 }
 
 /// Sleeps `backoff` (or until told to stop) and doubles it up to the cap.
