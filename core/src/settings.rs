@@ -425,7 +425,7 @@ impl Shared {
     }
 }
 
-pub use crate::store::settings::{Fsync, Store, StoreKind};
+pub use crate::store::settings::{Fsync, IngestRetention, Store, StoreKind};
 
 /// Whether `a` and `b`, on one port other than 0, take it on a shared
 /// address: one is the wildcard of a family that covers the other
@@ -505,7 +505,8 @@ pub enum SettingsError {
         /// Its address.
         value: String,
     },
-    /// A store kind this build does not implement.
+    /// A store kind these settings cannot use: `"jetstream"` without a
+    /// `[cluster]` section.
     StoreUnavailable(StoreKind),
     /// A `[cluster]` setting that is not valid for another reason than its
     /// range (a replica ID with characters a NATS subject cannot carry).
@@ -560,7 +561,7 @@ impl fmt::Display for SettingsError {
                 };
                 write!(
                     f,
-                    "store.kind = \"{name}\" is not available in this build yet: use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
+                    "store.kind = \"{name}\" needs a [cluster] section (NATS JetStream is the cluster's store): add [cluster], or use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
                 )
             }
             SettingsError::Invalid { key, value, allowed } => {
@@ -612,7 +613,7 @@ impl Settings {
     /// The first problem found, naming the key in dotted form and, for a
     /// range, the range: e.g. `limits.max_packet_size = 10B is out of range
     /// 64B..=256MiB`. Also refused: an invalid `[cluster]` section,
-    /// `store.kind = "jetstream"` (not in this build), a listener that is not a socket address, no listener at
+    /// `store.kind = "jetstream"` without `[cluster]`, a listener that is not a socket address, no listener at
     /// all, and a non-loopback listener while anonymous clients are not
     /// allowed and no password file, JWT key or required client certificate
     /// is set.
@@ -620,6 +621,9 @@ impl Settings {
         self.validate_ranges()?;
         if let Some(cluster) = &self.cluster {
             cluster.validate()?;
+        }
+        if self.store.kind == StoreKind::Jetstream && self.cluster.is_none() {
+            return Err(SettingsError::StoreUnavailable(StoreKind::Jetstream));
         }
         if self.listeners.all().next().is_none() {
             return Err(SettingsError::NoListeners);
@@ -1319,13 +1323,15 @@ mod tests {
     }
 
     #[test]
-    fn the_jetstream_store_is_refused_for_now() {
+    fn the_jetstream_store_needs_a_cluster_section() {
         let mut s = Settings::default();
         s.store.kind = StoreKind::Jetstream;
         assert_eq!(
             err(&s),
-            "store.kind = \"jetstream\" is not available in this build yet: use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
+            "store.kind = \"jetstream\" needs a [cluster] section (NATS JetStream is the cluster's store): add [cluster], or use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
         );
+        s.cluster = Some(crate::cluster::settings::Cluster::default());
+        s.validate().unwrap();
     }
 }
 

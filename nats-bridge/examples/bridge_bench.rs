@@ -33,6 +33,7 @@ fn main() {
         shards: 1,
         owner_of: |_, _| 0,
         mesh: String::new(),
+        ingest: None,
     })
     .expect("the bridge starts");
     let bridge = std::sync::Arc::new(bridge);

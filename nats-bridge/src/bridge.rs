@@ -14,7 +14,7 @@ use crate::budget::{Budget, Ticket};
 use crate::mailbox::Mailbox;
 use crate::{membership, ownership, retained, sweeper, BridgeConfig};
 
-pub use crate::request::{ClaimError, Claimed, Event, Request, RetainedError};
+pub use crate::request::{ClaimError, Claimed, Event, IngestError, Request, RetainedError};
 pub(crate) use crate::shared::Shared;
 pub use crate::status::ClusterStatus;
 
@@ -151,12 +151,38 @@ impl Bridge {
                     }
                 }
             }
+            Request::IngestAppend { subject, headers, payload, .. } => {
+                match self.shared.ingest.take(crate::ingest::size(subject, headers, payload)) {
+                    Some(ticket) => Some(ticket),
+                    None => {
+                        let error = IngestError::Queue(format!(
+                            "{} appends ({} bytes) already wait for NATS, at most {} ({} bytes)",
+                            self.shared.ingest.count(),
+                            self.shared.ingest.bytes(),
+                            crate::INGEST_WAITING_MAX,
+                            crate::INGEST_WAITING_BYTES
+                        ));
+                        crate::ingest::refused(&self.shared, &error);
+                        return Err(request);
+                    }
+                }
+            }
             _ => None,
         };
+        let ingest = matches!(request, Request::IngestAppend { .. });
         self.requests.try_send((request, ticket)).map_err(|(TrySendError::Full(r) | TrySendError::Disconnected(r))| {
             self.status.stats.queue_full.fetch_add(1, Ordering::Relaxed);
+            if ingest {
+                self.status.stats.ingest_refused_queue.fetch_add(1, Ordering::Relaxed);
+            }
             r.0
         })
+    }
+
+    /// The ingest appends waiting for NATS now (queued or in flight):
+    /// `fleetmq_session_log_appends_held`.
+    pub fn ingest_waiting(&self) -> usize {
+        self.shared.ingest.count()
     }
 
     /// The retained writes waiting for NATS now: how many, and their bytes

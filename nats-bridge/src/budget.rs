@@ -40,6 +40,17 @@ pub const RETAINED_UNDOS_MAX: usize = 4_096;
 /// back): 8 MiB.
 pub const RETAINED_UNDOS_BYTES: usize = 8 << 20;
 
+/// Ingest appends (`store.kind = "jetstream"`) that may wait for NATS at
+/// once, queued or in flight: the window of publish acknowledgements is
+/// async-nats' (5,000); beyond it they wait in the bridge. A backstop:
+/// each shard pauses a publisher with 256 values unanswered, and all its
+/// publishers past 64 MiB of them (`shards/src/shard/held.rs`).
+pub const INGEST_WAITING_MAX: usize = 65_536;
+
+/// Bytes of ingest appends (payloads, headers, and 1 KiB each) that may
+/// wait for NATS at once: 256 MiB.
+pub const INGEST_WAITING_BYTES: usize = 256 << 20;
+
 /// What a write costs beyond its record and topic (its task on the
 /// bridge thread, its request, async-nats' command), bytes: counted so
 /// that many small writes are bounded by the bytes too.
@@ -69,6 +80,12 @@ impl Budget {
     /// [`RETAINED_WAITING_BYTES`].
     pub(crate) fn writes() -> Budget {
         Budget::new(RETAINED_WAITING_MAX, RETAINED_WAITING_BYTES)
+    }
+
+    /// The ingest appends' budget: [`INGEST_WAITING_MAX`],
+    /// [`INGEST_WAITING_BYTES`].
+    pub(crate) fn ingest() -> Budget {
+        Budget::new(INGEST_WAITING_MAX, INGEST_WAITING_BYTES)
     }
 
     /// The undos' budget: [`RETAINED_UNDOS_MAX`], [`RETAINED_UNDOS_BYTES`].

@@ -27,6 +27,9 @@ pub struct BridgeConfig {
     /// bound port when `cluster.mesh_listen` asks for port 0); empty: no
     /// mesh.
     pub mesh: String,
+    /// `store.kind = "jetstream"`: the `[store]` settings of the ingest
+    /// stream, created or checked at start (`None`: no ingest stream).
+    pub ingest: Option<fleetmq_core::settings::Store>,
 }
 
 /// How long a JetStream API call or publish acknowledgement may take

@@ -21,6 +21,7 @@ mod bridge;
 mod budget;
 mod config;
 mod floor;
+mod ingest;
 mod mailbox;
 mod membership;
 mod ownership;
@@ -36,8 +37,8 @@ mod status;
 mod sweeper;
 mod watch;
 
-pub use bridge::{Bridge, TURN_AT_LEAST, ClaimError, Claimed, ClusterStatus, Event, Request, RetainedError, StartError};
-pub use budget::{Ticket, RETAINED_UNDOS_BYTES, RETAINED_UNDOS_MAX, RETAINED_WAITING_BYTES, RETAINED_WAITING_MAX};
+pub use bridge::{Bridge, TURN_AT_LEAST, ClaimError, Claimed, ClusterStatus, Event, IngestError, Request, RetainedError, StartError};
+pub use budget::{Ticket, INGEST_WAITING_BYTES, INGEST_WAITING_MAX, RETAINED_UNDOS_BYTES, RETAINED_UNDOS_MAX, RETAINED_WAITING_BYTES, RETAINED_WAITING_MAX};
 pub use config::BridgeConfig;
 pub use mailbox::Mailbox;
 pub use ownership::FLAP_DELAY;

@@ -52,6 +52,25 @@ pub enum Request {
         /// 0, wills): a failure is logged and counted.
         reply: Option<oneshot::Sender<Result<u64, RetainedError>>>,
     },
+    /// Append one accepted QoS 1/2 value to the ingest stream
+    /// (`store.kind = "jetstream"`, DESIGN.md §7) within `wait`; its
+    /// PUBACK/PUBREC waits for the answer. Retried with the same
+    /// `Nats-Msg-Id` until JetStream takes it or the wait ends (see
+    /// `ingest.rs` for the ID).
+    IngestAppend {
+        /// `mqtt-ingest.<workspace token>`
+        /// ([`fleetmq_core::cluster::ingest::subject`]).
+        subject: String,
+        /// The headers, `Nats-Msg-Id` excepted
+        /// ([`fleetmq_core::cluster::ingest::headers`]).
+        headers: Vec<(String, String)>,
+        /// The MQTT payload, unchanged.
+        payload: bytes::Bytes,
+        /// `cluster.session_log_append_wait`.
+        wait: Duration,
+        /// The stream sequence, or why not.
+        reply: oneshot::Sender<Result<u64, IngestError>>,
+    },
     /// Answered at once with the bridge's clock: measures the queue, the
     /// bridge's turn and the wake of the waiting task (no NATS involved).
     Ping {
@@ -172,6 +191,27 @@ pub enum RetainedError {
     },
 }
 
+/// Why an ingest append was refused (see [`Request::IngestAppend`]); the
+/// publisher's PUBACK/PUBREC is refused with the reason code each names
+/// (MQTT 3.1.1: the connection is closed after what came before).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IngestError {
+    /// JetStream did not take it within `cluster.session_log_append_wait`
+    /// (MQTT 5: 0x80 Unspecified error). It may still land.
+    #[error("not in the ingest stream within the wait: {0}")]
+    Unavailable(String),
+    /// The stream is full (`store.max_bytes`, discard new) (MQTT 5: 0x97
+    /// Quota exceeded).
+    #[error("the ingest stream is full: {0}")]
+    Full(String),
+    /// Not queued: [`crate::INGEST_WAITING_MAX`] appends or
+    /// [`crate::INGEST_WAITING_BYTES`] already wait for NATS, or the
+    /// bridge's queue is full (MQTT 5: 0x97 Quota exceeded).
+    #[error("not queued for NATS: {0}")]
+    Queue(String),
+}
+
 /// A claim that landed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
@@ -287,6 +327,18 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
         // Taken by the bridge's loop itself (`routes::request`,
         // `session_state::request`).
         Request::Route { .. } | Request::SessionPut { .. } => {}
+        Request::IngestAppend { subject, headers, payload, wait, reply } => {
+            let started = std::time::Instant::now();
+            let outcome = crate::ingest::append(&shared, crate::ingest::Append { subject, headers, payload, wait }, ticket).await;
+            shared.status.stats.record(crate::OpKind::Ingest, started.elapsed());
+            match &outcome {
+                Ok(_) => {
+                    shared.status.stats.ingest_appended.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(e) => crate::ingest::refused(&shared, e),
+            }
+            let _ = reply.send(outcome);
+        }
         Request::Ping { reply } => {
             let _ = reply.send(std::time::Instant::now());
         }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::stream::{Config, DiscardPolicy, StorageType};
+use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
 use async_nats::jetstream::Context;
 use fleetmq_core::cluster::records::{bucket, floor_readable, FloorRecord, Record, FLOOR_KEY, FORMAT};
 
@@ -129,30 +129,7 @@ pub(crate) fn config_mismatches(want: &Config, got: &Config) -> Vec<(&'static st
 pub(crate) async fn ensure_buckets(js: &Context, replicas: usize, member_ttl: Duration) -> Result<(), StartError> {
     for name in bucket::ALL {
         let want = bucket_config(name, replicas, member_ttl);
-        let got = match js.get_stream(&want.name).await {
-            Ok(mut stream) => stream
-                .info()
-                .await
-                .map_err(|e| StartError::Connect(format!("stream {}: {e}", want.name)))?
-                .config
-                .clone(),
-            Err(_) => match js.create_stream(want.clone()).await {
-                Ok(mut stream) => stream.info().await.map(|i| i.config.clone()).unwrap_or_else(|_| want.clone()),
-                // Another replica made it at the same moment (or with other
-                // settings): read what is there.
-                Err(create) => {
-                    let mut stream = js.get_stream(&want.name).await.map_err(|_| {
-                        StartError::Connect(format!("cannot create stream {}: {create}", want.name))
-                    })?;
-                    stream
-                        .info()
-                        .await
-                        .map_err(|e| StartError::Connect(format!("stream {}: {e}", want.name)))?
-                        .config
-                        .clone()
-                }
-            },
-        };
+        let got = stream_config(js, &want).await?;
         let wrong = config_mismatches(&want, &got);
         if let Some((field, wanted, found)) = wrong.first() {
             return Err(StartError::Incompatible(format!(
@@ -163,6 +140,121 @@ pub(crate) async fn ensure_buckets(js: &Context, replicas: usize, member_ttl: Du
         }
     }
     Ok(())
+}
+
+/// The ingest stream as `store` asks for it (DESIGN.md §7,
+/// ingest-contract.md): `mqtt-ingest`, subjects `mqtt-ingest.>`, file
+/// storage, `replicas` copies, `store.ingest_retention`,
+/// `store.ingest_max_age`, `store.max_bytes` with discard new (full:
+/// publishes refused, never old values dropped unread),
+/// `store.ingest_duplicate_window`.
+pub(crate) fn ingest_config(store: &fleetmq_core::settings::Store, replicas: usize) -> Config {
+    use fleetmq_core::cluster::ingest;
+    use fleetmq_core::settings::IngestRetention;
+    Config {
+        name: ingest::STREAM.to_owned(),
+        subjects: vec![ingest::SUBJECTS.to_owned()],
+        retention: match store.ingest_retention {
+            IngestRetention::Limits => RetentionPolicy::Limits,
+            IngestRetention::Workqueue => RetentionPolicy::WorkQueue,
+        },
+        discard: DiscardPolicy::New,
+        max_bytes: i64::try_from(store.max_bytes).unwrap_or(i64::MAX),
+        max_age: store.ingest_max_age,
+        duplicate_window: store.ingest_duplicate_window,
+        num_replicas: replicas,
+        storage: StorageType::File,
+        ..Config::default()
+    }
+}
+
+/// What of the ingest stream's `want` config its `got` config lacks:
+/// `(field, wanted, found)`, the field named with the setting it comes
+/// from.
+pub(crate) fn ingest_mismatches(want: &Config, got: &Config) -> Vec<(&'static str, String, String)> {
+    let mut out = Vec::new();
+    let mut check = |field: &'static str, w: String, g: String| {
+        if w != g {
+            out.push((field, w, g));
+        }
+    };
+    check("subjects", want.subjects.join(","), got.subjects.join(","));
+    check("retention (store.ingest_retention)", format!("{:?}", want.retention), format!("{:?}", got.retention));
+    check("discard", format!("{:?}", want.discard), format!("{:?}", got.discard));
+    check("max_bytes (store.max_bytes)", want.max_bytes.to_string(), got.max_bytes.to_string());
+    check("max_age (store.ingest_max_age)", format!("{:?}", want.max_age), format!("{:?}", got.max_age));
+    check(
+        "duplicate_window (store.ingest_duplicate_window)",
+        format!("{:?}", want.duplicate_window),
+        format!("{:?}", got.duplicate_window),
+    );
+    check("num_replicas (cluster.nats_replicas)", want.num_replicas.to_string(), got.num_replicas.to_string());
+    check("storage", format!("{:?}", want.storage), format!("{:?}", got.storage));
+    out
+}
+
+/// Create the ingest stream when absent; when it exists with other
+/// limits (`store.max_bytes`, `store.ingest_max_age`,
+/// `store.ingest_duplicate_window`), update them to the settings'; then
+/// check that every flag set is echoed back.
+///
+/// # Errors
+/// [`StartError::Incompatible`] naming the field and the setting when the
+/// stream differs in what cannot be changed (retention, storage, replicas
+/// as the server refuses) or the server dropped a flag;
+/// [`StartError::Connect`] when JetStream does not answer.
+pub(crate) async fn ensure_ingest(js: &Context, store: &fleetmq_core::settings::Store, replicas: usize) -> Result<(), StartError> {
+    let want = ingest_config(store, replicas);
+    let mut got = stream_config(js, &want).await?;
+    let limits = ["max_bytes (store.max_bytes)", "max_age (store.ingest_max_age)", "duplicate_window (store.ingest_duplicate_window)"];
+    let wrong = ingest_mismatches(&want, &got);
+    if !wrong.is_empty() && wrong.iter().all(|(field, ..)| limits.contains(field)) {
+        let mut update = got.clone();
+        update.max_bytes = want.max_bytes;
+        update.max_age = want.max_age;
+        update.duplicate_window = want.duplicate_window;
+        match js.update_stream(update).await {
+            Ok(info) => {
+                tracing::info!(target: "bridge", stream = %want.name, "bridge: ingest stream limits updated to the settings");
+                got = info.config;
+            }
+            Err(e) => {
+                return Err(StartError::Incompatible(format!("stream {}: cannot update its limits to the settings: {e}", want.name)))
+            }
+        }
+    }
+    if let Some((field, wanted, found)) = ingest_mismatches(&want, &got).first() {
+        return Err(StartError::Incompatible(format!(
+            "stream {}: {field} is {found}, the settings ask for {wanted} (a stream made with other settings, \
+             or a server that dropped a flag it does not know)",
+            want.name
+        )));
+    }
+    Ok(())
+}
+
+/// The config of stream `want.name` as the server has it: created from
+/// `want` when absent.
+///
+/// # Errors
+/// [`StartError::Connect`] when JetStream does not answer.
+async fn stream_config(js: &Context, want: &Config) -> Result<Config, StartError> {
+    let info = |e: &dyn std::fmt::Display| StartError::Connect(format!("stream {}: {e}", want.name));
+    match js.get_stream(&want.name).await {
+        Ok(mut stream) => Ok(stream.info().await.map_err(|e| info(&e))?.config.clone()),
+        Err(_) => match js.create_stream(want.clone()).await {
+            Ok(mut stream) => Ok(stream.info().await.map(|i| i.config.clone()).unwrap_or_else(|_| want.clone())),
+            // Another replica made it at the same moment (or with other
+            // settings): read what is there.
+            Err(create) => {
+                let mut stream = js
+                    .get_stream(&want.name)
+                    .await
+                    .map_err(|_| StartError::Connect(format!("cannot create stream {}: {create}", want.name)))?;
+                Ok(stream.info().await.map_err(|e| info(&e))?.config.clone())
+            }
+        },
+    }
 }
 
 /// Read the format floor, writing [`FORMAT`] as the floor when there is
@@ -216,6 +308,20 @@ mod tests {
         let wrong = config_mismatches(&want, &dropped);
         assert_eq!(wrong[0].0, "allow_msg_ttl");
         assert_eq!(wrong.len(), 2);
+    }
+
+    #[test]
+    fn the_ingest_stream_as_created_has_no_mismatch_and_a_changed_limit_names_its_setting() {
+        let store = fleetmq_core::settings::Store::default();
+        let want = ingest_config(&store, 3);
+        assert!(ingest_mismatches(&want, &want).is_empty());
+        assert_eq!(want.discard, DiscardPolicy::New);
+        let mut other = store.clone();
+        other.ingest_retention = fleetmq_core::settings::IngestRetention::Workqueue;
+        other.max_bytes = 2 << 30;
+        let wrong = ingest_mismatches(&want, &ingest_config(&other, 3));
+        let fields: Vec<_> = wrong.iter().map(|w| w.0).collect();
+        assert_eq!(fields, ["retention (store.ingest_retention)", "max_bytes (store.max_bytes)"]);
     }
 
     #[test]

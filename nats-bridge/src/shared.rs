@@ -92,6 +92,11 @@ pub(crate) struct Shared {
     /// The undos of refused retained writes looking for them (see
     /// `budget.rs`).
     pub(crate) undos: Arc<crate::budget::Budget>,
+    /// The ingest appends waiting for NATS (see `budget.rs`, `ingest.rs`).
+    pub(crate) ingest: Arc<crate::budget::Budget>,
+    /// When an ingest refusal was last logged, and how many were not
+    /// logged since.
+    pub(crate) ingest_warned: Mutex<(Option<std::time::Instant>, u64)>,
 }
 
 impl Shared {
@@ -228,6 +233,9 @@ pub(crate) async fn start(
         let attempt = async {
             let level = setup::check_api_level(&state).await?;
             setup::ensure_buckets(&state, usize::from(config.cluster.nats_replicas), config.cluster.member_ttl).await?;
+            if let Some(store) = &config.ingest {
+                setup::ensure_ingest(&state, store, usize::from(config.cluster.nats_replicas)).await?;
+            }
             let floor = setup::check_floor(&state).await?;
             Ok::<_, StartError>((level, floor))
         };
@@ -292,5 +300,7 @@ pub(crate) async fn start(
         warned: Mutex::new((None, 0)),
         budget: Arc::new(crate::budget::Budget::writes()),
         undos: Arc::new(crate::budget::Budget::undos()),
+        ingest: Arc::new(crate::budget::Budget::ingest()),
+        ingest_warned: Mutex::new((None, 0)),
     }))
 }

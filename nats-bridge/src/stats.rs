@@ -27,11 +27,14 @@ pub enum OpKind {
     /// A write (put or delete) of a persistent session's record in
     /// `mqtt-session-state`.
     Session,
+    /// An append to the ingest stream (`store.kind = "jetstream"`), from
+    /// its request to its acknowledgement (or refusal).
+    Ingest,
 }
 
 impl OpKind {
     /// Every kind, in the order of [`OpKind::name`].
-    pub const ALL: [OpKind; 7] = [
+    pub const ALL: [OpKind; 8] = [
         OpKind::Heartbeat,
         OpKind::Probe,
         OpKind::Claim,
@@ -39,6 +42,7 @@ impl OpKind {
         OpKind::Retained,
         OpKind::Route,
         OpKind::Session,
+        OpKind::Ingest,
     ];
 
     /// The `op` label value.
@@ -51,6 +55,7 @@ impl OpKind {
             OpKind::Retained => "retained",
             OpKind::Route => "route",
             OpKind::Session => "session",
+            OpKind::Ingest => "ingest",
         }
     }
 
@@ -105,6 +110,18 @@ pub struct BridgeStats {
     /// Other replicas' entries of `mqtt-routes` applied (their replica
     /// live, written by its live process).
     pub routes_remote: AtomicU64,
+    /// Values appended to the ingest stream (acknowledged by JetStream).
+    pub ingest_appended: AtomicU64,
+    /// Ingest appends refused to their publisher: not taken within
+    /// `cluster.session_log_append_wait` (MQTT 5: 0x80).
+    pub ingest_refused_unavailable: AtomicU64,
+    /// Ingest appends refused because the stream is full (`max_bytes`,
+    /// discard new; MQTT 5: 0x97).
+    pub ingest_refused_full: AtomicU64,
+    /// Ingest appends refused before NATS: [`crate::INGEST_WAITING_MAX`]
+    /// appends or [`crate::INGEST_WAITING_BYTES`] already waited, or the
+    /// bridge's queue was full (MQTT 5: 0x97).
+    pub ingest_refused_queue: AtomicU64,
 }
 
 impl Default for BridgeStats {
@@ -129,6 +146,10 @@ impl Default for BridgeStats {
             routes_late: AtomicU64::new(0),
             routes_local: AtomicU64::new(0),
             routes_remote: AtomicU64::new(0),
+            ingest_appended: AtomicU64::new(0),
+            ingest_refused_unavailable: AtomicU64::new(0),
+            ingest_refused_full: AtomicU64::new(0),
+            ingest_refused_queue: AtomicU64::new(0),
         }
     }
 }

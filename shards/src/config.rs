@@ -123,16 +123,16 @@ pub fn load_from(
 }
 
 /// `store.kind` defaults to `"local"` on a single node (DESIGN.md §7);
-/// with a `[cluster]` section and no `store.kind` given it is `"none"`:
-/// the cluster's store (JetStream) is not in this build yet, and a
-/// replica's sessions live in the cluster, not in a local log.
+/// with a `[cluster]` section and no `store.kind` given it is
+/// `"jetstream"` (DESIGN.md §7, §15): a replica's values go to the
+/// cluster's ingest stream, not to a local log.
 fn cluster_store_default(table: &mut Table) {
     let has_cluster = table.contains_key("cluster");
     let has_kind = matches!(table.get("store"), Some(Value::Table(t)) if t.contains_key("kind"));
     if has_cluster && !has_kind {
         // `store` is a table or absent here (set_path only fails on a
         // non-table, which deserialising reports with its key).
-        let _ = set_path(table, "store.kind", Value::String("none".into()));
+        let _ = set_path(table, "store.kind", Value::String("jetstream".into()));
     }
 }
 
@@ -464,14 +464,14 @@ mod tests {
     }
 
     #[test]
-    fn the_store_is_local_on_a_single_node_and_none_in_a_cluster_unless_given() {
+    fn the_store_is_local_on_a_single_node_and_jetstream_in_a_cluster_unless_given() {
         use fleetmq_core::settings::StoreKind;
         let single = load_from(&args(), env(&[])).unwrap();
         assert_eq!(single.store.kind, StoreKind::Local);
         let cluster = file("[cluster]\nreplica_id = \"r1\"\n");
         let mut a = args();
         a.config = Some(cluster.0.clone());
-        assert_eq!(load_from(&a, env(&[])).unwrap().store.kind, StoreKind::None);
+        assert_eq!(load_from(&a, env(&[])).unwrap().store.kind, StoreKind::Jetstream);
         a.set = vec!["store.kind=local".into()];
         assert_eq!(load_from(&a, env(&[])).unwrap().store.kind, StoreKind::Local);
     }

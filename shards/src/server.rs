@@ -76,6 +76,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
         shutdown,
         sys_interval: settings.server.sys_interval,
         store,
+        ingest: settings.store.kind == fleetmq_core::settings::StoreKind::Jetstream,
     };
     let handles = start_shards(plan, listeners.per_shard)?;
     announce_ready(&listeners.bound, admin.as_ref(), shards, &ready);
@@ -308,6 +309,8 @@ struct ShardPlan {
     sys_interval: Duration,
     /// The local store, opened and recovered (`store.kind = "local"`).
     store: Option<Arc<crate::store::LocalStart>>,
+    /// `store.kind = "jetstream"`: QoS 1/2 values go to the ingest stream.
+    ingest: bool,
 }
 
 /// How long [`start_shards`] waits for every shard to accept connections.
@@ -338,6 +341,7 @@ fn start_shards(
         let metrics = plan.metrics.shard(id);
         let local = plan.store.clone();
         let clustered = plan.cluster.is_some();
+        let ingest = plan.ingest;
         let start = ShardStart {
             fds,
             shutdown: plan.shutdown.clone(),
@@ -351,7 +355,7 @@ fn start_shards(
             .io_memory(SHARD_IO_MEMORY)
             .spawn(move || async move {
                 let (senders, receivers) = mesh.join().await.expect("the shard mesh forms");
-                let store = crate::store::ShardStore::new(id, local.as_deref(), clustered);
+                let store = crate::store::ShardStore::new(id, local.as_deref(), clustered, ingest);
                 let shard = Rc::new(Shard::new(id, shards, limits, metrics, global, senders, store));
                 if let Some(local) = local {
                     shard.restore(&local.opened.recovered, crate::store::unix_ms());

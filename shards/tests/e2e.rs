@@ -221,3 +221,8 @@ mod cluster_routes;
 /// not taken up once expired.
 #[path = "e2e/cluster_session_state.rs"]
 mod cluster_session_state;
+
+/// `store.kind = "jetstream"`: QoS 1/2 values in the ingest stream before
+/// their PUBACK/PUBREC, refused when JetStream cannot take them (s39).
+#[path = "e2e/cluster_ingest.rs"]
+mod cluster_ingest;

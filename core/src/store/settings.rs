@@ -18,8 +18,24 @@ pub enum StoreKind {
     /// The default of a single node.
     #[default]
     Local,
-    /// NATS JetStream (not in this build yet).
+    /// NATS JetStream: the ingest stream `mqtt-ingest` (DESIGN.md §7,
+    /// /work/coord/ingest-contract.md). The default in cluster mode;
+    /// needs a `[cluster]` section.
     Jetstream,
+}
+
+/// The ingest stream's retention (`store.ingest_retention`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IngestRetention {
+    /// Values stay until `store.ingest_max_age` or `store.max_bytes`
+    /// (full: publishes refused, 0x97): any number of consumers read it.
+    #[default]
+    Limits,
+    /// A value goes once a consumer acknowledged it: what a single
+    /// database writer wants (one consumer per subject filter, explicit
+    /// acknowledgements).
+    Workqueue,
 }
 
 /// When the local store syncs its log (`store.fsync`).
@@ -48,8 +64,7 @@ pub enum Fsync {
 #[serde(default, deny_unknown_fields)]
 pub struct Store {
     /// The store. Default `"local"` for a single node; with a
-    /// `[cluster]` section and no `store.kind` given, `"none"` (the
-    /// cluster's own store, JetStream, is not in this build yet).
+    /// `[cluster]` section and no `store.kind` given, `"jetstream"`.
     pub kind: StoreKind,
     /// Data directory for the `local` store, held by one process at a time
     /// (lock file `LOCK`). Default `"./data"`.
@@ -64,10 +79,22 @@ pub struct Store {
     pub fsync_window: Duration,
     /// Bound on the log (snapshot and segments): compaction keeps it near
     /// what is live; while it is over this, publishes are refused (0x97)
-    /// until compaction brings it back under. Default 1 GiB,
-    /// 1MiB..=1TiB.
+    /// until compaction brings it back under. With `"jetstream"`: the
+    /// ingest stream's `max_bytes` (discard new: full, publishes are
+    /// refused with 0x97). Default 1 GiB, 1MiB..=1TiB.
     #[serde(with = "size")]
     pub max_bytes: usize,
+    /// `"jetstream"`: the ingest stream's retention. Default `"limits"`.
+    pub ingest_retention: IngestRetention,
+    /// `"jetstream"`: how long the ingest stream keeps a value (its
+    /// `max_age`). Default 7 days, 1m..=365d.
+    #[serde(with = "duration")]
+    pub ingest_max_age: Duration,
+    /// `"jetstream"`: the ingest stream's duplicate window, keyed on
+    /// `Nats-Msg-Id`: an append retried within it is stored once. At most
+    /// `store.ingest_max_age`. Default 2 minutes, 1s..=1d.
+    #[serde(with = "duration")]
+    pub ingest_duplicate_window: Duration,
     /// Start even when a log is damaged in the middle, dropping the
     /// damaged record and everything after it in that shard's log (values
     /// acknowledged after it are lost). Default false: such a log stops
@@ -83,6 +110,9 @@ impl Default for Store {
             fsync: Fsync::Batch,
             fsync_window: Duration::from_millis(2),
             max_bytes: 1 << 30,
+            ingest_retention: IngestRetention::Limits,
+            ingest_max_age: Duration::from_secs(7 * 86_400),
+            ingest_duplicate_window: Duration::from_secs(120),
             truncate_corrupt: false,
         }
     }
@@ -93,15 +123,19 @@ impl Store {
     ///
     /// # Errors
     /// `store.fsync_window` outside 100µs..=100ms, `store.max_bytes`
-    /// outside 1MiB..=1TiB, an empty `store.dir` for the local store, or
-    /// `store.kind = "jetstream"` (not in this build).
+    /// outside 1MiB..=1TiB, `store.ingest_max_age` outside 1m..=365d,
+    /// `store.ingest_duplicate_window` outside 1s..=1d or above
+    /// `store.ingest_max_age`, an empty `store.dir` for the local store.
+    /// (`store.kind = "jetstream"` without `[cluster]` is refused by
+    /// [`crate::settings::Settings::validate`].)
     pub fn validate(&self) -> Result<(), SettingsError> {
-        if self.kind == StoreKind::Jetstream {
-            return Err(SettingsError::StoreUnavailable(self.kind));
-        }
         let window = (Duration::from_micros(100), Duration::from_millis(100));
         check("store.fsync_window", self.fsync_window, window.0, window.1, format_duration)?;
         check("store.max_bytes", self.max_bytes, 1 << 20, 1 << 40, format_size)?;
+        let day = Duration::from_secs(86_400);
+        check("store.ingest_max_age", self.ingest_max_age, Duration::from_secs(60), day * 365, format_duration)?;
+        let most = self.ingest_max_age.min(day);
+        check("store.ingest_duplicate_window", self.ingest_duplicate_window, Duration::from_secs(1), most, format_duration)?;
         if self.kind == StoreKind::Local && self.dir.as_os_str().is_empty() {
             return Err(SettingsError::Invalid {
                 key: "store.dir",
@@ -118,7 +152,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_local_store_is_checked_and_jetstream_refused() {
+    fn the_local_store_is_checked() {
         let mut s = Store { kind: StoreKind::Local, ..Store::default() };
         assert_eq!(s.validate(), Ok(()));
         s.fsync_window = Duration::from_secs(1);
@@ -126,11 +160,24 @@ mod tests {
         s.fsync_window = Duration::from_millis(2);
         s.max_bytes = 1000;
         assert_eq!(s.validate().unwrap_err().to_string(), "store.max_bytes = 1000B is out of range 1MiB..=1TiB");
-        s.kind = StoreKind::Jetstream;
-        assert_eq!(
-            s.validate().unwrap_err().to_string(),
-            "store.kind = \"jetstream\" is not available in this build yet: use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
-        );
+    }
+
+    #[test]
+    fn the_ingest_settings_are_checked_and_the_window_fits_the_age() {
+        let mut s = Store { kind: StoreKind::Jetstream, ..Store::default() };
+        assert_eq!(s.validate(), Ok(()));
+        s.ingest_max_age = Duration::from_secs(10);
+        assert_eq!(s.validate().unwrap_err().to_string(), "store.ingest_max_age = 10s is out of range 1m..=365d");
+        s.ingest_max_age = Duration::from_secs(60);
+        assert_eq!(s.validate().unwrap_err().to_string(), "store.ingest_duplicate_window = 2m is out of range 1s..=1m");
+        s.ingest_duplicate_window = Duration::from_secs(30);
+        assert_eq!(s.validate(), Ok(()));
+        let t: Store = toml::from_str(
+            "kind = \"jetstream\"\ningest_retention = \"workqueue\"\ningest_max_age = \"1d\"\ningest_duplicate_window = \"5m\"\n",
+        )
+        .unwrap();
+        assert_eq!((t.kind, t.ingest_retention), (StoreKind::Jetstream, IngestRetention::Workqueue));
+        assert_eq!((t.ingest_max_age, t.ingest_duplicate_window), (Duration::from_secs(86_400), Duration::from_secs(300)));
     }
 
     #[test]

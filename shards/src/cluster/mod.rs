@@ -26,11 +26,13 @@ use tracing::{debug, info, warn};
 use crate::metrics::RefuseReason;
 use crate::shard::Shard;
 
+mod ingest;
 mod parked;
 mod report;
 mod retained;
 mod wills;
 
+pub(crate) use ingest::append_ingest;
 pub(crate) use retained::{publish_retained, Retained};
 
 /// How long a client identifier lost to another replica is remembered, to
@@ -96,6 +98,7 @@ impl Node {
             shards,
             owner_of: crate::shard::owner_of,
             mesh: mesh.as_ref().map(|m| m.advertise.clone()).unwrap_or_default(),
+            ingest: (settings.store.kind == fleetmq_core::settings::StoreKind::Jetstream).then(|| settings.store.clone()),
         };
         let bridge = Bridge::start(config).with_context(|| format!("cluster: replica {replica_id}"))?;
         info!(target: "cluster", replica = %replica_id, "cluster: joined");

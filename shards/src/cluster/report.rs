@@ -90,6 +90,28 @@ impl Node {
             "Bytes of the retained writes waiting for NATS (records and topics, plus 1 KiB each); at most 32 MiB",
             waiting_bytes.to_string(),
         );
+        gauge(
+            out,
+            "session_log_appends_held",
+            "QoS 1/2 values waiting for the ingest stream (store.kind = \"jetstream\"), queued for NATS or in flight; their PUBACK/PUBREC waits. At most 65,536",
+            self.bridge.ingest_waiting().to_string(),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fleetmq_session_log_appends_refused QoS 1/2 publishes refused because the ingest stream did not take them: unavailable (not within session_log_append_wait, 0x80), full (store.max_bytes, 0x97), queue (65,536 appends or 256 MiB already waiting for NATS, 0x97)\n# TYPE fleetmq_session_log_appends_refused counter"
+        );
+        for (reason, value) in [
+            ("unavailable", &stats.ingest_refused_unavailable),
+            ("full", &stats.ingest_refused_full),
+            ("queue", &stats.ingest_refused_queue),
+        ] {
+            let _ = writeln!(out, "fleetmq_session_log_appends_refused_total{{reason=\"{reason}\"}} {}", value.load(relaxed));
+        }
+        let _ = writeln!(
+            out,
+            "# HELP fleetmq_session_log_appends Values appended to the ingest stream (acknowledged by JetStream)\n# TYPE fleetmq_session_log_appends counter\nfleetmq_session_log_appends_total {}",
+            stats.ingest_appended.load(relaxed)
+        );
         let _ = writeln!(
             out,
             "# HELP fleetmq_bridge_queue_full Requests refused because the bridge queue was full\n# TYPE fleetmq_bridge_queue_full counter\nfleetmq_bridge_queue_full_total {}",

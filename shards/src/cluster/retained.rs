@@ -115,6 +115,16 @@ pub(crate) fn publish_retained(
     }
     if let (Some(write), Some(outcome)) = (write, outcome) {
         let origin = message.origin;
+        // Delivered (with what its publisher sent after it) before it is
+        // acknowledged, once every store it waits for has it (the ingest
+        // stream too: `ingest.rs`).
+        if held {
+            write.then(move |stored| {
+                if let Some(shard) = shard.upgrade() {
+                    shard.written(origin, write_no, stored);
+                }
+            });
+        }
         glommio::spawn_local(async move {
             // glommio runs a task it spawns at once: the shard's state is
             // borrowed until the caller is done.
@@ -124,11 +134,6 @@ pub(crate) fn publish_retained(
                 Ok(Err(RetainedError::TooLarge { .. })) => Outcome::Refused(ReasonCode::QUOTA_EXCEEDED),
                 Ok(Err(_)) | Err(_) => Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR),
             };
-            // Delivered (with what its publisher sent after it) before
-            // it is acknowledged.
-            if let (true, Some(shard)) = (held, shard.upgrade()) {
-                shard.written(origin, write_no, outcome == Outcome::Done);
-            }
             write.resolve(outcome);
         })
         .detach();

@@ -332,6 +332,26 @@ pub(crate) struct Shard {
     state: RefCell<State>,
 }
 
+/// `message`, published by `client` (QoS 1/2), as the ingest stream
+/// records it (`store.kind = "jetstream"`): its topic without the
+/// workspace prefix, the client's identifier and workspace. `None` at QoS
+/// 0 (not stored).
+fn ingest_value(client: &Client, message: &Message) -> Option<fleetmq_core::cluster::ingest::IngestValue> {
+    if message.qos == QoS::AtMostOnce {
+        return None;
+    }
+    let namespace = client.session.namespace();
+    let topic = message.topic.strip_prefix(&**namespace).unwrap_or(&message.topic);
+    Some(fleetmq_core::cluster::ingest::IngestValue {
+        workspace: client.owner.1.to_string(),
+        topic: topic.to_owned(),
+        client_id: client.session.client_id().to_string(),
+        qos: message.qos as u8,
+        retain: message.retain,
+        properties: message.properties.clone(),
+    })
+}
+
 /// The shard that owns `key` among `shards` (stable for the process's life).
 pub(crate) fn owner_of(key: &str, shards: usize) -> usize {
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -737,7 +757,8 @@ impl Shard {
                     message.origin = st.clients[slot as usize].key;
                     let logged = self.store.log_value(&mut message, now);
                     let v5 = Some(conn.protocol.is_v5());
-                    reach |= if logged { self.route_from(st, Arc::new(message), v5, now) } else { 0 };
+                    let ingest = self.store.ingests().then(|| ingest_value(&st.clients[slot as usize], &message)).flatten();
+                    reach |= if logged { self.route_from(st, Arc::new(message), v5, ingest, now) } else { 0 };
                 }
                 Output::Subscribed {
                     filter,

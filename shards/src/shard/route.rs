@@ -19,15 +19,39 @@ impl Shard {
     /// `mqtt-retained` has it, and what its publisher sent after it, see
     /// [`super::held`]).
     pub(super) fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) -> u64 {
-        self.route_from(st, message, None, now)
+        self.route_from(st, message, None, None, now)
     }
 
     /// [`Shard::route`] for a message a client published on a connection
     /// speaking MQTT 5 (`v5`: `Some(true)`) or 3.1.x (`Some(false)`): what
     /// a refusal of a value held before it does to it depends on that
-    /// (see [`super::held`]).
-    pub(super) fn route_from(&self, st: &mut State, message: Arc<Message>, v5: Option<bool>, now: Instant) -> u64 {
-        let delivery = if message.retain { self.keep_retained(st, &message, now) } else { Delivery::Now };
+    /// (see [`super::held`]). `ingest`: the value as the ingest stream
+    /// records it (`store.kind = "jetstream"`, QoS 1/2): appended there,
+    /// its acknowledgement and delivery waiting for JetStream
+    /// ([`crate::cluster::append_ingest`]).
+    pub(super) fn route_from(
+        &self,
+        st: &mut State,
+        message: Arc<Message>,
+        v5: Option<bool>,
+        ingest: Option<fleetmq_core::cluster::ingest::IngestValue>,
+        now: Instant,
+    ) -> u64 {
+        let mut delivery = if message.retain { self.keep_retained(st, &message, now) } else { Delivery::Now };
+        if let Some(value) = ingest {
+            let held = match delivery {
+                Delivery::Never => None,
+                Delivery::After(write) => Some(Some(write)),
+                Delivery::Now => Some(None),
+            };
+            // A value the retained store refused is refused: not ingested.
+            if let Some(held) = held {
+                let next = || st.held.next_write();
+                if let Some(write) = crate::cluster::append_ingest(&message, &value, &self.store, held, next) {
+                    delivery = Delivery::After(write);
+                }
+            }
+        }
         super::held::route_after(self, st, message, delivery, v5, now)
     }
 

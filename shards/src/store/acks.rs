@@ -71,6 +71,14 @@ pub(crate) struct Write {
     /// parked.
     conn: Cell<Option<u64>>,
     outcome: Cell<Outcome>,
+    /// Stores it waits for that have not answered: a value can be both
+    /// retained (`mqtt-retained`) and ingested (`mqtt-ingest`); it is
+    /// done once every one has it, refused as soon as one refuses.
+    parts: Cell<u32>,
+    /// Called once with the final outcome (`true`: done), before the
+    /// acknowledgements that wait are written: the delivery of a held
+    /// value ([`crate::shard::Shard::written`]).
+    after: RefCell<Option<Box<dyn FnOnce(bool)>>>,
     acks: Weak<AckQueue>,
 }
 
@@ -85,14 +93,41 @@ impl Write {
         self.conn.set(Some(conn));
     }
 
-    /// The write ended with `outcome`: the acknowledgements of its
-    /// connection that no longer wait are written, in order. Later calls
-    /// do nothing.
+    /// Whether it waits for no answer any more.
+    pub(crate) fn is_resolved(&self) -> bool {
+        self.outcome.get() != Outcome::Pending
+    }
+
+    /// It waits for the answer of one more store (see [`Write::resolve`]).
+    pub(crate) fn add_part(&self) {
+        self.parts.set(self.parts.get() + 1);
+    }
+
+    /// Call `after` once with the final outcome (`true`: done), before
+    /// the acknowledgements that wait for it are written. Replaces an
+    /// earlier one. Must not be called while the shard's state is
+    /// borrowed: [`Write::resolve`] runs it.
+    pub(crate) fn then(&self, after: impl FnOnce(bool) + 'static) {
+        *self.after.borrow_mut() = Some(Box::new(after));
+    }
+
+    /// One of the stores it waits for answered `outcome`: once every one
+    /// answered [`Outcome::Done`], or at the first refusal, its `after`
+    /// runs and the acknowledgements of its connection that no longer
+    /// wait are written, in order. Later calls do nothing.
     pub(crate) fn resolve(&self, outcome: Outcome) {
         if self.outcome.get() != Outcome::Pending {
             return;
         }
+        if outcome == Outcome::Done && self.parts.get() > 1 {
+            self.parts.set(self.parts.get() - 1);
+            return;
+        }
         self.outcome.set(outcome);
+        let after = self.after.borrow_mut().take();
+        if let Some(after) = after {
+            after(outcome == Outcome::Done);
+        }
         if let (Some(acks), Some(conn)) = (self.acks.upgrade(), self.conn.get()) {
             acks.release_chain(conn);
         }
@@ -217,7 +252,14 @@ impl AckQueue {
     /// A write that an acknowledgement of a publish from client `origin`
     /// will wait for.
     pub(crate) fn write(self: &Rc<Self>, origin: u64) -> Rc<Write> {
-        Rc::new(Write { origin, conn: Cell::new(None), outcome: Cell::new(Outcome::Pending), acks: Rc::downgrade(self) })
+        Rc::new(Write {
+            origin,
+            conn: Cell::new(None),
+            outcome: Cell::new(Outcome::Pending),
+            parts: Cell::new(1),
+            after: RefCell::new(None),
+            acks: Rc::downgrade(self),
+        })
     }
 
     /// Whether acknowledgements of connection `conn` wait in a chain: a

@@ -118,6 +118,9 @@ pub(crate) struct ShardStore {
     /// Cluster mode: a retained value is acknowledged once
     /// `mqtt-retained` has it ([`ShardStore::expect_write`]).
     clustered: bool,
+    /// `store.kind = "jetstream"`: a QoS 1/2 value is acknowledged once
+    /// the ingest stream has it ([`crate::cluster::append_ingest`]).
+    ingest: bool,
     /// The write the next acknowledgement of a connection (by key) waits
     /// for: set while the packet that caused it is handled, taken by
     /// [`ShardStore::acknowledge`].
@@ -126,11 +129,18 @@ pub(crate) struct ShardStore {
 
 impl ShardStore {
     /// Shard `shard`'s store: its log of the local store `local`, or none;
-    /// `clustered` in cluster mode.
-    pub(crate) fn new(shard: usize, local: Option<&LocalStart>, clustered: bool) -> ShardStore {
+    /// `clustered` in cluster mode; `ingest` with `store.kind =
+    /// "jetstream"` (cluster mode).
+    pub(crate) fn new(shard: usize, local: Option<&LocalStart>, clustered: bool, ingest: bool) -> ShardStore {
         let acks = Rc::new(acks::AckQueue::new(local.map(|l| l.watermark.clone())));
         let log = local.map(|l| Rc::new(ShardLog::new(shard, l, acks.clone())));
-        ShardStore { log, acks, clustered, next_write: RefCell::new(None) }
+        ShardStore { log, acks, clustered, ingest: clustered && ingest, next_write: RefCell::new(None) }
+    }
+
+    /// True with `store.kind = "jetstream"`: accepted QoS 1/2 values go to
+    /// the ingest stream before their acknowledgement.
+    pub(crate) fn ingests(&self) -> bool {
+        self.ingest
     }
 
     /// Start the log's committer task on the current executor.
@@ -181,9 +191,18 @@ impl ShardStore {
     /// for, a publish from the client whose key is `origin`
     /// ([`fleetmq_core::session::Message::origin`]); the caller resolves
     /// it ([`Write::resolve`]) when the other store answers.
+    ///
+    /// A second call for the same packet and `origin` (a retained value
+    /// that is ingested too) returns the same write, waiting for one more
+    /// answer ([`Write::add_part`]).
     pub(crate) fn expect_write(&self, origin: u64) -> Rc<Write> {
+        let mut next = self.next_write.borrow_mut();
+        if let Some(write) = next.as_ref().filter(|w| w.origin() == origin && !w.is_resolved()) {
+            write.add_part();
+            return write.clone();
+        }
         let write = self.acks.write(origin);
-        *self.next_write.borrow_mut() = Some(write.clone());
+        *next = Some(write.clone());
         write
     }
 

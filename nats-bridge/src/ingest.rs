@@ -1,0 +1,167 @@
+//! Appends to the ingest stream `mqtt-ingest` (`store.kind =
+//! "jetstream"`, DESIGN.md §7): one stream message per accepted QoS 1/2
+//! PUBLISH, whose PUBACK/PUBREC waits for JetStream's acknowledgement.
+//!
+//! Pipelined: every append is a task of its own on the bridge thread
+//! (taken in batches each wake-up, see `bridge.rs`), so thousands of
+//! publish acknowledgements are in flight at once (async-nats' window is
+//! 5,000) rather than one round trip at a time (notes/jetstream.md §3:
+//! ~100–170k/s pipelined against ~10k/s awaited). What waits is bounded
+//! by [`crate::INGEST_WAITING_MAX`] and [`crate::INGEST_WAITING_BYTES`].
+//!
+//! # The message ID
+//! `Nats-Msg-Id` is `<instance>.i<n>`: `instance` the random 64-bit ID
+//! of this broker process (hex, [`crate::BridgeConfig::instance`]) and
+//! `n` a counter of the process's appends. It is unique per accepted
+//! value (no two processes share an instance; the counter never repeats
+//! within one), and stable across the bridge's retries: every attempt of
+//! one append publishes the same ID, so a publish that timed out but
+//! landed after all (notes/jetstream.md §2.3.4) and its retry are stored
+//! once (within `store.ingest_duplicate_window`). It is deliberately not
+//! the (client identifier, packet identifier) pair: MQTT reuses a packet
+//! identifier as soon as its flow ends, often within milliseconds, while
+//! the duplicate window is minutes long, so such a key would make
+//! JetStream drop a real new value as a "duplicate" and acknowledge it.
+
+use std::future::IntoFuture as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::bridge::Shared;
+use crate::request::IngestError;
+use crate::Ticket;
+
+/// A rejected append (no stream leader yet, NATS reconnecting) is tried
+/// again after this pause, while its wait lasts.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Each attempt waits at most this long for its acknowledgement before
+/// the append is published again (same ID: stored once).
+const ATTEMPT_WAIT: Duration = Duration::from_secs(2);
+
+/// Refusals logged at most once per this period.
+const WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// One append (see [`crate::Request::IngestAppend`]).
+pub(crate) struct Append {
+    pub(crate) subject: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) payload: Bytes,
+    pub(crate) wait: Duration,
+}
+
+/// What one attempt came to.
+enum Fate {
+    /// Stored, at this stream sequence (or found a duplicate of an
+    /// earlier attempt).
+    Stored(u64),
+    /// The stream is full: no retry helps.
+    Full(String),
+    /// Not stored, or not known to be: try again while the wait lasts.
+    Retry(String),
+}
+
+/// The bytes an append counts against [`crate::INGEST_WAITING_BYTES`]:
+/// its subject, headers and payload.
+pub(crate) fn size(subject: &str, headers: &[(String, String)], payload: &Bytes) -> usize {
+    subject.len() + payload.len() + headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>()
+}
+
+/// Append `append` within its wait; returns the stream sequence.
+/// `ticket` (its share of what may wait for NATS) is given back when this
+/// returns.
+///
+/// # Errors
+/// [`IngestError::Full`] when JetStream answered that the stream is full
+/// (`store.max_bytes` reached: discard new); [`IngestError::Unavailable`]
+/// when it did not take it within the wait (it may still land; the client
+/// is refused and sends it again: at least once).
+pub(crate) async fn append(shared: &Arc<Shared>, append: Append, ticket: Option<Ticket>) -> Result<u64, IngestError> {
+    let _ticket = ticket;
+    let id = format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed));
+    let deadline = Instant::now() + append.wait;
+    let mut why = String::new();
+    while Instant::now() < deadline && !shared.stopping.load(Ordering::Acquire) {
+        match attempt(shared, &append, &id, deadline).await {
+            Fate::Stored(sequence) => return Ok(sequence),
+            Fate::Full(e) => return Err(IngestError::Full(e)),
+            Fate::Retry(e) => why = e,
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::sleep(RETRY_PAUSE.min(left)).await;
+    }
+    if why.is_empty() {
+        why = "the broker is stopping".to_owned();
+    }
+    Err(IngestError::Unavailable(why))
+}
+
+/// One publish of the append `id` and its acknowledgement, by `deadline`
+/// and within [`ATTEMPT_WAIT`].
+async fn attempt(shared: &Shared, append: &Append, id: &str, deadline: Instant) -> Fate {
+    let mut publish = PublishMessage::build().payload(append.payload.clone()).message_id(id);
+    for (name, value) in &append.headers {
+        publish = publish.header(name.as_str(), value.as_str());
+    }
+    // async-nats waits for room in its acknowledgement window and command
+    // queue with no deadline of ours: a publish still waiting there at the
+    // deadline was not sent.
+    let ack = match tokio::time::timeout_at(deadline, shared.state.send_publish(append.subject.clone(), publish)).await {
+        Ok(Ok(ack)) => ack,
+        Ok(Err(e)) => return Fate::Retry(e.to_string()),
+        Err(_) => return Fate::Retry("not sent to NATS in time".to_owned()),
+    };
+    let by = deadline.min(Instant::now() + ATTEMPT_WAIT);
+    match tokio::time::timeout_at(by, ack.into_future()).await {
+        Ok(Ok(ack)) => Fate::Stored(ack.sequence),
+        Ok(Err(e)) if e.kind() == PublishErrorKind::Other && is_full(&e.to_string()) => Fate::Full(e.to_string()),
+        Ok(Err(e)) => Fate::Retry(e.to_string()),
+        Err(_) => Fate::Retry("no acknowledgement from JetStream in time".to_owned()),
+    }
+}
+
+/// Whether a JetStream publish error says the stream is full: with
+/// discard new, nats-server answers "maximum bytes exceeded" (or
+/// "maximum messages exceeded") as error 10077.
+fn is_full(error: &str) -> bool {
+    error.contains("maximum bytes exceeded") || error.contains("maximum messages exceeded")
+}
+
+/// Count a refused append by reason and log it at most once per
+/// [`WARN_EVERY`] (with how many were not logged).
+pub(crate) fn refused(shared: &Shared, error: &IngestError) {
+    let stats = &shared.status.stats;
+    match error {
+        IngestError::Full(_) => stats.ingest_refused_full.fetch_add(1, Ordering::Relaxed),
+        IngestError::Unavailable(_) => stats.ingest_refused_unavailable.fetch_add(1, Ordering::Relaxed),
+        IngestError::Queue(_) => stats.ingest_refused_queue.fetch_add(1, Ordering::Relaxed),
+    };
+    let Ok(mut warned) = shared.ingest_warned.lock() else { return };
+    let now = std::time::Instant::now();
+    if warned.0.is_some_and(|at| now.duration_since(at) < WARN_EVERY) {
+        warned.1 += 1;
+        return;
+    }
+    let unlogged = std::mem::take(&mut warned.1);
+    warned.0 = Some(now);
+    warn!(target: "cluster", %error, unlogged, "cluster: a QoS 1/2 publish was refused: not in the ingest stream");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stream_full_answers_of_nats_server_are_recognised() {
+        assert!(is_full("maximum bytes exceeded"));
+        assert!(is_full("nats: error code 10077: maximum messages exceeded"));
+        assert!(!is_full("no responders"));
+    }
+}

@@ -1,0 +1,331 @@
+//! `store.kind = "jetstream"`, the cluster default (DESIGN.md §7): every
+//! accepted QoS 1/2 PUBLISH is in the ingest stream `mqtt-ingest`
+//! (contract: /work/coord/ingest-contract.md) before its PUBACK/PUBREC;
+//! refused (MQTT 5: 0x80) when JetStream does not take it within
+//! `cluster.session_log_append_wait`; never acknowledged and then lost.
+//! Against a real 3-server NATS cluster, the stream at R3.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::cluster::{replica, wait_ready};
+use crate::harness::Broker;
+use crate::nats::NatsCluster;
+use crate::raw::{wire as build, Incoming, RawClient};
+
+/// One message of the ingest stream: sequence, subject, headers (name →
+/// values), payload.
+#[derive(Debug, Clone)]
+struct Ingested {
+    subject: String,
+    headers: BTreeMap<String, Vec<String>>,
+    payload: Vec<u8>,
+}
+
+impl Ingested {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.first()).map(String::as_str)
+    }
+}
+
+/// Every message of `mqtt-ingest` now, in stream order (any server that
+/// answers).
+fn ingested(nats: &NatsCluster) -> Vec<Ingested> {
+    let urls = nats.urls();
+    crate::nats::block_on(async move {
+        let js = async_nats::jetstream::new(crate::nats::connect(&urls).await);
+        let mut stream = js.get_stream("mqtt-ingest").await.expect("the ingest stream exists");
+        let state = stream.info().await.expect("stream info").state.clone();
+        let mut out = Vec::new();
+        for seq in state.first_sequence..=state.last_sequence {
+            let Ok(m) = stream.get_raw_message(seq).await else { continue };
+            let mut headers = BTreeMap::new();
+            for (name, values) in m.headers.iter() {
+                let values: Vec<String> = values.iter().map(|v| v.as_str().to_owned()).collect();
+                headers.insert(name.to_string(), values);
+            }
+            out.push(Ingested { subject: m.subject.to_string(), headers, payload: m.payload.to_vec() });
+        }
+        out
+    })
+}
+
+/// Connects `id` (MQTT 5 unless `v311`), CONNACK 0 expected.
+fn client(broker: &Broker, id: &str, v311: bool, session_expiry: Option<u32>) -> RawClient {
+    let mut c = RawClient::connect(broker.mqtt);
+    let mut connect = if v311 { build::Connect::v311(id) } else { build::Connect::v5(id) };
+    if session_expiry.is_some() {
+        connect.clean = false;
+        connect.session_expiry = session_expiry;
+    }
+    assert_eq!(c.handshake(&connect.encode()).1, 0, "CONNACK of {id}");
+    c
+}
+
+/// The next packet with fixed header `header`, skipping others; its body.
+fn expect(c: &mut RawClient, header: u8, within: Duration) -> Vec<u8> {
+    let until = Instant::now() + within;
+    loop {
+        match c.read(until.saturating_duration_since(Instant::now())) {
+            Incoming::Packet { header: h, body } if h == header => return body,
+            Incoming::Packet { .. } => continue,
+            other => panic!("expected packet 0x{header:02x}, got {other:02x?}"),
+        }
+    }
+}
+
+#[test]
+fn qos1_and_qos2_publishes_are_in_the_ingest_stream_before_their_acknowledgement_with_the_contracts_headers() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &[]);
+    let mut c = client(&a, "dev-1", false, None);
+    // QoS 1: in the stream once the PUBACK is here (DESIGN.md §7).
+    c.send(&build::publish("plant/t1", 1, 1, (false, false), b"21.5", true));
+    let puback = expect(&mut c, 0x40, Duration::from_secs(10));
+    assert_eq!(&puback[..2], &[0, 1]);
+    assert_eq!(puback.get(2).copied().unwrap_or(0), 0, "PUBACK success");
+    let now = ingested(&nats);
+    assert_eq!(now.len(), 1, "{now:?}");
+    let m = &now[0];
+    assert_eq!(m.subject, "mqtt-ingest._");
+    assert_eq!(m.payload, b"21.5");
+    assert_eq!(m.header("Mqtt-Topic"), Some("plant/t1"));
+    assert_eq!(m.header("Mqtt-Qos"), Some("1"));
+    assert_eq!(m.header("Mqtt-Client-Id"), Some("dev-1"));
+    assert_eq!(m.header("Mqtt-Retain"), None);
+    assert_eq!(m.header("Mqtt-Workspace"), None);
+    let first_id = m.header("Nats-Msg-Id").expect("Nats-Msg-Id").to_owned();
+    // QoS 2, retained: in the stream once the PUBREC is here; the flow
+    // goes on to PUBCOMP.
+    c.send(&build::publish("plant/t2", 2, 2, (false, true), b"x", true));
+    let pubrec = expect(&mut c, 0x50, Duration::from_secs(10));
+    assert_eq!(pubrec.get(2).copied().unwrap_or(0), 0, "PUBREC success");
+    let now = ingested(&nats);
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert_eq!(now[1].header("Mqtt-Qos"), Some("2"));
+    assert_eq!(now[1].header("Mqtt-Retain"), Some("1"));
+    c.send(&build::pubrel(2));
+    expect(&mut c, 0x70, Duration::from_secs(5));
+    // Packet identifier 1 again, a new value: stored as a new message
+    // (the ID is not the packet identifier, which MQTT reuses at once).
+    c.send(&build::publish("plant/t1", 1, 1, (false, false), b"21.6", true));
+    expect(&mut c, 0x40, Duration::from_secs(10));
+    let now = ingested(&nats);
+    assert_eq!(now.len(), 3, "a reused packet identifier is a new value: {now:?}");
+    assert_eq!(now[2].payload, b"21.6");
+    assert_ne!(now[2].header("Nats-Msg-Id"), Some(first_id.as_str()));
+    // QoS 0 is not stored.
+    c.send(&build::publish_qos0("plant/t0", b"q0", true));
+    c.send(&build::publish("plant/t1", 1, 3, (false, false), b"after q0", true));
+    expect(&mut c, 0x40, Duration::from_secs(10));
+    let now = ingested(&nats);
+    assert_eq!(now.iter().map(|m| m.payload.clone()).collect::<Vec<_>>(), [&b"21.5"[..], b"x", b"21.6", b"after q0"]);
+    // MQTT 3.1.1 too.
+    let mut old = client(&a, "dev-311", true, None);
+    old.send(&build::publish("plant/t3", 1, 9, (false, false), b"v311", false));
+    expect(&mut old, 0x40, Duration::from_secs(10));
+    let now = ingested(&nats);
+    assert_eq!(now.last().map(|m| (m.payload.clone(), m.header("Mqtt-Client-Id").map(str::to_owned))), Some((b"v311".to_vec(), Some("dev-311".to_owned()))));
+    // The gauge and the counter are served.
+    assert_eq!(a.metric_sum("fleetmq_session_log_appends_total"), 5.0);
+    assert_eq!(a.metric_sum("fleetmq_session_log_appends_held"), 0.0);
+}
+
+#[test]
+fn a_publish_resent_with_dup_is_stored_at_least_once_at_qos1_and_once_per_open_flow_at_qos2() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &[]);
+    let mut c = client(&a, "dup-1", false, Some(300));
+    // QoS 1 sent, the connection lost before its PUBACK is read: the
+    // client sends it again with DUP after it reconnects [MQTT-4.4.0-1].
+    c.send(&build::publish("d/q1", 1, 7, (false, false), b"one", true));
+    // QoS 2 sent and its PUBREC read: the flow is open.
+    c.send(&build::publish("d/q2", 2, 8, (false, false), b"two", true));
+    expect(&mut c, 0x50, Duration::from_secs(10));
+    // Resent on the same connection while the flow is open: PUBREC again,
+    // not a second copy [MQTT-4.3.3-9].
+    c.send(&build::publish("d/q2", 2, 8, (true, false), b"two", true));
+    expect(&mut c, 0x50, Duration::from_secs(10));
+    drop(c);
+    thread::sleep(Duration::from_millis(300));
+    let mut c = client(&a, "dup-1", false, Some(300));
+    c.send(&build::publish("d/q1", 1, 7, (true, false), b"one", true));
+    let puback = expect(&mut c, 0x40, Duration::from_secs(10));
+    assert_eq!(puback.get(2).copied().unwrap_or(0), 0);
+    // The QoS 2 flow is still open in the session: resent with DUP, it is
+    // not stored again; PUBREL ends it.
+    c.send(&build::publish("d/q2", 2, 8, (true, false), b"two", true));
+    expect(&mut c, 0x50, Duration::from_secs(10));
+    c.send(&build::pubrel(8));
+    expect(&mut c, 0x70, Duration::from_secs(5));
+    let now = ingested(&nats);
+    let ones = now.iter().filter(|m| m.payload == b"one").count();
+    let twos = now.iter().filter(|m| m.payload == b"two").count();
+    assert!(ones >= 1, "QoS 1 at least once: {now:?}");
+    assert_eq!(twos, 1, "QoS 2 once per open flow: {now:?}");
+}
+
+/// What a QoS 1 publisher was told, by payload number.
+#[derive(Debug, Default)]
+struct Told {
+    /// Acknowledged with 0x00.
+    acked: HashSet<u64>,
+    /// Refused with 0x80 (not taken within the wait).
+    refused: u64,
+    /// Other reason codes.
+    other: Vec<u8>,
+    /// Connections closed under it.
+    closed: u64,
+}
+
+/// Publishes QoS 1 values numbered from 0 on `broker` as `id`, at most 50
+/// unacknowledged, reconnecting when the connection closes (a fenced
+/// replica closes it, a CONNECT is refused while NATS is away), until
+/// `stop`.
+fn publisher(broker: &Broker, id: &'static str, stop: Arc<AtomicBool>, told: Arc<Mutex<Told>>) -> thread::JoinHandle<u64> {
+    let addr = broker.mqtt;
+    thread::spawn(move || {
+        let mut n = 0u64;
+        'connections: while !stop.load(Ordering::Relaxed) {
+            let Ok(mut c) = RawClient::try_connect(addr) else {
+                thread::sleep(Duration::from_millis(200));
+                continue;
+            };
+            if c.handshake(&build::Connect::v5(id).encode()).1 != 0 {
+                thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+            // packet identifier → payload number
+            let mut open: BTreeMap<u16, u64> = BTreeMap::new();
+            let mut next_pid = 1u16;
+            while !stop.load(Ordering::Relaxed) {
+                while open.len() < 50 {
+                    let pid = next_pid;
+                    next_pid = if next_pid == 1000 { 1 } else { next_pid + 1 };
+                    if c.try_send(&build::publish("o/v", 1, pid, (false, false), n.to_string().as_bytes(), true)).is_err() {
+                        told.lock().unwrap().closed += 1;
+                        continue 'connections;
+                    }
+                    open.insert(pid, n);
+                    n += 1;
+                }
+                match c.read(Duration::from_millis(100)) {
+                    Incoming::Packet { header: 0x40, body } => {
+                        let pid = u16::from_be_bytes([body[0], body[1]]);
+                        let Some(value) = open.remove(&pid) else { continue };
+                        let mut t = told.lock().unwrap();
+                        match body.get(2).copied().unwrap_or(0) {
+                            0 => drop(t.acked.insert(value)),
+                            0x80 => t.refused += 1,
+                            code => t.other.push(code),
+                        }
+                    }
+                    Incoming::Packet { .. } | Incoming::TimedOut => {}
+                    Incoming::Closed => {
+                        told.lock().unwrap().closed += 1;
+                        continue 'connections;
+                    }
+                }
+            }
+        }
+        n
+    })
+}
+
+/// Every value acknowledged to a publisher is in the stream.
+fn assert_none_lost(nats: &NatsCluster, told: &Told) {
+    let stored: HashSet<u64> = ingested(nats)
+        .iter()
+        .filter_map(|m| std::str::from_utf8(&m.payload).ok()?.parse().ok())
+        .collect();
+    let lost: Vec<_> = told.acked.iter().filter(|v| !stored.contains(v)).take(10).collect();
+    assert!(lost.is_empty(), "acknowledged and not in the stream: {lost:?} (of {} acknowledged)", told.acked.len());
+}
+
+#[test]
+fn with_every_nats_server_stopped_publishes_are_refused_within_the_wait_none_acknowledged_is_lost_and_service_resumes() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", "cluster.session_log_append_wait=2s"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let told = Arc::new(Mutex::new(Told::default()));
+    let running = publisher(&a, "outage-pub", stop.clone(), told.clone());
+    let acked = |told: &Mutex<Told>| told.lock().unwrap().acked.len();
+    let until = Instant::now() + Duration::from_secs(20);
+    while acked(&told) < 200 {
+        assert!(Instant::now() < until, "no service before the outage: {:?}", told.lock().unwrap().other);
+        thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..3 {
+        nats.pause(i);
+    }
+    // Refused (0x80) within the wait (2 s), well before the replica fences
+    // (~12 s) and closes the connection.
+    let paused_at = Instant::now();
+    while told.lock().unwrap().refused == 0 {
+        assert!(paused_at.elapsed() < Duration::from_secs(6), "nothing refused 6 s into the outage");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let refused_after = paused_at.elapsed();
+    assert!(refused_after < Duration::from_secs(5), "first refusal after {refused_after:?}");
+    assert!(a.metric_sum("fleetmq_session_log_appends_refused_total") >= 1.0);
+    thread::sleep(Duration::from_secs(3));
+    for i in 0..3 {
+        nats.resume(i);
+    }
+    // Service resumes: new values acknowledged.
+    wait_ready(&a, 200, Duration::from_secs(40));
+    let before = acked(&told);
+    let until = Instant::now() + Duration::from_secs(40);
+    while acked(&told) < before + 200 {
+        assert!(Instant::now() < until, "service did not resume: {} acknowledged since", acked(&told) - before);
+        thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    running.join().unwrap();
+    let told = told.lock().unwrap();
+    assert!(told.other.is_empty(), "unexpected reason codes {:?}", told.other);
+    assert_none_lost(&nats, &told);
+}
+
+#[test]
+fn one_nats_server_killed_does_not_affect_the_publishers() {
+    let mut nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let told = Arc::new(Mutex::new(Told::default()));
+    let running = publisher(&a, "kill-pub", stop.clone(), told.clone());
+    let acked = |told: &Mutex<Told>| told.lock().unwrap().acked.len();
+    let until = Instant::now() + Duration::from_secs(20);
+    while acked(&told) < 200 {
+        assert!(Instant::now() < until, "no service before the kill");
+        thread::sleep(Duration::from_millis(50));
+    }
+    // The ingest stream's leader, the likeliest to matter.
+    let victim = nats.stream_leader("mqtt-ingest").unwrap_or(0);
+    nats.kill(victim);
+    let before = acked(&told);
+    let until = Instant::now() + Duration::from_secs(20);
+    while acked(&told) < before + 500 {
+        assert!(Instant::now() < until, "service stalled after one server died: {} since", acked(&told) - before);
+        thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    running.join().unwrap();
+    let told = told.lock().unwrap();
+    assert_eq!((told.refused, told.closed), (0, 0), "refusals or closes with two of three servers up: {told:?}");
+    assert!(told.other.is_empty(), "{:?}", told.other);
+    assert_none_lost(&nats, &told);
+}
+
+#[test]
+fn the_jetstream_store_without_a_cluster_section_does_not_start() {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleetmq"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--set", "store.kind=jetstream"]);
+    let out = crate::harness::run_with_timeout(&mut cmd, Duration::from_secs(20));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("store.kind = \"jetstream\" needs a [cluster] section"), "{stderr}");
+}
