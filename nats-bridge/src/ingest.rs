@@ -42,10 +42,6 @@ use crate::Ticket;
 /// again after this pause, while its wait lasts.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
-/// Each attempt waits at most this long for its acknowledgement before
-/// the append is published again (same ID: stored once).
-const ATTEMPT_WAIT: Duration = Duration::from_secs(2);
-
 /// Refusals logged at most once per this period.
 const WARN_EVERY: Duration = Duration::from_secs(1);
 
@@ -103,8 +99,11 @@ pub(crate) async fn append(shared: &Arc<Shared>, append: Append, ticket: Option<
     Err(IngestError::Unavailable(why))
 }
 
-/// One publish of the append `id` and its acknowledgement, by `deadline`
-/// and within [`ATTEMPT_WAIT`].
+/// One publish of the append `id` and its acknowledgement, by `deadline`.
+/// An acknowledgement is awaited until then (NATS slow is not NATS
+/// gone: a publish given up and sent again would wait as long); an error
+/// answer (no stream leader, a connection lost) is tried again with the
+/// same ID, stored once.
 async fn attempt(shared: &Shared, append: &Append, id: &str, deadline: Instant) -> Fate {
     let mut publish = PublishMessage::build().payload(append.payload.clone()).message_id(id);
     for (name, value) in &append.headers {
@@ -118,8 +117,7 @@ async fn attempt(shared: &Shared, append: &Append, id: &str, deadline: Instant) 
         Ok(Err(e)) => return Fate::Retry(e.to_string()),
         Err(_) => return Fate::Retry("not sent to NATS in time".to_owned()),
     };
-    let by = deadline.min(Instant::now() + ATTEMPT_WAIT);
-    match tokio::time::timeout_at(by, ack.into_future()).await {
+    match tokio::time::timeout_at(deadline, ack.into_future()).await {
         Ok(Ok(ack)) => Fate::Stored(ack.sequence),
         Ok(Err(e)) if e.kind() == PublishErrorKind::Other && is_full(&e.to_string()) => Fate::Full(e.to_string()),
         Ok(Err(e)) => Fate::Retry(e.to_string()),
