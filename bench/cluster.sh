@@ -9,6 +9,9 @@
 #                 `fleetmq cert --names a,b`, mesh_listen 127.0.0.1:<free>);
 #                 publishers on a, subscribers on b (fan-out: spread a, b)
 #   fleetmq-one   one fleetmq replica a of such a cluster, every client on it
+#   fleetmq-js1   fleetmq-one with store.kind = jetstream (the ingest stream,
+#                 PUBACK after JetStream's ack), cluster.nats_replicas = 1
+#   fleetmq-js3   the same with cluster.nats_replicas = 3 (R3)
 #   nats          a 2-server nats-server MQTT cluster (JetStream, routes);
 #                 publishers on server 1, subscribers on server 2 (fan-out:
 #                 spread over 1 and 2)
@@ -17,6 +20,9 @@
 #   x-fanin-q1   the same at QoS 1
 #   x-fanout-q0  fan-out 1 → FANOUT_SUBSCRIBERS, QoS 0, --rate max
 #   x-p99        fan-in at QoS 0, P99_RATE (20,000) msg/s offered (open loop)
+#   x-ingest-q1  fan-in at QoS 1, --rate max (as x-fanin-q1); its p99 is
+#                publish-to-PUBACK (ack_latency_us), not delivery: for
+#                fleetmq-js1/js3 against nats (both store before PUBACK)
 # Every broker process (fleetmq replicas, their NATS servers, nats-server
 # MQTT) runs on BROKER_CPU, the loadgen on LOAD_CPU. The table: delivered
 # msg/s and p99 µs (medians), fleetmq-mesh / nats and fleetmq-mesh /
@@ -144,8 +150,8 @@ start_replica() {
     read -r mqtt admin mesh < <(free_ports 3 | tr '\n' ' ')
     cluster_spawn "$dir/$id.log" env RUST_LOG=warn "$FLEETMQ" serve --listen "127.0.0.1:$mqtt" \
         --admin "127.0.0.1:$admin" --shards "$FLEETMQ_SHARDS" \
-        --set store.kind=none \
-        --set "cluster.replica_id=$id" --set "cluster.nats_urls=$NATS_URLS" --set cluster.nats_replicas=3 \
+        --set "store.kind=${REPLICA_STORE:-none}" \
+        --set "cluster.replica_id=$id" --set "cluster.nats_urls=$NATS_URLS" --set "cluster.nats_replicas=${REPLICA_NATS_REPLICAS:-3}" \
         --set "cluster.mesh_listen=127.0.0.1:$mesh" \
         --set "cluster.mesh_cert=$dir/certs/$id.pem" --set "cluster.mesh_key=$dir/certs/$id.key" \
         --set "cluster.mesh_ca=$dir/certs/ca.pem" $FLEETMQ_ARGS
@@ -165,7 +171,17 @@ start_system() {
     local system=$1
     SYSTEM_DIR=$(mktemp -d "$WORK/$system.XXXX")
     ADMIN_a="" ADMIN_b=""
+    REPLICA_STORE=none REPLICA_NATS_REPLICAS=3
     case "$system" in
+    fleetmq-js1 | fleetmq-js3)
+        REPLICA_STORE=jetstream REPLICA_NATS_REPLICAS=${system#fleetmq-js}
+        "$FLEETMQ" cert --out "$SYSTEM_DIR/certs" --names a,b >"$SYSTEM_DIR/cert.log" 2>&1 ||
+            { log "fleetmq cert failed: $(tail -n 1 "$SYSTEM_DIR/cert.log")"; return 1; }
+        start_nats_cluster "$SYSTEM_DIR" 3 "fleetmq-bench" || return 1
+        start_replica "$SYSTEM_DIR" a
+        wait_http "http://127.0.0.1:$ADMIN_a/health/ready" "replica a" 60 || { tail -n 20 "$SYSTEM_DIR/a.log" >&2; return 1; }
+        PUB_URL=mqtt://127.0.0.1:$MQTT_PORT_a SUB_URL=mqtt://127.0.0.1:$MQTT_PORT_a SPREAD_URL=mqtt://127.0.0.1:$MQTT_PORT_a
+        ;;
     fleetmq-mesh | fleetmq-one)
         "$FLEETMQ" cert --out "$SYSTEM_DIR/certs" --names a,b >"$SYSTEM_DIR/cert.log" 2>&1 ||
             { log "fleetmq cert failed: $(tail -n 1 "$SYSTEM_DIR/cert.log")"; return 1; }
@@ -212,7 +228,7 @@ cluster_args() {
     local base
     case "$1" in
     x-fanin-q0) base=fanin-q0 ;;
-    x-fanin-q1) base=fanin-q1 ;;
+    x-fanin-q1 | x-ingest-q1) base=fanin-q1 ;;
     x-fanout-q0) base=fanout-q0 ;;
     x-p99) base=fanin-p99 ;;
     *) return 1 ;;
@@ -254,7 +270,7 @@ cluster_main() {
     local s b r
     for b in $CLUSTER_SYSTEMS; do
         case "$b" in
-        nats | fleetmq-mesh | fleetmq-one)
+        nats | fleetmq-mesh | fleetmq-one | fleetmq-js1 | fleetmq-js3)
             # fleetmq's cluster runs on nats-server too.
             ensure_peer nats || { log "SKIPPED $b: no nats-server 2.15 (see $WORK/install-nats.log)"; continue; } ;;
         *) log "unknown cluster system $b"; continue ;;
@@ -286,7 +302,12 @@ cluster_main() {
                     local tp p99 xd
                     tp=$(jq -r '.received_per_s' "$json")
                     # Nothing delivered: no latency to show.
-                    p99=$(jq -r 'if .received > 0 then .latency_us.p99 else "nan" end' "$json")
+                    if [[ $s == x-ingest-q1 ]]; then
+                        # publish-to-PUBACK
+                        p99=$(jq -r '.ack_latency_us.p99 // "nan"' "$json")
+                    else
+                        p99=$(jq -r 'if .received > 0 then .latency_us.p99 else "nan" end' "$json")
+                    fi
                     xd=$(cross_deliveries "$json")
                     TP[$b]+="$tp"$'\n'
                     LAT[$b]+="$p99"$'\n'
@@ -339,6 +360,13 @@ cluster_main() {
         done
         printf '(medians of %s runs, %s each, payload %s B; brokers (and fleetmq'"'"'s NATS servers) on CPU %s, loadgen on CPU %s (%s threads); fleetmq --shards %s per replica; load average %s before, %s after; ratios: higher is better for msg/s, lower for p99)\n' \
             "$RUNS" "$DURATION" "$PAYLOAD" "$BROKER_CPU" "$LOAD_CPU" "$LOAD_THREADS" "$FLEETMQ_SHARDS" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)"
+        local js
+        for js in fleetmq-js1 fleetmq-js3; do
+            [[ -n ${THROUGHPUT[$js,x-ingest-q1]:-} ]] && has nats || continue
+            printf 'x-ingest-q1: %s / nats msg/s %s, p99 publish-to-PUBACK %s µs vs %s µs (bar for js1: at least 2.00)\n' "$js" \
+                "$(ratio "${THROUGHPUT[$js,x-ingest-q1]}" "${THROUGHPUT[nats,x-ingest-q1]:-nan}")" \
+                "${P99[$js,x-ingest-q1]:-nan}" "${P99[nats,x-ingest-q1]:-nan}"
+        done
         if has fleetmq-mesh; then
             printf 'fleetmq-mesh deliveries to subscribers on replica b (median per run):'
             for s in $CLUSTER_SCENARIOS; do printf ' %s %s' "$s" "${CROSS[fleetmq-mesh,$s]:-n/a}"; done

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{replica, wait_ready};
 use crate::harness::Broker;
-use crate::nats::NatsCluster;
+use crate::nats::{NatsCluster, NatsProxy};
 use crate::raw::{wire as build, Incoming, RawClient};
 
 /// One message of the ingest stream: sequence, subject, headers (name →
@@ -328,4 +328,32 @@ fn the_jetstream_store_without_a_cluster_section_does_not_start() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("store.kind = \"jetstream\" needs a [cluster] section"), "{stderr}");
+}
+
+#[test]
+fn a_3_1_1_client_whose_publish_is_not_taken_in_time_is_closed_after_what_came_before() {
+    let nats = NatsCluster::start(1);
+    let proxy = NatsProxy::start(nats.client_addr(0));
+    let a = replica("ra", &[proxy.url()], &["--set", "cluster.nats_replicas=1", "--set", "cluster.session_log_append_wait=2s"]);
+    let mut device = client(&a, "old-device", true, None);
+    device.send(&build::publish("line/count", 1, 1, (false, false), b"1", false));
+    expect(&mut device, 0x40, Duration::from_secs(10));
+    // NATS holds its answers: the next publishes are not taken within the
+    // wait (2 s). MQTT 3.1.1 has no reason code: the connection is closed
+    // after the PUBACKs of what came before, and nothing after is
+    // acknowledged (the device sends them again) (DESIGN.md §7).
+    proxy.set_hold(true);
+    let sent = Instant::now();
+    device.send(&build::publish("line/count", 1, 2, (false, false), b"2", false));
+    device.send(&build::publish("line/count", 1, 3, (false, false), b"3", false));
+    let seen = device.packets_until_closed(Duration::from_secs(10));
+    let took = sent.elapsed();
+    proxy.set_hold(false);
+    assert_eq!(seen, Vec::<(u8, Vec<u8>)>::new(), "nothing acknowledged after the refused value");
+    assert!(took >= Duration::from_millis(1800) && took < Duration::from_secs(8), "closed after {took:?}");
+    assert!(a.metric_sum("fleetmq_session_log_appends_refused_total") >= 1.0);
+    // Service goes on: the resend is acknowledged.
+    let mut device = client(&a, "old-device", true, None);
+    device.send(&build::publish("line/count", 1, 2, (true, false), b"2", false));
+    expect(&mut device, 0x40, Duration::from_secs(10));
 }

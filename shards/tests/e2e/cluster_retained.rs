@@ -33,7 +33,10 @@ struct Setup {
 fn setup(a_extra: &[&str]) -> Setup {
     let nats = NatsCluster::start(1);
     let proxy = NatsProxy::start(nats.client_addr(0));
-    let one = ["--set", "cluster.nats_replicas=1"];
+    // store.kind = none: these tests are about `mqtt-retained` alone (a
+    // QoS 1 value that is not retained is acknowledged at once); the
+    // ingest stream's own waits and refusals are `cluster_ingest`'s.
+    let one = ["--set", "cluster.nats_replicas=1", "--set", "store.kind=none"];
     let a_args: Vec<&str> = one.iter().chain(a_extra).copied().collect();
     let a = replica("ra", &[proxy.url()], &a_args);
     let b = replica("rb", &nats.urls(), &one);
@@ -620,7 +623,10 @@ fn a_900_kb_retained_value_crosses_replicas_byte_exact_and_one_past_max_payload_
 #[test]
 fn records_of_format_1_are_read_and_a_cluster_at_floor_1_gets_format_1_written() {
     let nats = NatsCluster::start(1);
-    let one = ["--set", "cluster.nats_replicas=1"];
+    // store.kind = none: these tests are about `mqtt-retained` alone (a
+    // QoS 1 value that is not retained is acknowledged at once); the
+    // ingest stream's own waits and refusals are `cluster_ingest`'s.
+    let one = ["--set", "cluster.nats_replicas=1", "--set", "store.kind=none"];
     let a = replica("ra", &nats.urls(), &one);
     // A member of an older build, reading only format 1, is live: the
     // floor stays where it is put below (see cluster_floor.rs).
