@@ -109,13 +109,9 @@ async fn attempt(shared: &Shared, append: &Append, id: &str, deadline: Instant) 
     for (name, value) in &append.headers {
         publish = publish.header(name.as_str(), value.as_str());
     }
-    // async-nats waits for room in its acknowledgement window and command
-    // queue with no deadline of ours: a publish still waiting there at the
-    // deadline was not sent.
-    let ack = match tokio::time::timeout_at(deadline, shared.state.send_publish(append.subject.clone(), publish)).await {
-        Ok(Ok(ack)) => ack,
-        Ok(Err(e)) => return Fate::Retry(e.to_string()),
-        Err(_) => return Fate::Retry("not sent to NATS in time".to_owned()),
+    let ack = match shared.publish_by(&append.subject, publish, deadline).await {
+        Ok(ack) => ack,
+        Err(e) => return Fate::Retry(e),
     };
     match tokio::time::timeout_at(deadline, ack.into_future()).await {
         Ok(Ok(ack)) => Fate::Stored(ack.sequence),

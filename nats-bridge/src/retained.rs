@@ -140,13 +140,9 @@ async fn attempt(shared: &Shared, subject: &str, record: Option<Bytes>, id: &str
         None => crate::setup::delete_marker(),
     }
     .header(WRITE_HEADER, id);
-    // async-nats waits for room in its acknowledgement window (5,000
-    // publishes) and its command queue with no deadline of ours: a
-    // publish still waiting there at the deadline was not sent.
-    let ack = match tokio::time::timeout_at(deadline, shared.state.send_publish(subject.to_owned(), publish)).await {
-        Ok(Ok(ack)) => ack,
-        Ok(Err(e)) => return Fate::Rejected(e.to_string()),
-        Err(_) => return Fate::Rejected("not sent to NATS in time".to_owned()),
+    let ack = match shared.publish_by(subject, publish, deadline).await {
+        Ok(ack) => ack,
+        Err(e) => return Fate::Rejected(e),
     };
     let left = deadline.saturating_duration_since(Instant::now());
     match tokio::time::timeout(left, ack.into_future()).await {

@@ -100,6 +100,27 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Publish `publish` on `subject` through the state connection, sent
+    /// by `deadline`: async-nats waits for room in its acknowledgement
+    /// window (5,000 publishes) and its command queue with no deadline of
+    /// ours, so a publish still waiting there at the deadline was not
+    /// sent. Returns its acknowledgement to await.
+    ///
+    /// # Errors
+    /// Why it was not sent (the connection refused it, or the deadline).
+    pub(crate) async fn publish_by(
+        &self,
+        subject: &str,
+        publish: jetstream::message::PublishMessage,
+        deadline: tokio::time::Instant,
+    ) -> Result<jetstream::context::PublishAckFuture, String> {
+        match tokio::time::timeout_at(deadline, self.state.send_publish(subject.to_owned(), publish)).await {
+            Ok(Ok(ack)) => Ok(ack),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("not sent to NATS in time".to_owned()),
+        }
+    }
+
     /// The process instances of the live replicas with their epochs, this
     /// one's included.
     pub(crate) fn live_instances(&self) -> std::collections::HashMap<String, u64> {

@@ -59,6 +59,9 @@ pub(crate) enum Outcome {
     Refused(ReasonCode),
 }
 
+/// What runs once a [`Write`] is final (`true`: done).
+type AfterWrite = Box<dyn FnOnce(bool)>;
+
 /// A write to another store that the acknowledgement of the packet that
 /// caused it waits for (DESIGN.md §7: a retained value is in
 /// `mqtt-retained` before its PUBACK or PUBREC). Made by
@@ -78,7 +81,7 @@ pub(crate) struct Write {
     /// Called once with the final outcome (`true`: done), before the
     /// acknowledgements that wait are written: the delivery of a held
     /// value ([`crate::shard::Shard::written`]).
-    after: RefCell<Option<Box<dyn FnOnce(bool)>>>,
+    after: RefCell<Option<AfterWrite>>,
     acks: Weak<AckQueue>,
 }
 
