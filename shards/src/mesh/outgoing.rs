@@ -394,6 +394,22 @@ async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoin
     let keepalive = version >= mesh::KEEPALIVE_VERSION;
     let (reader, mut writer) = futures_lite::io::split(tls);
     let reading = read_acks(mesh, link, reader, keepalive, up_since);
+    // The keepalive: a tick a second; one that finds nothing written
+    // since the last asks the writer for an empty Values frame (no timer
+    // per write or per wait on the path of the values).
+    let (wrote, ping_due) = (Cell::new(true), Cell::new(false));
+    let ticking = async {
+        if !keepalive {
+            return std::future::pending::<Result<(), Failed>>().await;
+        }
+        loop {
+            sleep(KEEPALIVE_IDLE).await;
+            if !wrote.replace(false) {
+                ping_due.set(true);
+                link.signal.notify();
+            }
+        }
+    };
     let writing = async {
         let mut out = BytesMut::new();
         loop {
@@ -404,14 +420,9 @@ async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoin
             let n = link.queue.borrow_mut().next_frame(mesh.max_frame, version, Instant::now(), &mut out);
             let n = match n {
                 Some(n) => n,
-                None if keepalive => {
-                    let idle = or(async { link.signal.wait().await; false }, async { sleep(KEEPALIVE_IDLE).await; true }).await;
-                    if !idle {
-                        continue;
-                    }
-                    // Nothing written for a second: an empty Values frame
-                    // numbered after the last value sent, which the
-                    // acceptor answers with an Ack.
+                None if ping_due.replace(false) => {
+                    // Numbered after the last value sent; the acceptor
+                    // answers it with an Ack.
                     let next = link.queue.borrow().sent + 1;
                     mesh::encode_values(next, version, std::iter::empty(), &mut out);
                     0
@@ -424,11 +435,12 @@ async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoin
             let broke = |e: std::io::Error| Failed { why: e.to_string(), up_since };
             writer.write_all(&out).await.map_err(broke)?;
             writer.flush().await.map_err(broke)?;
+            wrote.set(true);
             mesh.stats.bytes_out.fetch_add(out.len() as u64, Ordering::Relaxed);
             mesh.stats.values_out.fetch_add(n as u64, Ordering::Relaxed);
         }
     };
-    or(writing, reading).await
+    or(writing, or(reading, ticking)).await
 }
 
 /// Counts a link up while it lives.
