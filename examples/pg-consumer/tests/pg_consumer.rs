@@ -9,9 +9,14 @@ mod servers;
 #[path = "pg_consumer/ingest.rs"]
 mod ingest;
 
-/// Killed mid-stream, delivered again, stopped: nothing lost, nothing twice.
+/// Delivered again, PostgreSQL away: nothing lost, nothing twice.
 #[path = "pg_consumer/exactly_once.rs"]
 mod exactly_once;
+
+/// MQTT publishers through a fleetmq replica into the table, the consumer
+/// killed mid-stream.
+#[path = "pg_consumer/through_fleetmq.rs"]
+mod through_fleetmq;
 
 /// What it says and how it exits when a server is away.
 #[path = "pg_consumer/startup.rs"]

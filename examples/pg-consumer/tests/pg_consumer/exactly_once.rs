@@ -2,7 +2,6 @@
 //! exactly once, whatever happens to the consumer between fetch, commit and
 //! acknowledgement.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -17,21 +16,6 @@ use crate::servers::{Nats, Postgres};
 /// The table the consumer writes by default.
 const TABLE: &str = "mqtt_ingest";
 
-/// Every row by msg_id: (topic, qos, client_id, payload).
-async fn rows(
-    pg: &tokio_postgres::Client,
-) -> HashMap<String, (Option<String>, Option<i16>, Option<String>, Vec<u8>)> {
-    pg.query(
-        &format!("SELECT msg_id, topic, qos, client_id, payload FROM {TABLE}"),
-        &[],
-    )
-    .await
-    .expect("read the table")
-    .into_iter()
-    .map(|row| (row.get(0), (row.get(1), row.get(2), row.get(3), row.get(4))))
-    .collect()
-}
-
 /// A nats-server with the ingest stream, a PostgreSQL, a JetStream context
 /// and a PostgreSQL client.
 async fn start() -> (Nats, Postgres, jetstream::Context, tokio_postgres::Client) {
@@ -45,79 +29,6 @@ async fn start() -> (Nats, Postgres, jetstream::Context, tokio_postgres::Client)
     create_stream(&js).await;
     let pg = postgres.client().await;
     (nats, postgres, js, pg)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_value_is_in_the_table_exactly_once_after_the_consumer_is_killed_mid_stream() {
-    const VALUES: u32 = 20_000;
-    let (nats, postgres, js, pg) = start().await;
-
-    let values: Vec<Value> = (0..VALUES)
-        .map(|i| Value::numbered(&format!("c{}", i % 4), i))
-        .collect();
-    // Values keep arriving (250 every 20 ms) while the consumer is killed
-    // and started again.
-    let publisher = {
-        let (js, values) = (js.clone(), values.clone());
-        tokio::spawn(async move {
-            for chunk in values.chunks(250) {
-                publish(&js, chunk).await;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
-    let mut consumer = Consumer::start(&nats.url(), &postgres.url(), &["--batch-size", "100"]);
-    let seen = wait_for_rows(&pg, TABLE, 2_000, Duration::from_secs(20)).await;
-    consumer.kill();
-    let at_kill = count(&pg, TABLE).await;
-    assert!(
-        seen >= 2_000,
-        "the consumer wrote {seen} rows in 20 s:\n{}",
-        consumer.log()
-    );
-    assert!(
-        at_kill < i64::from(VALUES),
-        "killed after the last value: not mid-stream"
-    );
-
-    // Its unacknowledged batch comes again after the 2 s ack wait, to the
-    // consumer started again under the same durable name.
-    let mut consumer = Consumer::start(&nats.url(), &postgres.url(), &["--batch-size", "100"]);
-    publisher.await.expect("the publisher");
-    let seen = wait_for_rows(&pg, TABLE, i64::from(VALUES), Duration::from_secs(20)).await;
-    assert_eq!(
-        seen,
-        i64::from(VALUES),
-        "rows after the restart (killed at {at_kill})"
-    );
-    wait_all_acknowledged(&js, "fleetmq-pg-consumer").await;
-    assert_eq!(
-        count(&pg, TABLE).await,
-        i64::from(VALUES),
-        "no row twice, none extra"
-    );
-
-    let rows = rows(&pg).await;
-    for value in &values {
-        let row = rows
-            .get(&value.msg_id)
-            .unwrap_or_else(|| panic!("{} is missing", value.msg_id));
-        assert_eq!(
-            row,
-            &(
-                Some(value.topic.clone()),
-                Some(1),
-                Some(value.client_id.clone()),
-                value.payload.clone()
-            )
-        );
-    }
-
-    let status = consumer
-        .terminate()
-        .expect("it stops within 10 s of SIGTERM");
-    assert!(status.success(), "exit status after SIGTERM: {status}");
-    assert!(consumer.log().contains("stopped"), "{}", consumer.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
