@@ -64,8 +64,15 @@ impl Row {
         stream_seq: u64,
         received_at: SystemTime,
     ) -> (Row, bool) {
+        let raw = |name: &str| -> Option<String> { headers?.get(name).map(|value| value.as_str().to_owned()) };
+        // A text that cannot travel as a header value (a line break, a
+        // trailing space) comes base64 under the name with `-B64`.
         let header = |name: &str| -> Option<String> {
-            headers?.get(name).map(|value| value.as_str().to_owned())
+            raw(name).or_else(|| {
+                use base64::Engine as _;
+                let encoded = raw(&format!("{name}-B64"))?;
+                String::from_utf8(base64::engine::general_purpose::STANDARD.decode(encoded).ok()?).ok()
+            })
         };
         let msg_id = header(MSG_ID).filter(|id| !id.is_empty());
         let topic = header(TOPIC);
@@ -103,6 +110,24 @@ mod tests {
             map.insert(*name, *value);
         }
         map
+    }
+
+    #[test]
+    fn a_topic_and_client_identifier_sent_in_base64_are_decoded() {
+        // "weird/line\nbreak" and "bad\tid " do not travel as header values.
+        let map = headers(&[
+            (MSG_ID, "s1:8"),
+            ("Mqtt-Topic-B64", "d2VpcmQvbGluZQpicmVhaw=="),
+            (QOS, "1"),
+            ("Mqtt-Client-Id-B64", "YmFkCWlkIA=="),
+        ]);
+        let (row, complete) = Row::from_parts("mqtt-ingest._", Some(&map), Bytes::new(), 1, SystemTime::now());
+        assert!(complete);
+        assert_eq!(row.topic.as_deref(), Some("weird/line\nbreak"));
+        assert_eq!(row.client_id.as_deref(), Some("bad\tid "));
+        let bad = headers(&[(MSG_ID, "s1:9"), ("Mqtt-Topic-B64", "not base64!"), (QOS, "1"), (CLIENT_ID, "c")]);
+        let (row, complete) = Row::from_parts("mqtt-ingest._", Some(&bad), Bytes::new(), 2, SystemTime::now());
+        assert!(!complete && row.topic.is_none(), "unreadable: NULL, kept");
     }
 
     #[test]
