@@ -21,7 +21,7 @@ use fleetmq_nats_bridge::{Bridge, BridgeConfig, ClaimError, ClusterStatus, Event
 use futures_lite::future::or;
 use glommio::timer::sleep;
 use fleetmq_core::cluster::sessions::SessionRecord;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::metrics::RefuseReason;
 use crate::shard::Shard;
@@ -30,10 +30,12 @@ mod ingest;
 mod parked;
 mod report;
 mod retained;
+mod sessions;
 mod wills;
 
 pub(crate) use ingest::append_ingest;
 pub(crate) use retained::{publish_retained, Retained};
+pub(crate) use sessions::save_session;
 
 /// How long a client identifier lost to another replica is remembered, to
 /// refuse a late attach of the losing connection. (A client identifier
@@ -285,71 +287,6 @@ impl Node {
     }
 }
 
-impl Node {
-    /// `client_id`'s session in `mqtt-session-state`, if it has one that
-    /// has not expired (an expired one is deleted). A record this build
-    /// cannot read is logged and left: the client starts a new session.
-    ///
-    /// # Errors
-    /// The refusal: JetStream did not answer within `budget`.
-    async fn session_to_take_up(&self, client_id: &str, budget: Duration) -> Result<Option<Box<SessionRecord>>, Refused> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        if self.bridge.send(Request::SessionGet { client_id: client_id.to_owned(), reply }).is_err() {
-            return Err(unavailable("cluster bridge queue full"));
-        }
-        let bytes = match within(budget, answer).await {
-            Some(Ok(Ok(bytes))) => bytes,
-            Some(Ok(Err(_))) | Some(Err(_)) => return Err(unavailable("cluster store unavailable")),
-            None => return Err(unavailable("connect budget exceeded")),
-        };
-        let Some(bytes) = bytes else { return Ok(None) };
-        use fleetmq_core::cluster::records::Record as _;
-        match SessionRecord::decode(&bytes) {
-            Ok(record) if record.client_id != client_id || !record.protocol_known() => {
-                warn!(target: "cluster", client_id, "cluster: a session record of another client or protocol under this key; not taken up");
-                Ok(None)
-            }
-            Ok(record) if record.expired(crate::store::unix_ms()) => {
-                save_session(client_id, None::<fn(&str) -> SessionRecord>, None);
-                Ok(None)
-            }
-            Ok(record) => {
-                debug!(target: "cluster", client_id, from = %record.replica, "cluster: persistent session taken up from another replica");
-                Ok(Some(Box::new(record)))
-            }
-            Err(e) => {
-                warn!(target: "cluster", client_id, error = %e, "cluster: session record not readable; the client starts a new session");
-                Ok(None)
-            }
-        }
-    }
-}
-
-/// Write `client_id`'s persistent session record, made by `make` (given
-/// this replica's ID), to `mqtt-session-state`, or delete it (`None`);
-/// `landed` hears `true` once it is in the bucket. False when not sent
-/// (alone, the shard's cluster task not started yet, or the bridge's
-/// queue full: counted in `fleetmq_bridge_queue_full_total`).
-pub(crate) fn save_session<F: FnOnce(&str) -> SessionRecord>(
-    client_id: &str,
-    make: Option<F>,
-    landed: Option<tokio::sync::oneshot::Sender<bool>>,
-) -> bool {
-    let Some(node) = shard_state(|sc| sc.node.borrow().clone()) else { return false };
-    let record = make.map(|make| {
-        let mut record = make(&node.replica_id);
-        record.format = node.status().write_format();
-        use fleetmq_core::cluster::records::Record as _;
-        bytes::Bytes::from(record.encode())
-    });
-    let request = Request::SessionPut { client_id: client_id.to_owned(), record, landed };
-    let sent = node.bridge.send(request);
-    if sent.is_err() {
-        debug!(target: "cluster", client_id, "cluster: session record not sent: the bridge's queue is full");
-    }
-    sent.is_ok()
-}
-
 /// How long a claim stays parked once its connection ended: the session
 /// expiry interval (seconds), and at least `grace`; `None` (released at
 /// once) when both are zero.
@@ -390,13 +327,6 @@ pub(crate) struct Claim {
     /// identifier another replica's before): its record in
     /// `mqtt-session-state`, not expired.
     pub(crate) taken_up: Option<Box<fleetmq_core::cluster::sessions::SessionRecord>>,
-}
-
-impl Claim {
-    /// Whether this replica wrote `record` (an earlier process of it).
-    pub(crate) fn is_own(&self, record: &SessionRecord) -> bool {
-        record.replica == self.node.replica_id
-    }
 }
 
 impl Drop for Claim {
