@@ -305,8 +305,12 @@ fn a_mesh_cut_keeps_the_values_and_delivers_them_when_it_heals() {
     // cause, and "link up" again (before, only the first link up of a
     // peer process was logged).
     let log = cut.a.stderr();
-    assert!(log.contains("mesh: link down: "), "{log}");
-    assert_eq!(log.matches("mesh: link up").count(), 2, "{log}");
+    // The heal may release a held handshake just before it closes the
+    // links, so a third "link up" can come between: count at least two,
+    // the second after the cut's "link down".
+    let down = log.find("mesh: link down: ").unwrap_or_else(|| panic!("{log}"));
+    assert!(log.matches("mesh: link up").count() >= 2, "{log}");
+    assert!(log[down..].contains("mesh: link up"), "{log}");
 }
 
 #[test]
