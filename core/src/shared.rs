@@ -210,7 +210,7 @@ mod tests {
             origin: 1,
             stored: 0,
             from_mesh: false,
-            groups: crate::session::GroupPick::All,
+            groups: crate::session::GroupPick::ALL,
         })
     }
 

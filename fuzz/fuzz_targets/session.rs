@@ -65,7 +65,7 @@ fuzz_target!(|data: &[u8]| {
             origin: 1,
             stored: 0,
             from_mesh: false,
-            groups: fleetmq_core::session::GroupPick::All,
+            groups: fleetmq_core::session::GroupPick::ALL,
         });
         session.deliver(Delivery { message, qos, retain: false, subscription_ids: vec![], group: None }, now, &mut out);
         if closed || step % 7 == 0 {

@@ -323,7 +323,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
                     origin: u64::MAX,
                     stored: 0,
                     from_mesh: false,
-                    groups: fleetmq_core::session::GroupPick::All,
+                    groups: fleetmq_core::session::GroupPick::ALL,
                 }),
                 None => return,
             },

@@ -178,7 +178,7 @@ mod tests {
                 origin: 1,
                 stored: 0,
                 from_mesh: false,
-                groups: fleetmq_core::session::GroupPick::All,
+                groups: fleetmq_core::session::GroupPick::ALL,
             }),
             qos,
             retain,

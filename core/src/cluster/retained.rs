@@ -112,7 +112,7 @@ impl RetainedRecord {
             origin: u64::MAX,
             stored: 0,
             from_mesh: false,
-            groups: crate::session::GroupPick::All,
+            groups: crate::session::GroupPick::ALL,
         }))
     }
 }
@@ -223,7 +223,7 @@ mod tests {
             received_at: Instant::now(),
             origin: 7,
             stored: 0,
-            groups: crate::session::GroupPick::All,
+            groups: crate::session::GroupPick::ALL,
             from_mesh: false,
         }
     }

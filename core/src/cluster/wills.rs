@@ -107,7 +107,7 @@ impl WillRecord {
             origin: u64::MAX,
             stored: 0,
             from_mesh: false,
-            groups: crate::session::GroupPick::All,
+            groups: crate::session::GroupPick::ALL,
         };
         let mut message = RetainedRecord::of(&message, now_ms);
         // The Message Expiry Interval of a will counts from its

@@ -69,27 +69,51 @@ pub struct Message {
 }
 
 /// Which shared subscription groups of this replica a message is for.
+///
+/// One pointer wide ([`GroupPick::ALL`] is `None`), so that a [`Message`]
+/// stays within 128 bytes: it is moved by value on the publish path (into
+/// `Output::Publish`, into its `Arc`), and past 128 bytes each move is a
+/// `memcpy` call (perf/RESULTS.md, 2026-12-07, session 40).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum GroupPick {
-    /// Every group (no other replica has members of a group it matches).
-    #[default]
-    All,
-    /// Only the groups named (a value from the mesh: those the publishing
-    /// replica picked this one for; none for a value sent for plain
-    /// subscriptions only).
-    Only(Arc<[ByteString]>),
-    /// Every group but those named (a value published here whose groups
-    /// went to a member on another replica).
-    Except(Arc<[ByteString]>),
+pub struct GroupPick(Option<Arc<Pick>>);
+
+/// The groups a [`GroupPick`] names, and what it does with them.
+#[derive(Debug, PartialEq, Eq)]
+enum Pick {
+    /// Only the groups named.
+    Only(Box<[ByteString]>),
+    /// Every group but those named.
+    Except(Box<[ByteString]>),
 }
 
 impl GroupPick {
+    /// Every group (no other replica has members of a group it matches).
+    pub const ALL: GroupPick = GroupPick(None);
+
+    /// Only the groups `names` (a value from the mesh: those the
+    /// publishing replica picked this one for; none for a value sent for
+    /// plain subscriptions only).
+    pub fn only(names: impl Into<Box<[ByteString]>>) -> GroupPick {
+        GroupPick(Some(Arc::new(Pick::Only(names.into()))))
+    }
+
+    /// Every group but `names` (a value published here whose groups went
+    /// to a member on another replica).
+    pub fn except(names: impl Into<Box<[ByteString]>>) -> GroupPick {
+        GroupPick(Some(Arc::new(Pick::Except(names.into()))))
+    }
+
+    /// Whether every group gets it ([`GroupPick::ALL`]).
+    pub fn is_all(&self) -> bool {
+        self.0.is_none()
+    }
+
     /// Whether the group named `group` (the share name) gets it.
     pub fn allows(&self, group: &str) -> bool {
-        match self {
-            GroupPick::All => true,
-            GroupPick::Only(names) => names.iter().any(|g| g == group),
-            GroupPick::Except(names) => !names.iter().any(|g| g == group),
+        match self.0.as_deref() {
+            None => true,
+            Some(Pick::Only(names)) => names.iter().any(|g| g == group),
+            Some(Pick::Except(names)) => !names.iter().any(|g| g == group),
         }
     }
 }
@@ -1204,7 +1228,7 @@ fn into_message(publish: Publish, now: Instant) -> Message {
         origin: 0,
         stored: 0,
         from_mesh: false,
-        groups: GroupPick::All,
+        groups: GroupPick::ALL,
     }
 }
 

@@ -46,7 +46,7 @@ fn message(topic: &str, qos: QoS, t: Instant) -> Arc<Message> {
         origin: 7,
         stored: 0,
         from_mesh: false,
-        groups: GroupPick::All,
+        groups: GroupPick::ALL,
     })
 }
 
@@ -883,4 +883,22 @@ fn clients_may_not_publish_into_sys_but_may_elsewhere() {
     assert!(client_may_publish(None, "$sys/x"));
     assert!(client_may_publish(None, "$foo/x"));
     assert!(client_may_publish(None, "plant/boiler"));
+}
+
+/// A `Message` is moved by value on the publish path; past 128 bytes each
+/// move is a `memcpy` call (see [`super::GroupPick`]).
+#[test]
+fn a_message_fits_in_128_bytes() {
+    assert!(std::mem::size_of::<Message>() <= 128, "{} bytes", std::mem::size_of::<Message>());
+}
+
+/// [`super::GroupPick`]: all, only some, all but some.
+#[test]
+fn a_group_pick_allows_what_it_names() {
+    use super::GroupPick;
+    assert!(GroupPick::ALL.allows("g") && GroupPick::ALL.is_all());
+    let only = GroupPick::only(vec!["a".into()]);
+    assert!(only.allows("a") && !only.allows("b") && !only.is_all());
+    let except = GroupPick::except(vec!["a".into()]);
+    assert!(!except.allows("a") && except.allows("b") && !except.is_all());
 }

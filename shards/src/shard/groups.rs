@@ -241,7 +241,7 @@ pub(super) fn note_local_group(st: &mut State, key: &str, add: bool) {
 impl Shard {
     /// Whether group `gid` takes `message` (see [`fleetmq_core::session::GroupPick`]).
     pub(super) fn group_allowed(&self, st: &State, gid: u32, message: &Message) -> bool {
-        if message.groups == fleetmq_core::session::GroupPick::All {
+        if message.groups.is_all() {
             return true;
         }
         let Some(entry) = st.groups.get(gid as usize) else { return false };

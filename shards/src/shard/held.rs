@@ -265,7 +265,7 @@ mod tests {
             origin: 7,
             stored: 0,
             from_mesh: false,
-            groups: fleetmq_core::session::GroupPick::All,
+            groups: fleetmq_core::session::GroupPick::ALL,
         })
     }
 

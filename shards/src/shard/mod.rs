@@ -1255,7 +1255,7 @@ impl Shard {
                 origin: u64::MAX,
                 stored: 0,
                 from_mesh: false,
-                groups: fleetmq_core::session::GroupPick::All,
+                groups: fleetmq_core::session::GroupPick::ALL,
             };
             self.route(st, Arc::new(message), now);
         }

@@ -32,7 +32,7 @@ fn message(lsn: u64, m: &StoredMessage, now: Instant, now_ms: u64) -> Arc<Messag
         origin: m.origin,
         stored: lsn,
         from_mesh: false,
-        groups: fleetmq_core::session::GroupPick::All,
+        groups: fleetmq_core::session::GroupPick::ALL,
     })
 }
 

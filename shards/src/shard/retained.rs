@@ -288,7 +288,7 @@ mod tests {
             origin: 0,
             stored: 0,
             from_mesh: false,
-            groups: fleetmq_core::session::GroupPick::All,
+            groups: fleetmq_core::session::GroupPick::ALL,
         })
     }
 

@@ -125,7 +125,7 @@ impl Shard {
             return message;
         }
         let mut kept = Message::clone(&message);
-        kept.groups = GroupPick::Except(elsewhere.into());
+        kept.groups = GroupPick::except(elsewhere);
         Arc::new(kept)
     }
 
@@ -151,7 +151,7 @@ impl Shard {
                 origin: v.origin,
                 stored: 0,
                 from_mesh: true,
-                groups: GroupPick::Only(v.groups.into()),
+                groups: GroupPick::only(v.groups),
             };
             self.dispatch(&mut st, Arc::new(message), now);
         }

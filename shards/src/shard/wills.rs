@@ -110,7 +110,7 @@ impl Shard {
             origin: u64::MAX,
             stored: 0,
             from_mesh: false,
-            groups: fleetmq_core::session::GroupPick::All,
+            groups: fleetmq_core::session::GroupPick::ALL,
         };
         self.store.log_value(&mut message, now);
         if let Some(client_id) = client_id {
