@@ -11,5 +11,6 @@ pub mod records;
 pub mod retained;
 pub mod routes;
 pub mod sessions;
+pub mod session_log;
 pub mod settings;
 pub mod wills;
