@@ -34,6 +34,7 @@ fn main() {
         owner_of: |_, _| 0,
         mesh: String::new(),
         ingest: None,
+        session_log_max_age: std::time::Duration::from_secs(3600),
     })
     .expect("the bridge starts");
     let bridge = std::sync::Arc::new(bridge);

@@ -14,7 +14,7 @@ use crate::budget::{Budget, Ticket};
 use crate::mailbox::Mailbox;
 use crate::{membership, ownership, retained, sweeper, BridgeConfig};
 
-pub use crate::request::{ClaimError, Claimed, Event, IngestError, Request, RetainedError};
+pub use crate::request::{Appended, ClaimError, Claimed, Event, IngestError, LogAppend, Request, RetainedError, StreamMessage};
 pub(crate) use crate::shared::Shared;
 pub use crate::status::ClusterStatus;
 
@@ -151,8 +151,9 @@ impl Bridge {
                     }
                 }
             }
-            Request::IngestAppend { subject, headers, payload, .. } => {
-                match self.shared.ingest.take(crate::ingest::size(subject, headers, payload)) {
+            Request::IngestAppend { ingest, session_log, .. } => {
+                let size = ingest.as_ref().map_or(0, StreamMessage::size) + session_log.as_ref().map_or(0, |l| l.message.size());
+                match self.shared.ingest.take(size) {
                     Some(ticket) => Some(ticket),
                     None => {
                         let error = IngestError::Queue(format!(
@@ -183,6 +184,14 @@ impl Bridge {
     /// `fleetmq_session_log_appends_held`.
     pub fn ingest_waiting(&self) -> usize {
         self.shared.ingest.count()
+    }
+
+    /// What the cluster's persistent sessions want (see
+    /// [`fleetmq_core::cluster::session_log::Interest`]): the shards read
+    /// it on the publish path of QoS 1/2 values and set their own
+    /// sessions' entries; the bridge applies the other replicas' records.
+    pub fn interest(&self) -> &Arc<std::sync::RwLock<fleetmq_core::cluster::session_log::Interest>> {
+        &self.shared.interest
     }
 
     /// The retained writes waiting for NATS now: how many, and their bytes
@@ -279,6 +288,7 @@ async fn run(
             tokio::task::spawn_local(sweeper::run(shared.clone()));
             tokio::task::spawn_local(crate::floor::watch(shared.clone()));
             tokio::task::spawn_local(crate::routes::watch(shared.clone()));
+            tokio::task::spawn_local(crate::session_log::watch(shared.clone()));
             // Ready to serve once the first membership write landed, or
             // fenced after the wait (membership keeps trying).
             let _ = tokio::time::timeout(START_WAIT / 2, first_write_rx).await;
@@ -287,7 +297,13 @@ async fn run(
             let loaded_by = tokio::time::Instant::now() + START_WAIT / 2;
             // And the other replicas' routes: a value published once this
             // replica is ready reaches their subscribers.
-            let loaded = |shared: &Shared| shared.status.retained_loaded() && shared.routes_loaded.load(Ordering::Acquire);
+            // And what persistent sessions want: a value published once
+            // this replica is ready reaches their session logs.
+            let loaded = |shared: &Shared| {
+                shared.status.retained_loaded()
+                    && shared.routes_loaded.load(Ordering::Acquire)
+                    && shared.interest_loaded.load(Ordering::Acquire)
+            };
             while !loaded(&shared) && tokio::time::Instant::now() < loaded_by {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }

@@ -30,6 +30,9 @@ pub struct BridgeConfig {
     /// `store.kind = "jetstream"`: the `[store]` settings of the ingest
     /// stream, created or checked at start (`None`: no ingest stream).
     pub ingest: Option<fleetmq_core::settings::Store>,
+    /// How long a session log keeps a value (`limits.max_session_expiry`:
+    /// no session waits longer for one), its streams' `max_age`.
+    pub session_log_max_age: Duration,
 }
 
 /// How long a JetStream API call or publish acknowledgement may take

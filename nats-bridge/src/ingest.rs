@@ -1,6 +1,8 @@
 //! Appends to the ingest stream `mqtt-ingest` (`store.kind =
-//! "jetstream"`, DESIGN.md §7): one stream message per accepted QoS 1/2
-//! PUBLISH, whose PUBACK/PUBREC waits for JetStream's acknowledgement.
+//! "jetstream"`, DESIGN.md §7) and to the session logs (issue 24, see
+//! `session_log.rs`): one stream message per accepted QoS 1/2 PUBLISH
+//! in each that takes it, whose PUBACK/PUBREC waits for JetStream's
+//! acknowledgements.
 //!
 //! Pipelined: every append is a task of its own on the bridge thread
 //! (taken in batches each wake-up, see `bridge.rs`), so thousands of
@@ -35,8 +37,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::bridge::Shared;
-use crate::request::IngestError;
-use crate::Ticket;
+use crate::request::{Appended, IngestError, LogAppend, StreamMessage};
 
 /// A rejected append (no stream leader yet, NATS reconnecting) is tried
 /// again after this pause, while its wait lasts.
@@ -44,14 +45,6 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Refusals logged at most once per this period.
 const WARN_EVERY: Duration = Duration::from_secs(1);
-
-/// One append (see [`crate::Request::IngestAppend`]).
-pub(crate) struct Append {
-    pub(crate) subject: String,
-    pub(crate) headers: Vec<(String, String)>,
-    pub(crate) payload: Bytes,
-    pub(crate) wait: Duration,
-}
 
 /// What one attempt came to.
 enum Fate {
@@ -70,22 +63,56 @@ pub(crate) fn size(subject: &str, headers: &[(String, String)], payload: &Bytes)
     subject.len() + payload.len() + headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>()
 }
 
-/// Append `append` within its wait; returns the stream sequence.
-/// `ticket` (its share of what may wait for NATS) is given back when this
-/// returns.
+/// Append `ingest` to the ingest stream and `session_log` to its
+/// workspace's session log (either may be absent), at once, within
+/// `wait`; both messages carry one `Nats-Msg-Id` (see the module
+/// documentation: each stream keeps its own duplicate window). A refusal
+/// of either refuses the value.
+///
+/// # Errors
+/// As [`append`]; the session log's stream not created or not as the
+/// settings ask: [`IngestError::Unavailable`].
+pub(crate) async fn append_both(
+    shared: &Arc<Shared>,
+    ingest: Option<StreamMessage>,
+    session_log: Option<LogAppend>,
+    wait: Duration,
+) -> Result<Appended, IngestError> {
+    let id = format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed));
+    let deadline = Instant::now() + wait;
+    let to_ingest = async {
+        let Some(message) = &ingest else { return Ok(None) };
+        append(shared, message, &id, deadline).await.map(Some)
+    };
+    let to_log = async {
+        let Some(log) = &session_log else { return Ok(None) };
+        crate::session_log::ensure(shared, &log.workspace, deadline).await.map_err(IngestError::Unavailable)?;
+        append(shared, &log.message, &id, deadline).await.map(Some)
+    };
+    let (ingest_seq, log_seq) = tokio::join!(to_ingest, to_log);
+    let appended = Appended { ingest: ingest_seq?, session_log: log_seq? };
+    let stats = &shared.status.stats;
+    if appended.ingest.is_some() {
+        stats.ingest_appended.fetch_add(1, Ordering::Relaxed);
+    }
+    if appended.session_log.is_some() {
+        stats.log_appended.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(appended)
+}
+
+/// Append `message` with the ID `id` by `deadline`; returns the stream
+/// sequence.
 ///
 /// # Errors
 /// [`IngestError::Full`] when JetStream answered that the stream is full
 /// (`store.max_bytes` reached: discard new); [`IngestError::Unavailable`]
-/// when it did not take it within the wait (it may still land; the client
+/// when it did not take it by the deadline (it may still land; the client
 /// is refused and sends it again: at least once).
-pub(crate) async fn append(shared: &Arc<Shared>, append: Append, ticket: Option<Ticket>) -> Result<u64, IngestError> {
-    let _ticket = ticket;
-    let id = format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed));
-    let deadline = Instant::now() + append.wait;
+async fn append(shared: &Shared, message: &StreamMessage, id: &str, deadline: Instant) -> Result<u64, IngestError> {
     let mut why = String::new();
     while Instant::now() < deadline && !shared.stopping.load(Ordering::Acquire) {
-        match attempt(shared, &append, &id, deadline).await {
+        match attempt(shared, message, id, deadline).await {
             Fate::Stored(sequence) => return Ok(sequence),
             Fate::Full(e) => return Err(IngestError::Full(e)),
             Fate::Retry(e) => why = e,
@@ -104,12 +131,12 @@ pub(crate) async fn append(shared: &Arc<Shared>, append: Append, ticket: Option<
 /// gone: a publish given up and sent again would wait as long); an error
 /// answer (no stream leader, a connection lost) is tried again with the
 /// same ID, stored once.
-async fn attempt(shared: &Shared, append: &Append, id: &str, deadline: Instant) -> Fate {
-    let mut publish = PublishMessage::build().payload(append.payload.clone()).message_id(id);
-    for (name, value) in &append.headers {
+async fn attempt(shared: &Shared, message: &StreamMessage, id: &str, deadline: Instant) -> Fate {
+    let mut publish = PublishMessage::build().payload(message.payload.clone()).message_id(id);
+    for (name, value) in &message.headers {
         publish = publish.header(name.as_str(), value.as_str());
     }
-    let ack = match shared.publish_by(&append.subject, publish, deadline).await {
+    let ack = match shared.publish_by(&message.subject, publish, deadline).await {
         Ok(ack) => ack,
         Err(e) => return Fate::Retry(e),
     };

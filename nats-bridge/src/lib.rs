@@ -29,6 +29,7 @@ mod releases;
 mod request;
 mod retained;
 mod routes;
+mod session_log;
 mod session_state;
 mod setup;
 mod shared;
@@ -37,7 +38,7 @@ mod status;
 mod sweeper;
 mod watch;
 
-pub use bridge::{Bridge, TURN_AT_LEAST, ClaimError, Claimed, ClusterStatus, Event, IngestError, Request, RetainedError, StartError};
+pub use bridge::{Appended, Bridge, TURN_AT_LEAST, ClaimError, Claimed, ClusterStatus, Event, IngestError, LogAppend, Request, RetainedError, StartError, StreamMessage};
 pub use budget::{Ticket, INGEST_WAITING_BYTES, INGEST_WAITING_MAX, RETAINED_UNDOS_BYTES, RETAINED_UNDOS_MAX, RETAINED_WAITING_BYTES, RETAINED_WAITING_MAX};
 pub use config::BridgeConfig;
 pub use mailbox::Mailbox;

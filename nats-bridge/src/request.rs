@@ -53,23 +53,24 @@ pub enum Request {
         reply: Option<oneshot::Sender<Result<u64, RetainedError>>>,
     },
     /// Append one accepted QoS 1/2 value to the ingest stream
-    /// (`store.kind = "jetstream"`, DESIGN.md §7) within `wait`; its
-    /// PUBACK/PUBREC waits for the answer. Retried with the same
-    /// `Nats-Msg-Id` until JetStream takes it or the wait ends (see
-    /// `ingest.rs` for the ID).
+    /// (`store.kind = "jetstream"`, DESIGN.md §7) and/or to its
+    /// workspace's session log (a persistent session wants it, issue 24)
+    /// within `wait`; its PUBACK/PUBREC waits for the answer, which comes
+    /// once both took it (or either refused it). Each is retried with the
+    /// same `Nats-Msg-Id` until JetStream takes it or the wait ends (see
+    /// `ingest.rs` for the ID); a session log stream is created on its
+    /// first append (see `session_log.rs`).
     IngestAppend {
-        /// `mqtt-ingest.<workspace token>`
-        /// ([`fleetmq_core::cluster::ingest::subject`]).
-        subject: String,
-        /// The headers, `Nats-Msg-Id` excepted
-        /// ([`fleetmq_core::cluster::ingest::headers`]).
-        headers: Vec<(String, String)>,
-        /// The MQTT payload, unchanged.
-        payload: bytes::Bytes,
+        /// The ingest stream's message
+        /// ([`fleetmq_core::cluster::ingest::subject`] and
+        /// [`fleetmq_core::cluster::ingest::headers`]), or `None`.
+        ingest: Option<StreamMessage>,
+        /// The session log's message, or `None`.
+        session_log: Option<LogAppend>,
         /// `cluster.session_log_append_wait`.
         wait: Duration,
-        /// The stream sequence, or why not.
-        reply: oneshot::Sender<Result<u64, IngestError>>,
+        /// The stream sequences, or why not.
+        reply: oneshot::Sender<Result<Appended, IngestError>>,
     },
     /// Answered at once with the bridge's clock: measures the queue, the
     /// bridge's turn and the wake of the waiting task (no NATS involved).
@@ -170,6 +171,45 @@ pub enum Request {
         /// The revision of this replica's claim.
         revision: u64,
     },
+}
+
+/// One message to append to a stream: `Nats-Msg-Id` is the bridge's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMessage {
+    /// The subject.
+    pub subject: String,
+    /// The headers, `Nats-Msg-Id` excepted.
+    pub headers: Vec<(String, String)>,
+    /// The payload.
+    pub payload: bytes::Bytes,
+}
+
+impl StreamMessage {
+    /// The bytes it counts against [`crate::INGEST_WAITING_BYTES`]: its
+    /// subject, headers and payload.
+    pub fn size(&self) -> usize {
+        crate::ingest::size(&self.subject, &self.headers, &self.payload)
+    }
+}
+
+/// A value for a workspace's session log
+/// ([`fleetmq_core::cluster::session_log::encode`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogAppend {
+    /// The workspace (`""` or `"default"`: the default one): its stream
+    /// is [`fleetmq_core::cluster::session_log::stream`].
+    pub workspace: String,
+    /// The message.
+    pub message: StreamMessage,
+}
+
+/// Where an [`Request::IngestAppend`] landed: each stream's sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Appended {
+    /// In the ingest stream.
+    pub ingest: Option<u64>,
+    /// In the session log.
+    pub session_log: Option<u64>,
 }
 
 /// Why a retained write was refused (see [`Request::RetainedPut`]).
@@ -327,15 +367,13 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
         // Taken by the bridge's loop itself (`routes::request`,
         // `session_state::request`).
         Request::Route { .. } | Request::SessionPut { .. } => {}
-        Request::IngestAppend { subject, headers, payload, wait, reply } => {
+        Request::IngestAppend { ingest, session_log, wait, reply } => {
             let started = std::time::Instant::now();
-            let outcome = crate::ingest::append(&shared, crate::ingest::Append { subject, headers, payload, wait }, ticket).await;
+            let outcome = crate::ingest::append_both(&shared, ingest, session_log, wait).await;
+            drop(ticket);
             shared.status.stats.record(crate::OpKind::Ingest, started.elapsed());
-            match &outcome {
-                Ok(_) => {
-                    shared.status.stats.ingest_appended.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                Err(e) => crate::ingest::refused(&shared, e),
+            if let Err(e) = &outcome {
+                crate::ingest::refused(&shared, e);
             }
             let _ = reply.send(outcome);
         }

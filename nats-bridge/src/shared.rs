@@ -97,6 +97,14 @@ pub(crate) struct Shared {
     /// When an ingest refusal was last logged, and how many were not
     /// logged since.
     pub(crate) ingest_warned: Mutex<(Option<std::time::Instant>, u64)>,
+    /// What persistent sessions want (see `session_log.rs`), read by the
+    /// shards on their publish path.
+    pub(crate) interest: Arc<std::sync::RwLock<fleetmq_core::cluster::session_log::Interest>>,
+    /// The watch of `mqtt-session-state` has applied every record present
+    /// at start (the start waits for it, as for the routes).
+    pub(crate) interest_loaded: AtomicBool,
+    /// The session log streams created or checked, by workspace token.
+    pub(crate) logs: Mutex<std::collections::HashMap<String, Arc<tokio::sync::OnceCell<()>>>>,
 }
 
 impl Shared {
@@ -323,5 +331,8 @@ pub(crate) async fn start(
         undos: Arc::new(crate::budget::Budget::undos()),
         ingest: Arc::new(crate::budget::Budget::ingest()),
         ingest_warned: Mutex::new((None, 0)),
+        interest: Arc::new(std::sync::RwLock::new(fleetmq_core::cluster::session_log::Interest::default())),
+        interest_loaded: AtomicBool::new(false),
+        logs: Mutex::new(std::collections::HashMap::new()),
     }))
 }

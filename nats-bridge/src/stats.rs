@@ -122,6 +122,12 @@ pub struct BridgeStats {
     /// appends or [`crate::INGEST_WAITING_BYTES`] already waited, or the
     /// bridge's queue was full (MQTT 5: 0x97).
     pub ingest_refused_queue: AtomicU64,
+    /// Values appended to a session log (acknowledged by JetStream).
+    pub log_appended: AtomicU64,
+    /// Values a persistent session had not read when its session log
+    /// dropped them (its oldest, `cluster.session_log_max_bytes` or
+    /// `limits.max_session_expiry`): found at a resume.
+    pub log_missed: AtomicU64,
 }
 
 impl Default for BridgeStats {
@@ -150,6 +156,8 @@ impl Default for BridgeStats {
             ingest_refused_unavailable: AtomicU64::new(0),
             ingest_refused_full: AtomicU64::new(0),
             ingest_refused_queue: AtomicU64::new(0),
+            log_appended: AtomicU64::new(0),
+            log_missed: AtomicU64::new(0),
         }
     }
 }

@@ -226,3 +226,9 @@ mod cluster_session_state;
 /// their PUBACK/PUBREC, refused when JetStream cannot take them (s39).
 #[path = "e2e/cluster_ingest.rs"]
 mod cluster_ingest;
+
+/// Session logs: a QoS 1/2 value a persistent session of the cluster
+/// wants is in its workspace's log before its PUBACK/PUBREC; a log capped
+/// small drops its oldest; never acknowledged and then lost (s40).
+#[path = "e2e/cluster_session_log.rs"]
+mod cluster_session_log;

@@ -35,7 +35,7 @@ use bytestring::ByteString;
 
 use crate::cluster::ingest::{header_safe, workspace_token, B64_SUFFIX};
 use crate::packet::codec::{decode_publish_properties, encode_publish_properties};
-use crate::packet::{Props, QoS};
+use crate::packet::QoS;
 use crate::session::{workspace_namespace, GroupPick, Message};
 use crate::trie::SubscriptionTrie;
 
@@ -166,6 +166,28 @@ pub fn decode<'a>(
     })
 }
 
+/// The key of `client_id`'s session in [`Interest`].
+pub fn interest_key(client_id: &str) -> u64 {
+    interest_key_of_record(&crate::cluster::records::client_key(client_id))
+}
+
+/// The key in [`Interest`] of the session whose record has the key
+/// `record_key` in `mqtt-session-state`.
+pub fn interest_key_of_record(record_key: &str) -> u64 {
+    crate::session::client_key(record_key)
+}
+
+/// The filters of `subscriptions` a QoS 1/2 value goes to the session log
+/// for: those of maximum QoS 1 or 2 (a QoS 0 subscription gets QoS 0,
+/// live only), shared ones left out (as the session record does).
+pub fn logged_filters<'a>(subscriptions: impl IntoIterator<Item = (&'a str, u8)>) -> Vec<ByteString> {
+    subscriptions
+        .into_iter()
+        .filter(|(f, qos)| *qos > 0 && crate::topic::parse_shared(f).is_none())
+        .map(|(f, _)| ByteString::from(f))
+        .collect()
+}
+
 /// What the persistent sessions of the cluster want: the topic filters
 /// (with their workspace prefix) of every persistent session's
 /// subscriptions of QoS 1 or 2, per session. A QoS 1/2 value whose topic
@@ -250,7 +272,7 @@ impl Interest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packet::Properties;
+    use crate::packet::{Properties, Props};
     use proptest::prelude::*;
     use std::time::Instant;
 

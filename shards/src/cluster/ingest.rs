@@ -1,7 +1,11 @@
-//! The shard's side of `store.kind = "jetstream"` (DESIGN.md §7): an
-//! accepted QoS 1/2 PUBLISH is appended to the ingest stream
-//! `mqtt-ingest` through the bridge (pipelined there, `ingest.rs` of the
-//! bridge), and its PUBACK/PUBREC waits for JetStream's acknowledgement.
+//! The shard's side of `store.kind = "jetstream"` (DESIGN.md §7) and of
+//! the session logs (issue 24): an accepted QoS 1/2 PUBLISH is appended
+//! to the ingest stream `mqtt-ingest` and, when a persistent session of
+//! the cluster wants it ([`wants_log`]), to its workspace's session log
+//! `LOG_mqtt-sessions-<workspace>`, through the bridge (one request,
+//! both appends pipelined there, `ingest.rs` and `session_log.rs` of the
+//! bridge), and its PUBACK/PUBREC waits for JetStream's
+//! acknowledgements: a refusal of either refuses the value.
 //!
 //! The acknowledgement waits through the machinery the cluster's retained
 //! writes use: a [`Write`](crate::store::Write) of the shard's store,
@@ -26,37 +30,61 @@
 use std::sync::Arc;
 
 use fleetmq_core::cluster::ingest::{headers, subject, IngestValue};
+use fleetmq_core::cluster::session_log;
 use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::session::Message;
-use fleetmq_nats_bridge::{IngestError, Request};
+use fleetmq_nats_bridge::{IngestError, LogAppend, Request, StreamMessage};
 
 use super::shard_state;
 use crate::store::Outcome;
 
+/// Whether a QoS 1/2 value on `topic` (with its workspace prefix) goes to
+/// its workspace's session log: a persistent session of the cluster
+/// wants it (see [`session_log::Interest`]). One read lock on the publish
+/// path of QoS 1/2 values in cluster mode only; none when no persistent
+/// session wants anything.
+pub(crate) fn wants_log(topic: &str) -> bool {
+    shard_state(|sc| {
+        let node = sc.node.borrow();
+        let interest = node.as_ref()?.bridge.interest().read().ok()?;
+        Some(!interest.is_empty() && interest.wants(topic))
+    })
+    .unwrap_or(false)
+}
+
 /// Append `message` (QoS 1/2, from a client) to the ingest stream as
-/// `value` describes it, its acknowledgement waiting for the answer
-/// through a [`Write`](crate::store::Write) of `store` (joined with a
-/// retained write of the same value, if any). `held`: the write number
-/// its delivery already waits for (a retained value); else a new one
-/// from `next_write`. Returns the write number its delivery waits for
-/// (see [`crate::shard::Shard::written`]), or `None` when the shard is
-/// not a cluster's (nothing appended: delivered now).
+/// `ingest` describes it and/or to the session log of `workspace`, its
+/// acknowledgement waiting for the answer (both) through a
+/// [`Write`](crate::store::Write) of `store` (joined with a retained write
+/// of the same value, if any). `held`: the write number its delivery
+/// already waits for (a retained value); else a new one from
+/// `next_write`. Returns the write number its delivery waits for (see
+/// [`crate::shard::Shard::written`]), or `None` when the shard is not a
+/// cluster's or there is nothing to append (delivered now).
 pub(crate) fn append_ingest(
     message: &Arc<Message>,
-    value: &IngestValue,
+    ingest: Option<&IngestValue>,
+    workspace: Option<&str>,
     store: &crate::store::ShardStore,
     held: Option<u64>,
     next_write: impl FnOnce() -> u64,
 ) -> Option<u64> {
     let (node, shard) = shard_state(|sc| Some((sc.node.borrow().clone()?, sc.shard.borrow().clone()?)))?;
-    let (reply, outcome) = tokio::sync::oneshot::channel();
-    let request = Request::IngestAppend {
+    let ingest = ingest.map(|value| StreamMessage {
         subject: subject(&value.workspace),
         headers: headers(value),
         payload: message.payload.clone(),
-        wait: node.append_wait,
-        reply,
-    };
+    });
+    let session_log = workspace.and_then(|workspace| {
+        let encoded = session_log::encode(workspace, message, crate::store::unix_ms())?;
+        let message = StreamMessage { subject: encoded.subject, headers: encoded.headers, payload: encoded.payload };
+        Some(LogAppend { workspace: workspace.to_owned(), message })
+    });
+    if ingest.is_none() && session_log.is_none() {
+        return None;
+    }
+    let (reply, outcome) = tokio::sync::oneshot::channel();
+    let request = Request::IngestAppend { ingest, session_log, wait: node.append_wait, reply };
     let write = store.expect_write(message.origin);
     let write_no = match held {
         Some(write_no) => write_no,

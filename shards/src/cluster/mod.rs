@@ -33,9 +33,9 @@ mod retained;
 mod sessions;
 mod wills;
 
-pub(crate) use ingest::append_ingest;
+pub(crate) use ingest::{append_ingest, wants_log};
 pub(crate) use retained::{publish_retained, Retained};
-pub(crate) use sessions::save_session;
+pub(crate) use sessions::{save_session, set_interest};
 
 /// How long a client identifier lost to another replica is remembered, to
 /// refuse a late attach of the losing connection. (A client identifier
@@ -101,6 +101,7 @@ impl Node {
             owner_of: crate::shard::owner_of,
             mesh: mesh.as_ref().map(|m| m.advertise.clone()).unwrap_or_default(),
             ingest: (settings.store.kind == fleetmq_core::settings::StoreKind::Jetstream).then(|| settings.store.clone()),
+            session_log_max_age: settings.limits.max_session_expiry,
         };
         let bridge = Bridge::start(config).with_context(|| format!("cluster: replica {replica_id}"))?;
         info!(target: "cluster", replica = %replica_id, "cluster: joined");

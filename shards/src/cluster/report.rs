@@ -93,12 +93,12 @@ impl Node {
         gauge(
             out,
             "session_log_appends_held",
-            "QoS 1/2 values waiting for the ingest stream (store.kind = \"jetstream\"), queued for NATS or in flight; their PUBACK/PUBREC waits. At most 65,536",
+            "QoS 1/2 values waiting for the ingest stream (store.kind = \"jetstream\") or a session log, queued for NATS or in flight; their PUBACK/PUBREC waits. At most 65,536",
             self.bridge.ingest_waiting().to_string(),
         );
         let _ = writeln!(
             out,
-            "# HELP fleetmq_session_log_appends_refused QoS 1/2 publishes refused because the ingest stream did not take them: unavailable (not within session_log_append_wait, 0x80), full (store.max_bytes, 0x97), queue (65,536 appends or 256 MiB already waiting for NATS, 0x97)\n# TYPE fleetmq_session_log_appends_refused counter"
+            "# HELP fleetmq_session_log_appends_refused QoS 1/2 publishes refused because the ingest stream or the session log did not take them: unavailable (not within session_log_append_wait, 0x80), full (store.max_bytes, 0x97), queue (65,536 appends or 256 MiB already waiting for NATS, 0x97)\n# TYPE fleetmq_session_log_appends_refused counter"
         );
         for (reason, value) in [
             ("unavailable", &stats.ingest_refused_unavailable),
@@ -109,8 +109,14 @@ impl Node {
         }
         let _ = writeln!(
             out,
-            "# HELP fleetmq_session_log_appends Values appended to the ingest stream (acknowledged by JetStream)\n# TYPE fleetmq_session_log_appends counter\nfleetmq_session_log_appends_total {}",
-            stats.ingest_appended.load(relaxed)
+            "# HELP fleetmq_session_log_appends Values appended, acknowledged by JetStream: to the ingest stream (stream=\"ingest\", store.kind = \"jetstream\") and to a workspace's session log (stream=\"log\": a persistent session wanted it)\n# TYPE fleetmq_session_log_appends counter\nfleetmq_session_log_appends_total{{stream=\"ingest\"}} {}\nfleetmq_session_log_appends_total{{stream=\"log\"}} {}",
+            stats.ingest_appended.load(relaxed),
+            stats.log_appended.load(relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fleetmq_session_log_values_missed Values of a session log that a persistent session had not read when the log dropped them (cluster.session_log_max_bytes, limits.max_session_expiry), found when it resumed\n# TYPE fleetmq_session_log_values_missed counter\nfleetmq_session_log_values_missed_total {}",
+            stats.log_missed.load(relaxed)
         );
         let _ = writeln!(
             out,

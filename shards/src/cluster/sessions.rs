@@ -75,6 +75,22 @@ pub(crate) fn save_session<F: FnOnce(&str) -> SessionRecord>(
     sent.is_ok()
 }
 
+/// What this replica's persistent session `client_id` wants from the
+/// session log now (`Some`: the filters of its QoS 1/2 subscriptions, see
+/// [`fleetmq_core::cluster::session_log::logged_filters`]), or that it
+/// ended here (`None`): set at once in the replica's
+/// [`Interest`](fleetmq_core::cluster::session_log::Interest), so that a
+/// value published here after the SUBACK is logged. Nothing alone.
+pub(crate) fn set_interest(client_id: &str, filters: Option<Vec<bytestring::ByteString>>) {
+    let Some(node) = shard_state(|sc| sc.node.borrow().clone()) else { return };
+    let Ok(mut interest) = node.bridge.interest().write() else { return };
+    let key = fleetmq_core::cluster::session_log::interest_key(client_id);
+    match filters {
+        Some(filters) => interest.set(key, filters, true),
+        None => interest.remove(key, true),
+    }
+}
+
 impl Claim {
     /// Whether this replica wrote `record` (an earlier process of it).
     pub(crate) fn is_own(&self, record: &SessionRecord) -> bool {

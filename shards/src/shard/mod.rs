@@ -757,8 +757,10 @@ impl Shard {
                     message.origin = st.clients[slot as usize].key;
                     let logged = self.store.log_value(&mut message, now);
                     let v5 = Some(conn.protocol.is_v5());
-                    let ingest = self.store.ingests().then(|| ingest_value(&st.clients[slot as usize], &message)).flatten();
-                    reach |= if logged { self.route_from(st, Arc::new(message), v5, ingest, now) } else { 0 };
+                    let client = &st.clients[slot as usize];
+                    let ingest = self.store.ingests().then(|| ingest_value(client, &message)).flatten();
+                    let workspace = (self.store.clustered() && message.qos != QoS::AtMostOnce).then(|| client.owner.1.clone());
+                    reach |= if logged { self.route_from(st, Arc::new(message), v5, ingest, workspace, now) } else { 0 };
                 }
                 Output::Subscribed {
                     filter,

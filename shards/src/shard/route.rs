@@ -19,15 +19,17 @@ impl Shard {
     /// `mqtt-retained` has it, and what its publisher sent after it, see
     /// [`super::held`]).
     pub(super) fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) -> u64 {
-        self.route_from(st, message, None, None, now)
+        self.route_from(st, message, None, None, None, now)
     }
 
     /// [`Shard::route`] for a message a client published on a connection
     /// speaking MQTT 5 (`v5`: `Some(true)`) or 3.1.x (`Some(false)`): what
     /// a refusal of a value held before it does to it depends on that
     /// (see [`super::held`]). `ingest`: the value as the ingest stream
-    /// records it (`store.kind = "jetstream"`, QoS 1/2): appended there,
-    /// its acknowledgement and delivery waiting for JetStream
+    /// records it (`store.kind = "jetstream"`, QoS 1/2); `workspace`: its
+    /// publisher's workspace, for a QoS 1/2 value in cluster mode, whose
+    /// session log takes it when a persistent session wants it. Appended
+    /// there, its acknowledgement and delivery wait for JetStream
     /// ([`crate::cluster::append_ingest`]).
     pub(super) fn route_from(
         &self,
@@ -35,19 +37,23 @@ impl Shard {
         message: Arc<Message>,
         v5: Option<bool>,
         ingest: Option<fleetmq_core::cluster::ingest::IngestValue>,
+        workspace: Option<Arc<str>>,
         now: Instant,
     ) -> u64 {
         let mut delivery = if message.retain { self.keep_retained(st, &message, now) } else { Delivery::Now };
-        if let Some(value) = ingest {
+        let workspace = workspace.filter(|_| crate::cluster::wants_log(&message.topic));
+        if ingest.is_some() || workspace.is_some() {
             let held = match delivery {
                 Delivery::Never => None,
                 Delivery::After(write) => Some(Some(write)),
                 Delivery::Now => Some(None),
             };
-            // A value the retained store refused is refused: not ingested.
+            // A value the retained store refused is refused: not appended.
             if let Some(held) = held {
                 let next = || st.held.next_write();
-                if let Some(write) = crate::cluster::append_ingest(&message, &value, &self.store, held, next) {
+                let appended =
+                    crate::cluster::append_ingest(&message, ingest.as_ref(), workspace.as_deref(), &self.store, held, next);
+                if let Some(write) = appended {
                     delivery = Delivery::After(write);
                 }
             }

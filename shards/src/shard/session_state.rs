@@ -68,6 +68,8 @@ impl Shard {
         let offline_since_ms =
             client.offline_since.map(|since| crate::store::unix_ms().saturating_sub(since.elapsed().as_millis() as u64));
         let session = &client.session;
+        let qos = session.subscriptions().iter().map(|(f, s)| (&**f, s.options.qos as u8));
+        crate::cluster::set_interest(session.client_id(), Some(fleetmq_core::cluster::session_log::logged_filters(qos)));
         let subscriptions = session.subscriptions().iter().map(|(f, s)| (&**f, s));
         let make = |replica: &str| {
             SessionRecord::new(
@@ -94,6 +96,7 @@ impl Shard {
         let client = &mut st.clients[slot as usize];
         if client.saved == Saved::Yes {
             client.saved = Saved::No;
+            crate::cluster::set_interest(client.session.client_id(), None);
             crate::cluster::save_session(client.session.client_id(), None::<fn(&str) -> SessionRecord>, None);
         }
     }

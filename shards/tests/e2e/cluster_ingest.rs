@@ -170,22 +170,22 @@ fn a_publish_resent_with_dup_is_stored_at_least_once_at_qos1_and_once_per_open_f
 
 /// What a QoS 1 publisher was told, by payload number.
 #[derive(Debug, Default)]
-struct Told {
+pub(crate) struct Told {
     /// Acknowledged with 0x00.
-    acked: HashSet<u64>,
+    pub(crate) acked: HashSet<u64>,
     /// Refused with 0x80 (not taken within the wait).
-    refused: u64,
+    pub(crate) refused: u64,
     /// Other reason codes.
-    other: Vec<u8>,
+    pub(crate) other: Vec<u8>,
     /// Connections closed under it.
-    closed: u64,
+    pub(crate) closed: u64,
 }
 
 /// Publishes QoS 1 values numbered from 0 on `broker` as `id`, at most 50
 /// unacknowledged, reconnecting when the connection closes (a fenced
 /// replica closes it, a CONNECT is refused while NATS is away), until
 /// `stop`.
-fn publisher(broker: &Broker, id: &'static str, stop: Arc<AtomicBool>, told: Arc<Mutex<Told>>) -> thread::JoinHandle<u64> {
+pub(crate) fn publisher(broker: &Broker, id: &'static str, stop: Arc<AtomicBool>, told: Arc<Mutex<Told>>) -> thread::JoinHandle<u64> {
     let addr = broker.mqtt;
     thread::spawn(move || {
         let mut n = 0u64;

@@ -1,0 +1,227 @@
+//! Session logs (DESIGN.md §4, §7; issue 24): a QoS 1/2 value that a
+//! persistent session of the cluster wants (on any replica, connected or
+//! not) is in its workspace's stream `LOG_mqtt-sessions-<workspace>`
+//! before its publisher's PUBACK/PUBREC; values nobody persistent wants
+//! are not; a log capped small (`cluster.session_log_max_bytes`) drops its
+//! oldest; with every NATS server stopped no publish is acknowledged and
+//! then lost. Real rumqttc clients, real replicas, a real 3-server NATS
+//! cluster.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::clients::{unique, v5};
+use crate::cluster::{replica, wait_ready};
+use crate::cluster_ingest::{publisher, Told};
+use crate::harness::Broker;
+use crate::nats::NatsCluster;
+
+/// `member_ttl` of these tests.
+const TTL: &str = "cluster.member_ttl=5s";
+
+/// The default workspace's session log.
+const LOG: &str = "LOG_mqtt-sessions-_";
+
+/// One message of a session log: its topic header and payload (the
+/// properties, then the MQTT payload: without properties, one 0 byte
+/// first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Logged {
+    seq: u64,
+    topic: String,
+    qos: String,
+    payload: Vec<u8>,
+}
+
+/// Every message of `stream` now (`None`: no such stream), in order.
+async fn logged(nats: &NatsCluster, stream: &str) -> Option<Vec<Logged>> {
+    let js = async_nats::jetstream::new(crate::nats::connect(&nats.urls()).await);
+    let mut s = js.get_stream(stream).await.ok()?;
+    let state = s.info().await.expect("stream info").state.clone();
+    let mut out = Vec::new();
+    if state.messages == 0 {
+        return Some(out);
+    }
+    for seq in state.first_sequence..=state.last_sequence {
+        let Ok(m) = s.get_raw_message(seq).await else { continue };
+        let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned()).unwrap_or_default();
+        out.push(Logged { seq, topic: header("Mqtt-Topic"), qos: header("Mqtt-Qos"), payload: m.payload.to_vec() });
+    }
+    Some(out)
+}
+
+/// The MQTT payloads of `messages` (no properties were sent: one 0 byte
+/// of property length first).
+fn payloads(messages: &[Logged]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| {
+            assert_eq!(m.payload.first(), Some(&0), "no properties: {m:?}");
+            String::from_utf8_lossy(&m.payload[1..]).into_owned()
+        })
+        .collect()
+}
+
+/// MQTT 5 options of `id` on `broker` with a Session Expiry Interval.
+fn persistent(broker: &Broker, id: &str, clean_start: bool, expiry: u32) -> v5::MqttOptions {
+    let mut o = v5::options(broker.mqtt_port(), id, clean_start);
+    o.set_session_expiry_interval(Some(expiry));
+    o
+}
+
+/// Publishes `payload` to `topic` at `qos` from `p` and waits for its
+/// acknowledgement (none at QoS 0).
+async fn publish(p: &mut v5::Client, topic: &str, qos: v5::QoS, payload: &str) {
+    p.client.publish(topic, qos, false, Bytes::from(payload.to_owned())).await.expect("publish request");
+    match qos {
+        v5::QoS::AtMostOnce => tokio::time::sleep(Duration::from_millis(50)).await,
+        v5::QoS::AtLeastOnce => drop(p.wait_for("PUBACK", |p| matches!(p, v5::Packet::PubAck(_))).await),
+        v5::QoS::ExactlyOnce => drop(p.wait_for("PUBCOMP", |p| matches!(p, v5::Packet::PubComp(_))).await),
+    }
+}
+
+/// A QoS 1/2 value is in the log before its acknowledgement exactly when
+/// a persistent session wants it at QoS 1 or 2, on this replica (at once
+/// after its SUBACK) or another (its record), connected or not; not at
+/// QoS 0, not for a QoS 0 subscription, not for a clean session, not once
+/// the session ended. No log exists before a persistent session wants
+/// something.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_a_persistent_session_wants_is_in_its_workspace_log_before_its_acknowledgement() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", TTL]);
+    let b = replica("rb", &nats.urls(), &["--set", TTL]);
+    let mut pa = v5::Client::connect(a.mqtt_port(), &unique("pa")).await;
+    let mut pb = v5::Client::connect(b.mqtt_port(), &unique("pb")).await;
+
+    // A clean subscriber wants it: no log.
+    let mut clean = v5::Client::connect(a.mqtt_port(), &unique("clean")).await;
+    clean.subscribe("s/#", v5::QoS::AtLeastOnce).await;
+    publish(&mut pa, "s/0", v5::QoS::AtLeastOnce, "for the clean one").await;
+    assert_eq!(logged(&nats, LOG).await, None, "no log before a persistent session wants anything");
+
+    let id = unique("keeper");
+    let (mut c, _) = v5::Client::connect_with(persistent(&a, &id, true, 300)).await;
+    c.subscribe("s/+", v5::QoS::AtLeastOnce).await;
+    c.subscribe("z/#", v5::QoS::AtMostOnce).await;
+    // Here, right after the SUBACK.
+    publish(&mut pa, "s/1", v5::QoS::AtLeastOnce, "one").await;
+    let now = logged(&nats, LOG).await.expect("the log, created by its first value");
+    assert_eq!(payloads(&now), ["one"], "in the log once the PUBACK is here");
+    assert_eq!((now[0].topic.as_str(), now[0].qos.as_str()), ("s/1", "1"));
+    // At B, once B's watch has the record (written before the SUBACK).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    publish(&mut pb, "s/2", v5::QoS::ExactlyOnce, "two").await;
+    publish(&mut pb, "s/3", v5::QoS::AtMostOnce, "QoS 0: live only").await;
+    publish(&mut pb, "z/1", v5::QoS::AtLeastOnce, "a QoS 0 subscription: live only").await;
+    publish(&mut pb, "other", v5::QoS::AtLeastOnce, "nobody's").await;
+    publish(&mut pb, "s/4", v5::QoS::AtLeastOnce, "four").await;
+    let now = logged(&nats, LOG).await.unwrap();
+    assert_eq!(payloads(&now), ["one", "two", "four"]);
+    assert_eq!(now[1].qos, "2");
+    // Offline, kept: still logged.
+    c.client.disconnect().await.expect("disconnect");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    publish(&mut pb, "s/5", v5::QoS::AtLeastOnce, "five").await;
+    publish(&mut pa, "s/6", v5::QoS::AtLeastOnce, "six").await;
+    assert_eq!(payloads(&logged(&nats, LOG).await.unwrap()), ["one", "two", "four", "five", "six"]);
+    // Ended (Clean Start, expiry 0): no longer logged, here or there.
+    let (c, _) = v5::Client::connect_with(v5::options(a.mqtt_port(), &id, true)).await;
+    c.client.disconnect().await.expect("disconnect");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    publish(&mut pa, "s/7", v5::QoS::AtLeastOnce, "seven").await;
+    publish(&mut pb, "s/8", v5::QoS::AtLeastOnce, "eight").await;
+    assert_eq!(payloads(&logged(&nats, LOG).await.unwrap()), ["one", "two", "four", "five", "six"]);
+    let count = |broker: &Broker| {
+        let (_, text) = broker.admin_get("/metrics");
+        text.lines()
+            .find(|l| l.starts_with("fleetmq_session_log_appends_total{stream=\"log\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .expect("the log's counter")
+    };
+    assert_eq!(count(&a) + count(&b), 5.0);
+}
+
+/// A log capped small (`cluster.session_log_max_bytes` = 1 MiB) drops its
+/// oldest values: it keeps at most that many bytes, the newest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_capped_small_drops_its_oldest_values() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", TTL, "--set", "cluster.session_log_max_bytes=1MiB"]);
+    let id = unique("capped");
+    let (mut c, _) = v5::Client::connect_with(persistent(&a, &id, true, 300)).await;
+    c.subscribe("big/+", v5::QoS::AtLeastOnce).await;
+    c.client.disconnect().await.expect("disconnect");
+    let mut p = v5::Client::connect(a.mqtt_port(), &unique("pub")).await;
+    let filler = "x".repeat(16 << 10);
+    for n in 0..150 {
+        publish(&mut p, "big/v", v5::QoS::AtLeastOnce, &format!("{n:03}{filler}")).await;
+    }
+    let now = logged(&nats, LOG).await.unwrap();
+    let numbers: Vec<u32> = payloads(&now).iter().map(|p| p[..3].parse().unwrap()).collect();
+    assert!(numbers.len() < 70, "at most 1 MiB of 16 KiB values: {}", numbers.len());
+    assert_eq!(numbers.last(), Some(&149), "the newest kept");
+    let first = numbers[0];
+    assert!(first > 0, "the oldest dropped");
+    assert_eq!(numbers, (first..150).collect::<Vec<_>>(), "the newest, in order, with no gap");
+    assert!(now[0].seq > 1);
+}
+
+/// Every NATS server stopped while a publisher runs with a persistent
+/// session wanting its values and no ingest stream (`store.kind =
+/// "none"`: the session log alone decides the PUBACK): publishes are
+/// refused (0x80) within the wait, never acknowledged and then missing
+/// from the log; service resumes once NATS is back.
+#[test]
+fn with_every_nats_server_stopped_no_value_is_acknowledged_and_missing_from_the_log() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", TTL, "--set", "cluster.session_log_append_wait=2s", "--set", "store.kind=none"]);
+    crate::nats::block_on(async {
+        let (mut c, _) = v5::Client::connect_with(persistent(&a, "outage-keeper", true, 300)).await;
+        c.subscribe("o/v", v5::QoS::AtLeastOnce).await;
+        c.client.disconnect().await.expect("disconnect");
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let told = Arc::new(Mutex::new(Told::default()));
+    let running = publisher(&a, "outage-pub", stop.clone(), told.clone());
+    let acked = |told: &Mutex<Told>| told.lock().unwrap().acked.len();
+    let until = Instant::now() + Duration::from_secs(20);
+    while acked(&told) < 200 {
+        assert!(Instant::now() < until, "no service before the outage: {:?}", told.lock().unwrap().other);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..3 {
+        nats.pause(i);
+    }
+    let paused_at = Instant::now();
+    while told.lock().unwrap().refused == 0 {
+        assert!(paused_at.elapsed() < Duration::from_secs(6), "nothing refused 6 s into the outage");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for i in 0..3 {
+        nats.resume(i);
+    }
+    wait_ready(&a, 200, Duration::from_secs(40));
+    let before = acked(&told);
+    let until = Instant::now() + Duration::from_secs(40);
+    while acked(&told) < before + 200 {
+        assert!(Instant::now() < until, "service did not resume: {} acknowledged since", acked(&told) - before);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    running.join().unwrap();
+    let told = told.lock().unwrap();
+    assert!(told.other.is_empty(), "unexpected reason codes {:?}", told.other);
+    let stored: HashSet<u64> = crate::nats::block_on(logged(&nats, LOG))
+        .expect("the log")
+        .iter()
+        .filter_map(|m| std::str::from_utf8(&m.payload[1..]).ok()?.parse().ok())
+        .collect();
+    let lost: Vec<_> = told.acked.iter().filter(|v| !stored.contains(v)).take(10).collect();
+    assert!(lost.is_empty(), "acknowledged and not in the log: {lost:?} (of {} acknowledged)", told.acked.len());
+}
