@@ -152,7 +152,7 @@ impl Bridge {
                 }
             }
             Request::IngestAppend { ingest, session_log, .. } => {
-                let size = ingest.as_ref().map_or(0, StreamMessage::size) + session_log.as_ref().map_or(0, |l| l.message.size());
+                let size = ingest.as_ref().map_or(0, |m| m.size()) + session_log.as_ref().map_or(0, |l| l.message.size());
                 match self.shared.ingest.take(size) {
                     Some(ticket) => Some(ticket),
                     None => {

@@ -74,8 +74,8 @@ pub(crate) fn size(subject: &str, headers: &[(String, String)], payload: &Bytes)
 /// settings ask: [`IngestError::Unavailable`].
 pub(crate) async fn append_both(
     shared: &Arc<Shared>,
-    ingest: Option<StreamMessage>,
-    session_log: Option<LogAppend>,
+    ingest: Option<Box<StreamMessage>>,
+    session_log: Option<Box<LogAppend>>,
     wait: Duration,
 ) -> Result<Appended, IngestError> {
     let id = format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed));

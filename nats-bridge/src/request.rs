@@ -64,9 +64,9 @@ pub enum Request {
         /// The ingest stream's message
         /// ([`fleetmq_core::cluster::ingest::subject`] and
         /// [`fleetmq_core::cluster::ingest::headers`]), or `None`.
-        ingest: Option<StreamMessage>,
+        ingest: Option<Box<StreamMessage>>,
         /// The session log's message, or `None`.
-        session_log: Option<LogAppend>,
+        session_log: Option<Box<LogAppend>>,
         /// `cluster.session_log_append_wait`.
         wait: Duration,
         /// The stream sequences, or why not.

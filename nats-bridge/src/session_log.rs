@@ -124,17 +124,7 @@ async fn create_or_check(shared: &Shared, workspace: &str) -> Result<(), String>
         usize::from(cluster.nats_replicas),
     );
     let js = &shared.state;
-    let mut got = match js.get_stream(&want.name).await {
-        Ok(mut s) => s.info().await.map_err(|e| e.to_string())?.config.clone(),
-        Err(_) => match js.create_stream(want.clone()).await {
-            Ok(mut s) => s.info().await.map_err(|e| e.to_string())?.config.clone(),
-            // Another replica made it at the same moment.
-            Err(create) => {
-                let mut s = js.get_stream(&want.name).await.map_err(|_| format!("cannot create stream {}: {create}", want.name))?;
-                s.info().await.map_err(|e| e.to_string())?.config.clone()
-            }
-        },
-    };
+    let mut got = crate::setup::stream_config(js, &want).await.map_err(|e| e.to_string())?;
     let wrong = mismatches(&want, &got);
     if !wrong.is_empty() && wrong.iter().all(|(field, ..)| LIMITS.contains(field)) {
         let mut update = got.clone();

@@ -238,7 +238,7 @@ pub(crate) async fn ensure_ingest(js: &Context, store: &fleetmq_core::settings::
 ///
 /// # Errors
 /// [`StartError::Connect`] when JetStream does not answer.
-async fn stream_config(js: &Context, want: &Config) -> Result<Config, StartError> {
+pub(crate) async fn stream_config(js: &Context, want: &Config) -> Result<Config, StartError> {
     let info = |e: &dyn std::fmt::Display| StartError::Connect(format!("stream {}: {e}", want.name));
     match js.get_stream(&want.name).await {
         Ok(mut stream) => Ok(stream.info().await.map_err(|e| info(&e))?.config.clone()),

@@ -70,15 +70,13 @@ pub(crate) fn append_ingest(
     next_write: impl FnOnce() -> u64,
 ) -> Option<u64> {
     let (node, shard) = shard_state(|sc| Some((sc.node.borrow().clone()?, sc.shard.borrow().clone()?)))?;
-    let ingest = ingest.map(|value| StreamMessage {
-        subject: subject(&value.workspace),
-        headers: headers(value),
-        payload: message.payload.clone(),
+    let ingest = ingest.map(|value| {
+        Box::new(StreamMessage { subject: subject(&value.workspace), headers: headers(value), payload: message.payload.clone() })
     });
     let session_log = workspace.and_then(|workspace| {
         let encoded = session_log::encode(workspace, message, crate::store::unix_ms())?;
         let message = StreamMessage { subject: encoded.subject, headers: encoded.headers, payload: encoded.payload };
-        Some(LogAppend { workspace: workspace.to_owned(), message })
+        Some(Box::new(LogAppend { workspace: workspace.to_owned(), message }))
     });
     if ingest.is_none() && session_log.is_none() {
         return None;

@@ -8,15 +8,13 @@
 //! cluster.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::clients::{unique, v5};
-use crate::cluster::{replica, wait_ready};
-use crate::cluster_ingest::{publisher, Told};
+use crate::cluster::replica;
+use crate::cluster_ingest::through_an_outage;
 use crate::harness::Broker;
 use crate::nats::NatsCluster;
 
@@ -185,38 +183,7 @@ fn with_every_nats_server_stopped_no_value_is_acknowledged_and_missing_from_the_
         c.subscribe("o/v", v5::QoS::AtLeastOnce).await;
         c.client.disconnect().await.expect("disconnect");
     });
-    let stop = Arc::new(AtomicBool::new(false));
-    let told = Arc::new(Mutex::new(Told::default()));
-    let running = publisher(&a, "outage-pub", stop.clone(), told.clone());
-    let acked = |told: &Mutex<Told>| told.lock().unwrap().acked.len();
-    let until = Instant::now() + Duration::from_secs(20);
-    while acked(&told) < 200 {
-        assert!(Instant::now() < until, "no service before the outage: {:?}", told.lock().unwrap().other);
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for i in 0..3 {
-        nats.pause(i);
-    }
-    let paused_at = Instant::now();
-    while told.lock().unwrap().refused == 0 {
-        assert!(paused_at.elapsed() < Duration::from_secs(6), "nothing refused 6 s into the outage");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_secs(2));
-    for i in 0..3 {
-        nats.resume(i);
-    }
-    wait_ready(&a, 200, Duration::from_secs(40));
-    let before = acked(&told);
-    let until = Instant::now() + Duration::from_secs(40);
-    while acked(&told) < before + 200 {
-        assert!(Instant::now() < until, "service did not resume: {} acknowledged since", acked(&told) - before);
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    stop.store(true, Ordering::Relaxed);
-    running.join().unwrap();
-    let told = told.lock().unwrap();
-    assert!(told.other.is_empty(), "unexpected reason codes {:?}", told.other);
+    let told = through_an_outage(&nats, &a);
     let stored: HashSet<u64> = crate::nats::block_on(logged(&nats, LOG))
         .expect("the log")
         .iter()
