@@ -160,7 +160,7 @@ pub fn decode<'a>(
             origin,
             stored: 0,
             from_mesh: false,
-            groups: GroupPick::All,
+            groups: GroupPick::ALL,
         },
         received_ms,
     })
@@ -287,7 +287,7 @@ mod tests {
             origin: 42,
             stored: 0,
             from_mesh: false,
-            groups: GroupPick::All,
+            groups: GroupPick::ALL,
         }
     }
 
