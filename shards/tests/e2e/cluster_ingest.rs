@@ -41,7 +41,7 @@ fn ingested(nats: &NatsCluster) -> Vec<Ingested> {
         let state = stream.info().await.expect("stream info").state.clone();
         let mut out = Vec::new();
         for seq in state.first_sequence..=state.last_sequence {
-            let Ok(m) = stream.get_raw_message(seq).await else { continue };
+            let Some(m) = crate::nats::stream_message(&stream, seq).await else { continue };
             let mut headers = BTreeMap::new();
             for (name, values) in m.headers.iter() {
                 let values: Vec<String> = values.iter().map(|v| v.as_str().to_owned()).collect();

@@ -45,7 +45,7 @@ async fn logged(nats: &NatsCluster, stream: &str) -> Option<Vec<Logged>> {
         return Some(out);
     }
     for seq in state.first_sequence..=state.last_sequence {
-        let Ok(m) = s.get_raw_message(seq).await else { continue };
+        let Some(m) = crate::nats::stream_message(&s, seq).await else { continue };
         let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned()).unwrap_or_default();
         out.push(Logged { seq, topic: header("Mqtt-Topic"), qos: header("Mqtt-Qos"), payload: m.payload.to_vec() });
     }

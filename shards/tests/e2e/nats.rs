@@ -959,3 +959,26 @@ fn a_broker_is_frozen_thawed_and_killed_by_the_harness() {
     assert!(!process_exists(pid));
     assert!(broker.wait_exit(Duration::from_millis(10)).is_some());
 }
+
+/// Message `seq` of `stream`, `None` when the stream has no message
+/// there (deleted, or dropped by its limits). Any other error (a timeout
+/// while the machine is loaded, a leader election) is tried again for
+/// up to 10 s, then panics: a test that reads "every message" must never
+/// take an unanswered request for a missing message.
+pub(crate) async fn stream_message(
+    stream: &async_nats::jetstream::stream::Stream,
+    seq: u64,
+) -> Option<async_nats::jetstream::message::StreamMessage> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match stream.get_raw_message(seq).await {
+            Ok(m) => return Some(m),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return None,
+            Err(e) => {
+                assert!(std::time::Instant::now() < until, "message {seq} of the stream: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
