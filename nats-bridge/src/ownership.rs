@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::message::PublishMessage;
-use fleetmq_core::cluster::records::{bucket, client_id_of_key, client_key, OwnerRecord, Record};
+use fleetmq_core::cluster::records::{bucket, client_key, is_client_key_of, OwnerRecord, Record};
 use futures_util::StreamExt as _;
 use tracing::{debug, info};
 
@@ -273,7 +273,12 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
         if record.instance == shared.config.instance {
             return;
         }
-        let Some(client_id) = client_id_of_key(&entry.key) else { return };
+        // The record names the client identifier (a long one's key is a
+        // hash); one that does not make the key is not trusted.
+        if !is_client_key_of(&entry.key, &record.client_id) {
+            return;
+        }
+        let client_id = record.client_id;
         let shard = (shared.config.owner_of)(&client_id, shared.mailboxes.len());
         let (revision, replica, clean_start) = (entry.revision, record.replica, record.clean_start);
         shared.send_event(shard, Event::TakenOver { client_id, revision, replica, clean_start });

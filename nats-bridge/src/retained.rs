@@ -7,6 +7,7 @@
 //! bucket's revision order, with the revision as its sequence: all
 //! replicas converge on the last write JetStream took.
 
+use std::collections::HashMap;
 use std::future::IntoFuture as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,7 +19,9 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::DirectGetErrorKind;
 use bytes::Bytes;
 use fleetmq_core::cluster::records::bucket;
-use fleetmq_core::cluster::retained::{retained_key, topic_of_retained_key, RetainedRecord};
+use fleetmq_core::cluster::retained::{
+    is_hashed_retained_key, is_retained_key_of, retained_key, topic_of_retained_key, RetainedRecord,
+};
 use fleetmq_core::packet::QoS;
 use fleetmq_core::session::Message;
 use tokio::time::Instant;
@@ -298,21 +301,41 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
     // The snapshot's end is the entry with delta 0 (the watch starts with
     // the last value of every key, delete markers included); a quiet second
     // also ends the load (NumPending can be wrong, notes/jetstream.md §2.3).
+    // The topics of hashed keys with a record in the bucket (long topics
+    // only: a few at most).
+    let mut hashed_topics: HashMap<String, String> = HashMap::new();
     follow(&shared, bucket::RETAINED, Start::History, Some(LOAD_QUIET), |seen| {
         let entry = match seen {
             Seen::Quiet => return loaded_now(loaded),
             Seen::Entry(entry) => entry,
         };
         let now = std::time::Instant::now();
-        let message = match entry.operation {
-            Operation::Put => RetainedRecord::from_value(&entry.value).ok().and_then(|r| r.message(now, unix_ms())),
+        // A record whose topic does not make its key is not trusted.
+        let record = match entry.operation {
+            Operation::Put => {
+                RetainedRecord::from_value(&entry.value).ok().filter(|r| is_retained_key_of(&entry.key, &r.topic))
+            }
             Operation::Delete | Operation::Purge => None,
         };
+        // A long topic's key is a hash: its clear (a delete marker, or the
+        // server's expiry marker) names no topic, so the topic is kept
+        // from the record until then.
+        let hashed_topic = match (is_hashed_retained_key(&entry.key), &record) {
+            (false, _) => None,
+            (true, Some(r)) => {
+                hashed_topics.insert(entry.key.clone(), r.topic.clone());
+                None
+            }
+            (true, None) if entry.operation == Operation::Put => hashed_topics.get(&entry.key).cloned(),
+            (true, None) => hashed_topics.remove(&entry.key),
+        };
+        let topic = record.as_ref().map(|r| r.topic.clone());
+        let message = record.and_then(|r| r.message(now, unix_ms()));
         // A clear (or an expired or unreadable record) is an empty
         // retained message: the shards drop the topic.
         let message = match message {
             Some(m) => m,
-            None => match topic_of_retained_key(&entry.key) {
+            None => match topic.or(hashed_topic).or_else(|| topic_of_retained_key(&entry.key)) {
                 Some(topic) => Arc::new(Message {
                     topic: topic.as_str().into(),
                     payload: Bytes::new(),

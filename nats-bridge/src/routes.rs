@@ -45,7 +45,7 @@ use async_nats::jetstream::message::PublishMessage;
 use fleetmq_core::cluster::peers::{Peer, PeerNumbers, RouteChange};
 use fleetmq_core::cluster::records::{bucket, MemberRecord, Record};
 use fleetmq_core::cluster::routes::{
-    parse_route_key, replica_routes_subject, route_key, LocalRoutes, RemoteEntry, RouteRecord, RouteTable,
+    is_route_key_of, parse_route_key, replica_routes_subject, route_key, LocalRoutes, RemoteEntry, RouteRecord, RouteTable,
 };
 use futures_util::StreamExt;
 use tokio::sync::oneshot;
@@ -157,13 +157,17 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
             Seen::Quiet => return flush(&mut pending, true),
             Seen::Entry(entry) => entry,
         };
-        let Some((replica, filter)) = parse_route_key(&entry.key) else { return };
+        let Some((replica, _)) = parse_route_key(&entry.key) else { return };
         if replica == me {
             return;
         }
         let Ok(mut remote) = shared.remote.lock() else { return };
         let record = match entry.operation {
-            Operation::Put => RouteRecord::decode(&entry.value).ok().filter(|r| r.replica == replica && r.filter == filter),
+            // The record's filter (a long filter's key holds its hash) must
+            // make the key.
+            Operation::Put => RouteRecord::decode(&entry.value)
+                .ok()
+                .filter(|r| r.replica == replica && is_route_key_of(&entry.key, &r.replica, &r.filter)),
             Operation::Delete | Operation::Purge => None,
         };
         let changes = match record {

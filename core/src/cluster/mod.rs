@@ -4,6 +4,7 @@
 //! (`fleetmq-nats-bridge`) drives them.
 
 pub mod ingest;
+pub mod keys;
 pub mod membership;
 pub mod names;
 pub mod peers;

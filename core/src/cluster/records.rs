@@ -12,7 +12,6 @@
 
 use std::ops::RangeInclusive;
 
-use base64::Engine as _;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 /// The newest record format this build writes. Format 2 changed only the
@@ -233,23 +232,21 @@ pub fn raised_floor(floor: u16, members: &[[u16; 2]]) -> Option<u16> {
     (target > floor && every_member_reads).then_some(target)
 }
 
-/// The KV key of a client identifier: `c.` and its UTF-8 bytes in
-/// base64url without padding (`[-_a-zA-Z0-9]`); the empty identifier is
-/// `c.=` (a key may not end with a dot).
+/// The KV key of a client identifier: `c.` and its
+/// [`name_token`](crate::cluster::keys::name_token) (base64url of its
+/// UTF-8 bytes without padding, `=` for the empty identifier, a hash for
+/// one over 768 bytes: see [`crate::cluster::keys`]).
 pub fn client_key(client_id: &str) -> String {
-    if client_id.is_empty() {
-        return "c.=".to_owned();
-    }
-    format!("c.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(client_id))
+    format!("c.{}", crate::cluster::keys::name_token(client_id))
 }
 
 /// The key in `mqtt-session-will` of a will whose session a CONNECT with
 /// Clean Start 1 on another replica ended while the will waited for its
-/// Will Delay Interval (`e.` and the client identifier as in
+/// Will Delay Interval (`e.` and the client identifier's token as in
 /// [`client_key`]): the new connection's own will takes [`client_key`],
 /// and the ended one waits here for the sweeper (MQTT 5 §3.1.2.5).
 pub fn ended_will_key(client_id: &str) -> String {
-    format!("e.{}", &client_key(client_id)[2..])
+    format!("e.{}", crate::cluster::keys::name_token(client_id))
 }
 
 /// Whether `key` (of `mqtt-session-will`) was made by [`ended_will_key`].
@@ -257,15 +254,22 @@ pub fn is_ended_will_key(key: &str) -> bool {
     key.starts_with("e.")
 }
 
-/// The client identifier of a key made by [`client_key`], `None` for
-/// any other key.
+/// The client identifier of a key made by [`client_key`]; `None` for any
+/// other key, and for a hashed one (a long identifier): the record under
+/// it carries the identifier ([`OwnerRecord::client_id`]), and a reader
+/// checks [`is_client_key_of`] before it trusts it.
 pub fn client_id_of_key(key: &str) -> Option<String> {
-    let encoded = key.strip_prefix("c.")?;
-    if encoded == "=" {
-        return Some(String::new());
+    match crate::cluster::keys::read_token(key.strip_prefix("c.")?)? {
+        crate::cluster::keys::Token::Plain(client_id) => Some(client_id),
+        crate::cluster::keys::Token::Hashed => None,
     }
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(encoded).ok()?;
-    String::from_utf8(bytes).ok()
+}
+
+/// Whether `key` is [`client_key`]`(client_id)`: how a reader of a record
+/// found under a key (hashed or not) knows the record's client identifier
+/// is the key's.
+pub fn is_client_key_of(key: &str, client_id: &str) -> bool {
+    key.strip_prefix("c.").is_some_and(|token| token == crate::cluster::keys::name_token(client_id))
 }
 
 #[cfg(test)]
@@ -352,11 +356,22 @@ mod tests {
         }
 
         #[test]
-        fn any_client_id_maps_to_a_valid_key_and_back(id in ".{0,200}") {
+        fn any_client_id_maps_to_a_valid_key_and_back(id in ".{0,200}", repeat in 1usize..30) {
+            // Up to 6,000 characters: long ones past the bound are hashed
+            // and read from the record [MQTT-3.1.3-5].
+            let id = id.repeat(repeat);
             let key = client_key(&id);
             prop_assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_=./".contains(&b)));
             prop_assert!(!key.ends_with('.'));
-            prop_assert_eq!(client_id_of_key(&key), Some(id));
+            prop_assert!(key.len() <= 2 + crate::cluster::keys::MAX_PLAIN_TOKEN);
+            prop_assert!(is_client_key_of(&key, &id));
+            if id.len() <= 768 {
+                prop_assert_eq!(client_id_of_key(&key), Some(id));
+            } else {
+                prop_assert_eq!(client_id_of_key(&key), None);
+                let other = format!("{id}x");
+                prop_assert!(!is_client_key_of(&key, &other));
+            }
         }
 
         #[test]
@@ -375,5 +390,24 @@ mod tests {
         assert!(is_ended_will_key(&ended) && !is_ended_will_key(&key));
         assert_eq!(client_id_of_key(&ended), None, "not a client key");
         assert_eq!(ended_will_key(""), "e.=");
+    }
+
+    #[test]
+    fn a_long_client_identifier_has_short_keys_of_its_own() {
+        // MQTT allows a client identifier up to 65,535 bytes; a broker
+        // may accept any length [MQTT-3.1.3-5].
+        let long = "d".repeat(3_900);
+        let (key, ended) = (client_key(&long), ended_will_key(&long));
+        assert!(key.starts_with("c.=") && key.len() == 2 + crate::cluster::keys::HASHED_TOKEN_LEN);
+        assert_eq!(key[2..], ended[2..]);
+        assert!(is_ended_will_key(&ended) && !is_ended_will_key(&key));
+        assert_eq!(client_id_of_key(&key), None, "hashed: the identifier is in the record");
+        assert!(is_client_key_of(&key, &long) && !is_client_key_of(&key, &"d".repeat(3_901)));
+        assert!(!is_client_key_of(&ended, &long), "an ended will's key is no client key");
+        assert_ne!(client_key(&"d".repeat(3_901)), key);
+        // The empty identifier and short ones keep their keys.
+        assert_eq!(client_key(""), "c.=");
+        assert_eq!(client_key("dev/1"), "c.ZGV2LzE");
+        assert_eq!(client_id_of_key("c.="), Some(String::new()));
     }
 }

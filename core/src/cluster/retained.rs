@@ -193,16 +193,33 @@ mod base64_bytes {
     }
 }
 
-/// The KV key of a retained topic: `t.` and the topic's bytes in base64url
-/// without padding.
+/// The KV key of a retained topic: `t.` and the topic's
+/// [`name_token`](crate::cluster::keys::name_token) (base64url without
+/// padding, a hash for a topic over 768 bytes: see
+/// [`crate::cluster::keys`]).
 pub fn retained_key(topic: &str) -> String {
-    format!("t.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(topic))
+    format!("t.{}", crate::cluster::keys::name_token(topic))
 }
 
-/// The topic of a key made by [`retained_key`], `None` for any other key.
+/// The topic of a key made by [`retained_key`]; `None` for any other key,
+/// and for a hashed one (a long topic: the record carries it,
+/// [`RetainedRecord::topic`]; a reader checks [`is_retained_key_of`]).
 pub fn topic_of_retained_key(key: &str) -> Option<String> {
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(key.strip_prefix("t.")?).ok()?;
-    String::from_utf8(bytes).ok()
+    match crate::cluster::keys::read_token(key.strip_prefix("t.")?)? {
+        crate::cluster::keys::Token::Plain(topic) => Some(topic),
+        crate::cluster::keys::Token::Hashed => None,
+    }
+}
+
+/// Whether `key` is [`retained_key`]`(topic)`.
+pub fn is_retained_key_of(key: &str, topic: &str) -> bool {
+    key.strip_prefix("t.").is_some_and(|token| token == crate::cluster::keys::name_token(topic))
+}
+
+/// Whether `key` was made by [`retained_key`] from a topic it does not
+/// hold (a hash): the topic is known only from the record.
+pub fn is_hashed_retained_key(key: &str) -> bool {
+    key.strip_prefix("t.").and_then(crate::cluster::keys::read_token) == Some(crate::cluster::keys::Token::Hashed)
 }
 
 #[cfg(test)]
@@ -254,6 +271,13 @@ mod tests {
         let key = retained_key("$share/a b/#");
         assert!(key.starts_with("t.") && key[2..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
         assert_eq!(topic_of_retained_key(&key).as_deref(), Some("$share/a b/#"));
+        assert!(is_retained_key_of(&key, "$share/a b/#") && !is_hashed_retained_key(&key));
+        let long = format!("ws1/{}", "t".repeat(4_000));
+        let hashed = retained_key(&long);
+        assert_eq!(hashed.len(), 2 + crate::cluster::keys::HASHED_TOKEN_LEN);
+        assert_eq!(topic_of_retained_key(&hashed), None, "the topic is in the record");
+        assert!(is_hashed_retained_key(&hashed) && is_retained_key_of(&hashed, &long));
+        assert!(!is_retained_key_of(&hashed, "ws1/t"));
     }
 
     #[test]

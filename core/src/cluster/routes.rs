@@ -5,7 +5,8 @@
 //! replicas' entries ([`RouteTable`]), which says what to apply.
 //!
 //! A key is `<replica>.<filter in base64url without padding>` (`=` for the
-//! empty filter, which MQTT never subscribes): the filter as the shards
+//! empty filter, which MQTT never subscribes; `=` and a hash for a filter
+//! over 768 bytes, [`crate::cluster::keys`]): the filter as the shards
 //! keep it (with its workspace prefix, any UTF-8, U+0000 included), and
 //! for a shared subscription the whole `$share/<group>/<filter>`. Base64
 //! has no `.`, so the replica is what comes before the last `.` (a replica
@@ -15,33 +16,39 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::peers::{PeerId, RouteChange};
 use crate::cluster::records::{bucket, Record};
 use crate::route::ShardSet;
 
-/// The key of `replica`'s entry for `filter` in `mqtt-routes`.
+/// The key of `replica`'s entry for `filter` in `mqtt-routes`: the
+/// replica, a dot, the filter's
+/// [`name_token`](crate::cluster::keys::name_token) (a hash for a filter
+/// over 768 bytes: see [`crate::cluster::keys`]).
 pub fn route_key(replica: &str, filter: &str) -> String {
-    if filter.is_empty() {
-        return format!("{replica}.=");
-    }
-    format!("{replica}.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(filter))
+    format!("{replica}.{}", crate::cluster::keys::name_token(filter))
 }
 
-/// The replica and the filter of a key made by [`route_key`]; `None` for
-/// any other key (no `.`, an empty replica, bad base64, not UTF-8).
-pub fn parse_route_key(key: &str) -> Option<(&str, String)> {
-    let (replica, encoded) = key.rsplit_once('.')?;
+/// The replica and the filter of a key made by [`route_key`], the filter
+/// `None` when the key holds its hash (a long filter: the record carries
+/// it, [`RouteRecord::filter`], and a reader checks that the record makes
+/// the key, [`is_route_key_of`]); `None` for any other key (no `.`, an
+/// empty replica, bad base64, not UTF-8).
+pub fn parse_route_key(key: &str) -> Option<(&str, Option<String>)> {
+    let (replica, token) = key.rsplit_once('.')?;
     if replica.is_empty() {
         return None;
     }
-    if encoded == "=" {
-        return Some((replica, String::new()));
+    match crate::cluster::keys::read_token(token)? {
+        crate::cluster::keys::Token::Plain(filter) => Some((replica, Some(filter))),
+        crate::cluster::keys::Token::Hashed => Some((replica, None)),
     }
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(encoded).ok()?;
-    Some((replica, String::from_utf8(bytes).ok()?))
+}
+
+/// Whether `key` is [`route_key`]`(replica, filter)`.
+pub fn is_route_key_of(key: &str, replica: &str, filter: &str) -> bool {
+    key.rsplit_once('.').is_some_and(|(r, token)| r == replica && token == crate::cluster::keys::name_token(filter))
 }
 
 /// The subjects of every entry of `replica` in `mqtt-routes` (for a purge
@@ -304,12 +311,25 @@ mod tests {
     fn a_route_key_names_its_replica_and_filter() {
         let key = route_key("b.example.net", "ws1/\u{0}/+/#");
         assert!(key.starts_with("b.example.net."));
-        assert_eq!(parse_route_key(&key), Some(("b.example.net", "ws1/\u{0}/+/#".to_owned())));
-        assert_eq!(parse_route_key(&route_key("r1", "")), Some(("r1", String::new())));
+        assert_eq!(parse_route_key(&key), Some(("b.example.net", Some("ws1/\u{0}/+/#".to_owned()))));
+        assert_eq!(parse_route_key(&route_key("r1", "")), Some(("r1", Some(String::new()))));
         assert_eq!(parse_route_key("nodot"), None);
         assert_eq!(parse_route_key(".abc"), None);
         assert_eq!(parse_route_key("r1.!!"), None);
         assert_eq!(replica_routes_subject("r1"), "$KV.mqtt-routes.r1.*");
+    }
+
+    #[test]
+    fn a_long_filter_has_a_hashed_key_still_one_token_after_its_replica() {
+        let filter = format!("ws1/{}/#", "f".repeat(4_000));
+        let key = route_key("b.example.net", &filter);
+        assert_eq!(key.len(), "b.example.net.".len() + crate::cluster::keys::HASHED_TOKEN_LEN);
+        assert_eq!(parse_route_key(&key), Some(("b.example.net", None)), "the filter is in the record");
+        assert!(is_route_key_of(&key, "b.example.net", &filter));
+        assert!(!is_route_key_of(&key, "b.example.net", &format!("{filter}x")));
+        assert!(!is_route_key_of(&key, "example.net", &filter));
+        // One token after the replica: `b.example.net.*` covers it.
+        assert_eq!(key.matches('.').count(), 3);
     }
 
     #[test]
@@ -365,11 +385,15 @@ mod tests {
 
     proptest! {
         #[test]
-        fn any_filter_maps_to_a_valid_key_and_back(filter in "\\PC{0,100}", replica in "[a-z][a-z0-9.-]{0,20}[a-z0-9]") {
+        fn any_filter_maps_to_a_valid_key_and_back(filter in "\\PC{0,100}", repeat in 1usize..50, replica in "[a-z][a-z0-9.-]{0,20}[a-z0-9]") {
+            let filter = filter.repeat(repeat);
             let key = route_key(&replica, &filter);
             prop_assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_=.".contains(&b)));
             prop_assert!(!key.ends_with('.'));
-            prop_assert_eq!(parse_route_key(&key), Some((replica.as_str(), filter)));
+            prop_assert!(key.len() <= replica.len() + 1 + crate::cluster::keys::MAX_PLAIN_TOKEN);
+            prop_assert!(is_route_key_of(&key, &replica, &filter));
+            let readable = (filter.len() <= 768).then(|| filter.clone());
+            prop_assert_eq!(parse_route_key(&key), Some((replica.as_str(), readable)));
         }
 
         #[test]
