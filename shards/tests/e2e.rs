@@ -232,3 +232,9 @@ mod cluster_ingest;
 /// small drops its oldest; never acknowledged and then lost (s40).
 #[path = "e2e/cluster_session_log.rs"]
 mod cluster_session_log;
+
+/// A 3,900-byte client identifier, a 4,000-byte filter and a retained
+/// value on a 4,000-byte topic work across replicas as short ones do
+/// (hashed KV keys, s40).
+#[path = "e2e/cluster_long_names.rs"]
+mod cluster_long_names;
