@@ -221,3 +221,45 @@ async fn a_retained_value_on_a_4000_byte_topic_is_read_on_another_replica_and_cl
     }
     no_control_line_exceeded(&nats);
 }
+
+/// The ingest stream (`store.kind = "jetstream"`, the cluster default)
+/// takes a QoS 1 value from a 3,900-byte client identifier on a 4,000-byte
+/// topic with a long user property: they travel as headers (never in the
+/// subject, which names only the workspace), the PUBACK says success, and
+/// the state connection stays up for the next value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_client_identifier_topic_and_user_property_reach_the_ingest_stream_as_headers() {
+    let nats = NatsCluster::start(3);
+    let a = crate::cluster::replica("ia", &nats.urls(), &["--set", "cluster.member_ttl=5s", LONG_TOPICS[0], LONG_TOPICS[1]]);
+    let prefix = unique("ingest");
+    let id = format!("{prefix}{}", "c".repeat(3_900 - prefix.len()));
+    let topic = format!("{prefix}/{}", "t".repeat(4_000 - prefix.len() - 1));
+    let (name, value) = ("n".repeat(2_000), "v".repeat(20_000));
+    let mut c = v5::Client::connect(a.mqtt_port(), &id).await;
+    let props = rumqttc::v5::mqttbytes::v5::PublishProperties {
+        user_properties: vec![(name.clone(), value.clone())],
+        ..Default::default()
+    };
+    c.client
+        .publish_with_properties(topic.clone(), v5::QoS::AtLeastOnce, false, Bytes::from("long"), props)
+        .await
+        .expect("publish");
+    let ack = c.wait_for("PUBACK", |p| matches!(p, v5::Packet::PubAck(_))).await;
+    let v5::Packet::PubAck(ack) = ack else { unreachable!() };
+    assert_eq!(ack.reason, rumqttc::v5::mqttbytes::v5::PubAckReason::Success);
+    c.client.publish("short", v5::QoS::AtLeastOnce, false, Bytes::from("next")).await.expect("publish");
+    c.wait_for("PUBACK", |p| matches!(p, v5::Packet::PubAck(_))).await;
+
+    let js = async_nats::jetstream::new(crate::nats::connect(&nats.urls()).await);
+    let mut stream = js.get_stream("mqtt-ingest").await.expect("the ingest stream");
+    let last = stream.info().await.expect("info").state.last_sequence;
+    let long = stream.get_raw_message(last - 1).await.expect("the long value");
+    assert_eq!(long.subject.as_str(), "mqtt-ingest._");
+    let header = |n: &str| long.headers.get(n).map(|v| v.as_str().to_owned());
+    assert_eq!(header("Mqtt-Client-Id").as_deref(), Some(id.as_str()));
+    assert_eq!(header("Mqtt-Topic").as_deref(), Some(topic.as_str()));
+    assert_eq!(header(&format!("Mqtt-User-{name}")).as_deref(), Some(value.as_str()));
+    let next = stream.get_raw_message(last).await.expect("the next value");
+    assert_eq!(&next.payload[..], b"next");
+    no_control_line_exceeded(&nats);
+}
