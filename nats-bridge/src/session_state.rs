@@ -10,6 +10,15 @@
 //! JetStream or a retry does, and a burst of changes costs one write or
 //! two. A waiter (a SUBACK, an UNSUBACK) hears `true` once a write of its
 //! record or a newer one landed; the shard bounds its wait.
+//!
+//! Every write is a compare-and-set on the revision this process last
+//! wrote (none known: the key must have no entry). A conflict means
+//! another process wrote the record since: when this process still owns
+//! the client identifier in `mqtt-sessions`, it reads the revision and
+//! writes again (its record is the session's); otherwise the write is
+//! stale — the late "offline" write of a replica the client left, which
+//! would replace the new owner's record — and is dropped (counted in
+//! `session_records_stale`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -20,7 +29,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
-use fleetmq_core::cluster::records::{bucket, client_key};
+use fleetmq_core::cluster::records::{bucket, client_key, OwnerRecord, Record as _};
 use tokio::sync::oneshot;
 use tracing::debug;
 
@@ -47,7 +56,15 @@ pub(crate) struct Writer {
     shared: Arc<Shared>,
     keys: HashMap<String, Key>,
     next: u64,
+    /// The revision of each client identifier's record as this process
+    /// last wrote it (or read it, owning the identifier): what its next
+    /// write expects. At most [`REVISIONS_MAX`], forgotten all at once
+    /// when full (a forgotten one costs a conflict and a read).
+    revisions: HashMap<String, u64>,
 }
+
+/// Revisions [`Writer::revisions`] holds at most.
+const REVISIONS_MAX: usize = 1 << 18;
 
 /// The writer, shared by the bridge's loop and its write tasks.
 pub(crate) type Writers = Rc<RefCell<Writer>>;
@@ -55,7 +72,7 @@ pub(crate) type Writers = Rc<RefCell<Writer>>;
 impl Writer {
     /// Nothing written yet.
     pub(crate) fn new(shared: Arc<Shared>) -> Writers {
-        Rc::new(RefCell::new(Writer { shared, keys: HashMap::new(), next: 0 }))
+        Rc::new(RefCell::new(Writer { shared, keys: HashMap::new(), next: 0, revisions: HashMap::new() }))
     }
 }
 
@@ -80,13 +97,15 @@ pub(crate) fn request(writers: &Writers, client_id: String, record: Option<Bytes
     }
 }
 
-/// Write `client_id`'s newest record until the newest landed.
+/// Write `client_id`'s newest record until the newest landed (or was
+/// found stale).
 async fn write_key(writers: Writers, client_id: String) {
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let (shared, record, number) = {
+        let (shared, record, number, expected) = {
             let mut w = writers.borrow_mut();
             let shared = w.shared.clone();
+            let expected = w.revisions.get(&client_id).copied().unwrap_or(0);
             let Some(key) = w.keys.get_mut(&client_id) else { return };
             if key.landed >= key.newest.1 || shared.stopping.load(Ordering::Acquire) {
                 for (_, waiter) in key.waiters.drain(..) {
@@ -95,44 +114,114 @@ async fn write_key(writers: Writers, client_id: String) {
                 w.keys.remove(&client_id);
                 return;
             }
-            (shared, key.newest.0.clone(), key.newest.1)
+            (shared, key.newest.0.clone(), key.newest.1, expected)
         };
         let started = std::time::Instant::now();
-        let outcome = write(&shared, &client_id, record).await;
+        let deleted = record.is_none();
+        let outcome = write(&shared, &client_id, record, expected).await;
         shared.status.stats.record(crate::OpKind::Session, started.elapsed());
-        match outcome {
-            Ok(()) => {
+        let stale = match outcome {
+            Ok(revision) => {
                 backoff = FIRST_BACKOFF;
                 let mut w = writers.borrow_mut();
-                if let Some(key) = w.keys.get_mut(&client_id) {
-                    key.landed = number;
-                    let (done, waiting): (Vec<_>, Vec<_>) =
-                        std::mem::take(&mut key.waiters).into_iter().partition(|(wants, _)| *wants <= number);
-                    key.waiters = waiting;
-                    for (_, waiter) in done {
-                        let _ = waiter.send(true);
-                    }
+                if w.revisions.len() >= REVISIONS_MAX {
+                    w.revisions.clear();
                 }
+                match deleted {
+                    // Its delete marker goes after DELETED_TTL: the next
+                    // write (a new session) expects none, and a conflict
+                    // with the marker costs a read.
+                    true => w.revisions.remove(&client_id),
+                    false => w.revisions.insert(client_id.clone(), revision),
+                };
+                false
             }
-            Err(e) => {
+            Err(Failed::Conflict) => match owned_revision(&shared, &client_id).await {
+                // Still this process's: its record is the session's.
+                Ok(Some(revision)) => {
+                    writers.borrow_mut().revisions.insert(client_id.clone(), revision);
+                    continue;
+                }
+                Ok(None) => true,
+                Err(e) => {
+                    debug!(target: "cluster", %client_id, error = %e, "cluster: session record conflict not resolved, trying again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            },
+            Err(Failed::Other(e)) => {
                 debug!(target: "cluster", %client_id, error = %e, "cluster: session record not written, trying again");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        if stale {
+            shared.status.stats.session_records_stale.fetch_add(1, Ordering::Relaxed);
+            debug!(target: "cluster", %client_id, "cluster: session record not written: another replica wrote it since and owns the client identifier");
+        }
+        let mut w = writers.borrow_mut();
+        if stale {
+            w.revisions.remove(&client_id);
+        }
+        if let Some(key) = w.keys.get_mut(&client_id) {
+            key.landed = number;
+            let (done, waiting): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut key.waiters).into_iter().partition(|(wants, _)| *wants <= number);
+            key.waiters = waiting;
+            for (_, waiter) in done {
+                let _ = waiter.send(!stale);
             }
         }
     }
 }
 
+/// Why a write did not land.
+enum Failed {
+    /// The record's revision was not the one expected: another process
+    /// wrote it.
+    Conflict,
+    /// JetStream did not take it (the text of its error).
+    Other(String),
+}
+
 /// Put `record` as `client_id`'s, or delete it (`None`, with a marker
-/// that goes after [`crate::setup::DELETED_TTL`]).
-async fn write(shared: &Shared, client_id: &str, record: Option<Bytes>) -> Result<(), String> {
+/// that goes after [`crate::setup::DELETED_TTL`]), if the record's
+/// revision is still `expected` (0: no entry); the new revision.
+async fn write(shared: &Shared, client_id: &str, record: Option<Bytes>, expected: u64) -> Result<u64, Failed> {
     let subject = format!("$KV.{}.{}", bucket::SESSION_STATE, client_key(client_id));
     let publish = match record {
         Some(record) => PublishMessage::build().payload(record),
         None => crate::setup::delete_marker(),
     };
-    let ack = shared.state.send_publish(subject, publish).await.map_err(|e| e.to_string())?;
-    ack.await.map(|_| ()).map_err(|e| e.to_string())
+    let publish = publish.expected_last_subject_sequence(expected);
+    let failed = |e: async_nats::jetstream::context::PublishError| match crate::ownership::is_conflict(&e) {
+        true => Failed::Conflict,
+        false => Failed::Other(e.to_string()),
+    };
+    let ack = shared.state.send_publish(subject, publish).await.map_err(failed)?;
+    ack.await.map(|ack| ack.sequence).map_err(failed)
+}
+
+/// The revision of `client_id`'s record now (0: no entry), when this
+/// process owns the client identifier in `mqtt-sessions`; `None` when
+/// another process does, or none (it was released: a later writer of the
+/// record did so after this process's client left).
+///
+/// # Errors
+/// JetStream did not answer (the text of its error).
+async fn owned_revision(shared: &Shared, client_id: &str) -> Result<Option<u64>, String> {
+    let owner = shared.sessions.entry(client_key(client_id)).await.map_err(|e| e.to_string())?;
+    let owned = owner
+        .filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put)
+        .and_then(|e| OwnerRecord::decode(&e.value).ok())
+        .is_some_and(|r| r.instance == shared.config.instance && r.client_id == client_id);
+    if !owned {
+        return Ok(None);
+    }
+    let entry = shared.session_state.entry(client_key(client_id)).await.map_err(|e| e.to_string())?;
+    Ok(Some(entry.map_or(0, |e| e.revision)))
 }
 
 /// `client_id`'s record as the bucket holds it (`None`: none, or

@@ -101,6 +101,11 @@ pub struct BridgeStats {
     /// replica's claim made less than `FLAP_DELAY` ago (a flapping client
     /// identifier).
     pub claims_delayed: AtomicU64,
+    /// Session records not written because another process wrote the
+    /// client identifier's record since this one's last write and this
+    /// process no longer owns the identifier (a late write of a replica
+    /// the client left: it would have replaced the new owner's record).
+    pub session_records_stale: AtomicU64,
     /// SUBACKs sent without their route written to `mqtt-routes` within
     /// 2 s (DESIGN.md §10), counted by the shards.
     pub routes_late: AtomicU64,
@@ -149,6 +154,7 @@ impl Default for BridgeStats {
             retained_not_undone: AtomicU64::new(0),
             retained_undone: AtomicU64::new(0),
             claims_delayed: AtomicU64::new(0),
+            session_records_stale: AtomicU64::new(0),
             routes_late: AtomicU64::new(0),
             routes_local: AtomicU64::new(0),
             routes_remote: AtomicU64::new(0),

@@ -153,6 +153,11 @@ impl Node {
                 "Client identifier claims that waited up to 1 s before taking the identifier from another replica that claimed it less than 1 s before (a flapping client identifier)",
                 &stats.claims_delayed,
             ),
+            (
+                "cluster_session_records_stale",
+                "Session records not written to mqtt-session-state because another replica wrote the record since and owns the client identifier now (a late write of the replica the client left)",
+                &stats.session_records_stale,
+            ),
         ] {
             let _ = writeln!(out, "# HELP fleetmq_{name} {help}\n# TYPE fleetmq_{name} counter\nfleetmq_{name}_total {}", value.load(relaxed));
         }

@@ -211,3 +211,66 @@ async fn a_session_outlives_its_replica_killed_but_not_its_expiry() {
     publish(&b, "k/short", "not for it").await;
     s.expect_no_publish(Duration::from_millis(500)).await;
 }
+
+/// A client identifier reused across workspaces: `u1` (workspace `w1`)
+/// leaves replica A, whose NATS round trip is slowed to 2 s, and `u2`
+/// (workspace `w2`) connects with the same identifier and Clean Start 1
+/// on B at once. A's
+/// "offline" write reaches NATS after B's record: a compare-and-set on
+/// the revision A last wrote, it conflicts, A no longer owns the
+/// identifier, and the write is dropped (counted) — B's record stays, not
+/// A's stale one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_offline_write_of_the_replica_a_reused_client_identifier_left_does_not_replace_the_new_owners_record() {
+    use crate::security::{passwd, TempDir};
+    let nats = NatsCluster::start(3);
+    let dir = TempDir::new("session-reuse");
+    let file = dir.path("passwd");
+    passwd(&file, "u1", "pw", Some("w1"));
+    passwd(&file, "u2", "pw", Some("w2"));
+    let auth = format!("auth.password_file=\"{}\"", file.display());
+    let proxy = crate::nats::NatsProxy::start(nats.client_addr(0));
+    let a = replica("ra", &[proxy.url()], &["--set", TTL, "--set", &auth]);
+    let b = replica("rb", &nats.urls(), &["--set", TTL, "--set", &auth]);
+    let id = unique("reused");
+    let login = |broker: &Broker, user: &str| {
+        // u2 starts clean: a session held by another identity is refused
+        // (0x85, DESIGN.md §9) while it lasts; Clean Start ends it
+        // [MQTT-3.1.2-4] and the identifier is u2's.
+        let mut o = persistent(broker, &id, user == "u2", 300);
+        o.set_credentials(user, "pw");
+        o
+    };
+
+    let (mut c, _) = v5::Client::connect_with(login(&a, "u1")).await;
+    c.subscribe("from/w1", v5::QoS::AtLeastOnce).await;
+    let r = record(&nats, &id).await.expect("A's record");
+    assert_eq!((r["replica"].as_str(), r["workspace"].as_str()), (Some("ra"), Some("w1")), "{r}");
+    // Past the flap delay of A's claim: B's claim does not wait.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    proxy.set_round_trip(Duration::from_secs(2));
+    c.client.disconnect().await.expect("disconnect");
+    drop(c);
+    let (mut c2, _) = v5::Client::connect_with(login(&b, "u2")).await;
+    c2.subscribe("from/w2", v5::QoS::AtLeastOnce).await;
+    let r = record(&nats, &id).await.expect("B's record");
+    assert_eq!((r["replica"].as_str(), r["workspace"].as_str()), (Some("rb"), Some("w2")), "{r}");
+
+    // A's offline write arrives ~1 s after it was sent; its conflict is
+    // resolved through the same slow link (two reads): 8 s is plenty.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while a.metric_sum("fleetmq_cluster_session_records_stale_total") < 1.0 {
+        let r = record(&nats, &id).await.expect("a record");
+        assert_eq!(r["replica"].as_str(), Some("rb"), "A's stale write replaced B's record: {r}");
+        assert!(Instant::now() < deadline, "A's late write was neither dropped nor counted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.set_round_trip(Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = record(&nats, &id).await.expect("B's record stays");
+    assert_eq!((r["replica"].as_str(), r["workspace"].as_str()), (Some("rb"), Some("w2")), "{r}");
+    assert!(r.get("offline_since_ms").is_none(), "B's client is connected: {r}");
+    assert_eq!(filters(&r), ["\u{0}w2/from/w2"], "{r}");
+    drop(c2);
+}
