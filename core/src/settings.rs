@@ -882,8 +882,16 @@ fn is_loopback(addr: &str) -> bool {
 /// Formats a duration the way [`parse_duration`] reads it back, exactly,
 /// in days at most (not humantime's months and years of 30.44 and 365.25
 /// days, which made `1000h` read "1month 11days 5h 26m 24s"), e.g.
-/// `"15m"`, `"1h 30m"`, `"41d 16h"`, `"1s 500ms"`, `"0s"`.
+/// `"15m"`, `"1h 30m"`, `"41d 16h"`, `"1s 500ms"`, `"0s"`; except a
+/// whole number of humantime years, written in years as it was given
+/// (`"300y"`, not `"109575d"`).
 pub fn format_duration(d: Duration) -> String {
+    // A whole number of years as humantime reads `y` (365.25 days):
+    // `300y` reads back as `300y`, not as 109575d.
+    const YEAR: u64 = 31_557_600;
+    if d.subsec_nanos() == 0 && d.as_secs() >= YEAR && d.as_secs().is_multiple_of(YEAR) {
+        return format!("{}y", d.as_secs() / YEAR);
+    }
     const UNITS: [(u64, &str); 4] = [(86_400, "d"), (3_600, "h"), (60, "m"), (1, "s")];
     let mut parts = Vec::new();
     let mut secs = d.as_secs();
@@ -1345,6 +1353,12 @@ mod serde_tests {
         assert_eq!(format_duration(Duration::from_secs(u64::from(u32::MAX))), "49710d 6h 28m 15s");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1s 500ms");
         assert_eq!(format_duration(Duration::ZERO), "0s");
+        // Years as given (humantime's: 365.25 days), only when whole.
+        let y300 = parse_duration("300y").unwrap();
+        assert_eq!(format_duration(y300), "300y");
+        assert_eq!(parse_duration(&format_duration(y300)), Ok(y300));
+        assert_eq!(format_duration(Duration::from_secs(365 * 86_400)), "365d");
+        assert_eq!(format_duration(parse_duration("1y 1s").unwrap()), "365d 6h 1s");
         proptest::proptest!(|(secs in 0u64..=u64::from(u32::MAX) * 4, nanos in 0u32..1_000_000_000)| {
             let d = Duration::new(secs, nanos);
             proptest::prop_assert_eq!(parse_duration(&format_duration(d)), Ok(d));

@@ -167,6 +167,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
         Ok(settings) => settings,
         Err(err) => return refused(&err),
     };
+    for key in settings.store.unused_keys() {
+        tracing::warn!(target: "broker", "{}", settings.store.unused_warning(key));
+    }
     let shutdown = Shutdown::new();
     if let Err(err) = watch_signals(shutdown.clone()) {
         tell(format_args!("fleetmq: error: {err:#}"));
@@ -184,6 +187,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
 fn check_config(args: &ServeArgs) -> ExitCode {
     let printed = config::load(args).and_then(|s| {
         fleetmq_shards::check_mesh(&s)?;
+        for key in s.store.unused_keys() {
+            tell(format_args!("fleetmq: warning: {}", s.store.unused_warning(key)));
+        }
         config::to_toml(&s)
     });
     match printed {

@@ -289,6 +289,27 @@ mod tests {
 
     use super::*;
 
+    /// A file of [`PEM_MAX_BYTES`] is read, one byte more is refused
+    /// naming the limit; the README states the same limit for the mesh
+    /// files (which it said was 1 MiB while 16 MiB were read).
+    #[test]
+    fn files_up_to_the_pem_limit_are_read_and_the_readme_states_that_limit() {
+        let dir = std::env::temp_dir().join(format!("fleetmq-pem-limit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("big.pem");
+        let mut bytes = vec![b'A'; PEM_MAX_BYTES as usize];
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(read("cluster.mesh_ca", &path).unwrap().len() as u64, PEM_MAX_BYTES);
+        bytes.push(b'A');
+        std::fs::write(&path, &bytes).unwrap();
+        let err = read("cluster.mesh_ca", &path).unwrap_err().to_string();
+        assert!(err.contains("longer than 16 MiB"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let readme = include_str!("../../README.md");
+        let stated = format!("readable PEM (at most {} MiB each)", PEM_MAX_BYTES >> 20);
+        assert!(readme.contains(&stated), "README does not say {stated:?}");
+    }
+
     struct Ca {
         cert: rcgen::Certificate,
         key: KeyPair,

@@ -145,6 +145,48 @@ impl Store {
         }
         Ok(())
     }
+
+    /// The keys given a value other than their default that
+    /// [`Store::kind`] does not use: `store.ingest_*` unless
+    /// `"jetstream"`; `store.dir`, `store.fsync`, `store.fsync_window`
+    /// and `store.truncate_corrupt` unless `"local"`; `store.max_bytes`
+    /// with `"none"`. They are accepted (one configuration file can serve
+    /// a single node and a cluster, as the other keys' sections do:
+    /// `[cluster]` settings are read without a cluster too) and the
+    /// broker warns about each, naming it, at start and in
+    /// `fleetmq check-config`.
+    pub fn unused_keys(&self) -> Vec<&'static str> {
+        let d = Store::default();
+        let (local, jetstream) = (self.kind == StoreKind::Local, self.kind == StoreKind::Jetstream);
+        [
+            ("store.dir", !local && self.dir != d.dir),
+            ("store.fsync", !local && self.fsync != d.fsync),
+            ("store.fsync_window", !local && self.fsync_window != d.fsync_window),
+            ("store.truncate_corrupt", !local && self.truncate_corrupt != d.truncate_corrupt),
+            ("store.max_bytes", self.kind == StoreKind::None && self.max_bytes != d.max_bytes),
+            ("store.ingest_retention", !jetstream && self.ingest_retention != d.ingest_retention),
+            ("store.ingest_max_age", !jetstream && self.ingest_max_age != d.ingest_max_age),
+            ("store.ingest_duplicate_window", !jetstream && self.ingest_duplicate_window != d.ingest_duplicate_window),
+        ]
+        .into_iter()
+        .filter_map(|(key, unused)| unused.then_some(key))
+        .collect()
+    }
+
+    /// The text of [`Store::unused_keys`]' warning about `key`.
+    pub fn unused_warning(&self, key: &str) -> String {
+        let kind = match self.kind {
+            StoreKind::None => "none",
+            StoreKind::Local => "local",
+            StoreKind::Jetstream => "jetstream",
+        };
+        let applies = match key {
+            k if k.starts_with("store.ingest_") => "\"jetstream\"",
+            "store.max_bytes" => "\"local\" and \"jetstream\"",
+            _ => "\"local\"",
+        };
+        format!("{key} has no effect with store.kind = \"{kind}\" (it applies to {applies})")
+    }
 }
 
 #[cfg(test)]
@@ -178,6 +220,29 @@ mod tests {
         .unwrap();
         assert_eq!((t.kind, t.ingest_retention), (StoreKind::Jetstream, IngestRetention::Workqueue));
         assert_eq!((t.ingest_max_age, t.ingest_duplicate_window), (Duration::from_secs(86_400), Duration::from_secs(300)));
+    }
+
+    #[test]
+    fn keys_the_kind_does_not_use_are_named_when_given() {
+        let local = Store::default();
+        assert!(local.unused_keys().is_empty(), "the defaults name nothing");
+        let mut s = Store { ingest_max_age: Duration::from_secs(86_400), ..Store::default() };
+        assert_eq!(s.unused_keys(), ["store.ingest_max_age"]);
+        assert_eq!(
+            s.unused_warning("store.ingest_max_age"),
+            "store.ingest_max_age has no effect with store.kind = \"local\" (it applies to \"jetstream\")"
+        );
+        s.ingest_retention = IngestRetention::Workqueue;
+        s.ingest_duplicate_window = Duration::from_secs(5);
+        assert_eq!(s.unused_keys(), ["store.ingest_retention", "store.ingest_max_age", "store.ingest_duplicate_window"]);
+        s.kind = StoreKind::Jetstream;
+        assert!(s.unused_keys().is_empty(), "jetstream uses them");
+        s.fsync = Fsync::Always;
+        s.dir = PathBuf::from("/var/lib/fleetmq");
+        assert_eq!(s.unused_keys(), ["store.dir", "store.fsync"]);
+        let none = Store { kind: StoreKind::None, max_bytes: 2 << 30, ..Store::default() };
+        assert_eq!(none.unused_keys(), ["store.max_bytes"]);
+        assert!(none.unused_warning("store.max_bytes").contains("\"none\""));
     }
 
     #[test]

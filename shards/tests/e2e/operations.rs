@@ -442,3 +442,32 @@ fn out_of_descriptors_accept_errors_are_logged_once_a_second_and_accepting_resum
     let connect = crate::raw::wire::Connect::v311("after-emfile").encode();
     assert_eq!(mqtt.handshake(&connect).1, 0, "CONNACK once descriptors are free");
 }
+
+/// `store.ingest_*` given with a store that is not `"jetstream"` has no
+/// effect: the start goes on (a file may serve a single node and a
+/// cluster) with a warning naming the key, in `check-config` too; a value
+/// out of range is refused as given (`300y`, not in days).
+#[test]
+fn ingest_settings_without_the_jetstream_store_are_named_in_a_warning_and_a_range_error_shows_the_value_as_given() {
+    let check = run_with_timeout(
+        Command::new(env!("CARGO_BIN_EXE_fleetmq")).args([
+            "check-config",
+            "--set",
+            "store.kind=local",
+            "--set",
+            "store.ingest_max_age=1d",
+        ]),
+        Duration::from_secs(10),
+    );
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: store.ingest_max_age has no effect with store.kind = \"local\" (it applies to \"jetstream\")"),
+        "{stderr}"
+    );
+    let broker = Broker::start(&["--set", "store.kind=none", "--set", "store.ingest_retention=workqueue"]);
+    let log = broker.stderr();
+    assert!(log.contains("WARN") && log.contains("store.ingest_retention has no effect with store.kind = \"none\""), "{log}");
+    let stderr = serve_refused(&["--listen", "127.0.0.1:0", "--set", "store.ingest_max_age=300y"]);
+    assert!(stderr.contains("store.ingest_max_age = 300y is out of range 1m..=365d"), "{stderr}");
+}

@@ -81,6 +81,8 @@ async fn a_value_delivered_again_is_not_written_twice_and_every_header_has_its_c
     // 302 duplicates, or more when a slow commit outlived the 2 s ack wait
     // and a batch came twice.
     assert!(second.log().contains("stopped written=0 duplicates=3"), "{}", second.log());
+    // Its stderr is a file, not a terminal: no colour codes in the log.
+    assert!(!second.log().contains('\u{1b}'), "ANSI escape codes in a log file: {:?}", second.log());
 
     let row = pg
         .query_one(
