@@ -168,7 +168,7 @@ async fn a_4000_byte_filter_gets_its_suback_at_once_and_routes_across_replicas()
     loop {
         p.client.publish(&topic, v5::QoS::AtLeastOnce, false, Bytes::from("moved")).await.expect("publish");
         if let Some(got) = sub.try_next_publish(Duration::from_millis(300)).await {
-            if got.payload == Bytes::from("moved") {
+            if got.payload == "moved" {
                 break;
             }
         }
