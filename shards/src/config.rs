@@ -62,7 +62,33 @@ pub struct ServeArgs {
 /// malformed; a key is unknown or a value has the wrong type or unit (the
 /// error names the dotted key); or [`Settings::validate`] refuses the result.
 pub fn load(args: &ServeArgs) -> anyhow::Result<Settings> {
-    load_from(args, std::env::vars())
+    load_from(args, settings_env(std::env::vars_os())?)
+}
+
+/// The `FLEETMQ_*` entries of `vars` (the process environment) as text.
+/// Other entries are not fleetmq's and are skipped whatever their bytes:
+/// one variable in Latin-1 elsewhere in the environment must not stop the
+/// start (`std::env::vars` panics on it).
+///
+/// # Errors
+///
+/// A `FLEETMQ_*` variable whose name or value is not UTF-8, named (with
+/// its bytes escaped).
+pub fn settings_env(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut env = Vec::new();
+    for (name, value) in vars {
+        if !name.as_encoded_bytes().starts_with(ENV_PREFIX.as_bytes()) {
+            continue;
+        }
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => env.push((name, value)),
+            (Ok(name), Err(_)) => bail!("environment variable {name}: the value is not valid UTF-8"),
+            (Err(name), _) => bail!("environment variable {name:?}: the name is not valid UTF-8"),
+        }
+    }
+    Ok(env)
 }
 
 /// [`load`] with the environment given explicitly, for tests and embedding.
@@ -326,6 +352,8 @@ fn deserialize(table: Table) -> anyhow::Result<Settings> {
             anyhow!("{path} = {value} is out of range {range}")
         } else if let Some((value, range)) = too_large_for_its_key(&path, &message) {
             anyhow!("{path} = {value} is out of range {range}")
+        } else if let Some((got, range)) = not_a_whole_number(&path, &message) {
+            anyhow!("{path}: {got} is not a whole number; expected one in range {range}")
         } else {
             anyhow!("{path}: {message}")
         }
@@ -350,7 +378,16 @@ fn integer_beyond_its_type(key: &str, message: &str) -> Option<(String, String)>
         }
         (value, rest)
     };
-    let (min, max): (i128, i128) = match rest.strip_prefix(", expected ")? {
+    Some((value.to_owned(), integer_range(key, rest.strip_prefix(", expected ")?)?))
+}
+
+/// The range of `key`, a whole number of serde's type `expected` ("u32"):
+/// what [`Settings::validate`] says for the key set to the type's
+/// largest, then smallest, value (each clamped to what TOML holds); when
+/// it accepts both, the type's own range. `None` for a type that is not
+/// a whole number.
+fn integer_range(key: &str, expected: &str) -> Option<String> {
+    let (min, max): (i128, i128) = match expected {
         "u8" => (0, u8::MAX.into()),
         "u16" => (0, u16::MAX.into()),
         "u32" => (0, u32::MAX.into()),
@@ -362,8 +399,15 @@ fn integer_beyond_its_type(key: &str, message: &str) -> Option<(String, String)>
         _ => return None,
     };
     let toml = |n: i128| n.clamp(i64::MIN.into(), i64::MAX.into()) as i64;
-    let range = range_of(key, [toml(max), toml(min)]).unwrap_or_else(|| format!("{min}..={max}"));
-    Some((value.to_owned(), range))
+    Some(range_of(key, [toml(max), toml(min)]).unwrap_or_else(|| format!("{min}..={max}")))
+}
+
+/// For serde's "invalid type: string \"abc\", expected u32" at `key` (a
+/// string, a float, a boolean where a whole number belongs): what was
+/// given, and the key's range ([`integer_range`]).
+fn not_a_whole_number(key: &str, message: &str) -> Option<(String, String)> {
+    let (got, expected) = message.strip_prefix("invalid type: ")?.rsplit_once(", expected ")?;
+    Some((got.to_owned(), integer_range(key, expected)?))
 }
 
 /// For a size or duration too large to hold at `key` (`parse_size`'s
@@ -392,6 +436,34 @@ fn range_of(key: &str, probes: impl IntoIterator<Item = i64>) -> Option<String> 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_fleetmq_variables_are_read_and_another_variable_in_latin_1_is_skipped() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let latin1 = || OsString::from_vec(b"caf\xe9".to_vec());
+        let vars = vec![
+            (OsString::from("UNRELATED_VAR"), latin1()),
+            (latin1(), OsString::from("x")),
+            (OsString::from("FLEETMQ_LIMITS__MAX_CLIENTS"), OsString::from("10")),
+        ];
+        let env = super::settings_env(vars).unwrap();
+        assert_eq!(env, vec![("FLEETMQ_LIMITS__MAX_CLIENTS".to_owned(), "10".to_owned())]);
+        let bad = vec![(OsString::from("FLEETMQ_LIMITS__MAX_TOPIC_BYTES"), latin1())];
+        let e = super::settings_env(bad).unwrap_err().to_string();
+        assert!(e.contains("FLEETMQ_LIMITS__MAX_TOPIC_BYTES") && e.contains("not valid UTF-8"), "{e}");
+    }
+
+    #[test]
+    fn a_string_where_a_whole_number_belongs_names_the_key_and_its_range() {
+        let mut a = args();
+        a.set = vec!["limits.max_topic_bytes=abc".into()];
+        let e = load_from(&a, Vec::new()).unwrap_err().to_string();
+        assert!(e.starts_with("limits.max_topic_bytes: string \"abc\" is not a whole number; expected one in range "), "{e}");
+        a.set = vec!["server.shards=1e3".into()];
+        let e = load_from(&a, Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("server.shards: floating point") && e.contains("expected one in range"), "{e}");
+    }
+
     use super::*;
     use std::time::Duration;
 
