@@ -9,7 +9,7 @@
 //! [`FIRST_VERSION`] (every build reads them), the frames after them in
 //! the version the two agreed. This build speaks [`VERSIONS`].
 //!
-//! Versions (the frames' layout is the same in both):
+//! Versions (the layout of the frames of version 1 is the same in all):
 //! - **1**: as below.
 //! - **2** (session 39): version 1 plus a keepalive. The acceptor
 //!   answers every [`Frame::Values`], an empty one too, with a
@@ -18,6 +18,18 @@
 //!   end closes a link on which it read nothing for a few seconds (a
 //!   stopped or frozen peer). A version-1 peer links as before, without
 //!   the keepalive.
+//! - **3** (session 40): version 2 plus route announces. Once its write
+//!   of `mqtt-routes` landed, the dialer announces a filter its replica
+//!   now wants (or no longer wants) with the entry's revision
+//!   ([`Frame::Route`]); the acceptor applies it on every one of its
+//!   shards, merged with what its watch of the bucket says (by revision,
+//!   so neither source takes a route backwards), and answers
+//!   [`Frame::RouteAck`]. The SUBACK waits for those answers, so a value
+//!   published on the acceptor once the client holds its SUBACK reaches
+//!   it: the subscription exists, and a value the server takes
+//!   ownership of goes to every client with a matching subscription
+//!   [MQTT-4.5.0-1], whichever replica took it. A version-1 or 2 peer
+//!   links as before, learning routes from the watch alone.
 //!
 //! A link, from the dialing replica (the sender of values) to the
 //! accepting one:
@@ -48,9 +60,32 @@ pub const FIRST_VERSION: u16 = 1;
 /// The first version with the keepalive (see the module documentation).
 pub const KEEPALIVE_VERSION: u16 = 2;
 
-/// Every mesh protocol version this build speaks (the member record's
-/// `mesh_versions`), lowest first.
-pub const VERSIONS: &[u16] = &[1, 2];
+/// The first version with route announces (see the module
+/// documentation).
+pub const ANNOUNCE_VERSION: u16 = 3;
+
+/// Every mesh protocol version this build speaks, lowest first (what it
+/// offers is [`spoken`]).
+pub const VERSIONS: &[u16] = &[1, 2, 3];
+
+/// The versions this process offers in its member record
+/// (`mesh_versions`) and its Hello, and accepts in a peer's Hello:
+/// [`VERSIONS`], or those of them the environment variable
+/// `FLEETMQ_MESH_VERSIONS` lists (comma-separated, e.g. `1,2`: a rolling
+/// upgrade drill, or a test of an older peer). A list with none of
+/// [`VERSIONS`] in it is not used. Read once per process.
+pub fn spoken() -> &'static [u16] {
+    static SPOKEN: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    SPOKEN.get_or_init(|| {
+        let listed = std::env::var("FLEETMQ_MESH_VERSIONS").unwrap_or_default();
+        let chosen: Vec<u16> = VERSIONS
+            .iter()
+            .copied()
+            .filter(|v| listed.split(',').any(|l| l.trim().parse::<u16>().ok() == Some(*v)))
+            .collect();
+        if chosen.is_empty() { VERSIONS.to_vec() } else { chosen }
+    })
+}
 
 /// Bytes a frame may hold beyond the largest allowed packet: the frame
 /// and value headers, and the batch around the values.
@@ -165,6 +200,29 @@ pub enum Frame {
         /// That sequence number.
         delivered: u64,
     },
+    /// Version 3, dialer to acceptor: the dialer's replica wants `filter`
+    /// (`present`) or no longer does, as its entry in `mqtt-routes` says
+    /// at `revision`. The replica is the link's (its Hello, checked
+    /// against its certificate).
+    Route {
+        /// Numbers the announce on the link: the answer names it.
+        id: u64,
+        /// The revision of the write (put or delete) in `mqtt-routes`.
+        revision: u64,
+        /// Wanted (a put) or not (a delete).
+        present: bool,
+        /// The process that wrote it (the member record's instance).
+        instance: String,
+        /// The filter as the entry holds it (workspace prefix,
+        /// `$share/<group>/<filter>` for a shared subscription).
+        filter: String,
+    },
+    /// Version 3, acceptor to dialer: the announce `id` is applied on
+    /// every shard of the acceptor (or older than what they have).
+    RouteAck {
+        /// The announce's number.
+        id: u64,
+    },
 }
 
 /// What an acceptor that took a link answers.
@@ -202,6 +260,8 @@ const HELLO: u8 = 1;
 const HELLO_ACK: u8 = 2;
 const VALUES: u8 = 3;
 const ACK: u8 = 4;
+const ROUTE: u8 = 5;
+const ROUTE_ACK: u8 = 6;
 
 const FLAG_RETAIN: u8 = 4;
 const FLAG_EXPIRY: u8 = 8;
@@ -267,6 +327,19 @@ fn decode_body(mut body: Bytes) -> Result<Frame, FrameError> {
             Frame::Values { first, values }
         }
         ACK => Frame::Ack { delivered: r.u64()? },
+        ROUTE | ROUTE_ACK if u16::from(version) < ANNOUNCE_VERSION => {
+            return Err(FrameError::Malformed("route announce before version 3"))
+        }
+        ROUTE => {
+            let (id, revision) = (r.u64()?, r.u64()?);
+            let present = match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(FrameError::Malformed("route announce flag")),
+            };
+            Frame::Route { id, revision, present, instance: r.string()?.to_string(), filter: r.string()?.to_string() }
+        }
+        ROUTE_ACK => Frame::RouteAck { id: r.u64()? },
         _ => return Err(FrameError::Malformed("frame kind")),
     };
     if !r.0.is_empty() {
@@ -276,7 +349,10 @@ fn decode_body(mut body: Bytes) -> Result<Frame, FrameError> {
 }
 
 /// Append `frame`, written in protocol `version`, to `out`. A
-/// [`Frame::Values`] is written as [`encode_values`] does.
+/// [`Frame::Values`] is written as [`encode_values`] does. A filter or
+/// instance longer than 65,535 bytes is cut (a filter is at most a
+/// packet's topic filter, 65,535 bytes, plus its workspace prefix: the
+/// caller does not announce such a one).
 pub fn encode(frame: &Frame, version: u16, out: &mut BytesMut) {
     let start = begin(out, version, frame_kind(frame));
     match frame {
@@ -305,6 +381,14 @@ pub fn encode(frame: &Frame, version: u16, out: &mut BytesMut) {
             }
         }
         Frame::Ack { delivered } => out.put_u64(*delivered),
+        Frame::Route { id, revision, present, instance, filter } => {
+            out.put_u64(*id);
+            out.put_u64(*revision);
+            out.put_u8(u8::from(*present));
+            put_str(out, instance);
+            put_str(out, filter);
+        }
+        Frame::RouteAck { id } => out.put_u64(*id),
     }
     finish(out, start);
 }
@@ -386,6 +470,8 @@ fn frame_kind(frame: &Frame) -> u8 {
         Frame::HelloAck(_) => HELLO_ACK,
         Frame::Values { .. } => VALUES,
         Frame::Ack { .. } => ACK,
+        Frame::Route { .. } => ROUTE,
+        Frame::RouteAck { .. } => ROUTE_ACK,
     }
 }
 
@@ -553,6 +639,10 @@ mod tests {
             (1u64..u64::MAX / 2, prop::collection::vec(value(), 0..5))
                 .prop_map(|(first, values)| Frame::Values { first, values }),
             any::<u64>().prop_map(|delivered| Frame::Ack { delivered }),
+            (any::<u64>(), any::<u64>(), any::<bool>(), "[0-9a-f]{0,16}", "\\PC{0,40}").prop_map(
+                |(id, revision, present, instance, filter)| Frame::Route { id, revision, present, instance, filter }
+            ),
+            any::<u64>().prop_map(|id| Frame::RouteAck { id }),
         ]
     }
 
@@ -560,7 +650,7 @@ mod tests {
         #[test]
         fn frames_read_back_as_written(frames in prop::collection::vec(frame(), 1..4)) {
             let mut buf = BytesMut::new();
-            frames.iter().for_each(|f| encode(f, 2, &mut buf));
+            frames.iter().for_each(|f| encode(f, ANNOUNCE_VERSION, &mut buf));
             for f in &frames {
                 let got = decode(&mut buf, 1 << 20).unwrap();
                 prop_assert_eq!(got.as_ref(), Some(f));
@@ -632,8 +722,17 @@ mod tests {
             assert_eq!(decode(&mut buf, 100), Ok(Some(Frame::Ack { delivered: 7 })));
         }
         let mut buf = BytesMut::new();
-        encode(&Frame::Ack { delivered: 7 }, 3, &mut buf);
-        assert_eq!(decode(&mut buf, 100), Err(FrameError::Version(3)));
+        encode(&Frame::Ack { delivered: 7 }, 4, &mut buf);
+        assert_eq!(decode(&mut buf, 100), Err(FrameError::Version(4)));
+        // A route announce is a version-3 frame: in an earlier version it
+        // is malformed (a peer that agreed version 2 never sends one).
+        let route = Frame::Route { id: 1, revision: 9, present: true, instance: "i".into(), filter: "a/#".into() };
+        let mut buf = BytesMut::new();
+        encode(&route, KEEPALIVE_VERSION, &mut buf);
+        assert!(matches!(decode(&mut buf, 100), Err(FrameError::Malformed(_))));
+        let mut buf = BytesMut::new();
+        encode(&route, ANNOUNCE_VERSION, &mut buf);
+        assert_eq!(decode(&mut buf, 100), Ok(Some(route)));
         // The keepalive: an empty Values frame.
         let mut buf = BytesMut::new();
         encode_values(5, KEEPALIVE_VERSION, std::iter::empty(), &mut buf);
@@ -643,7 +742,8 @@ mod tests {
     #[test]
     fn the_version_is_the_highest_both_speak() {
         assert_eq!(choose_version(VERSIONS, &[1]), Some(1), "a version-1 peer links without the keepalive");
-        assert_eq!(choose_version(VERSIONS, &[1, 2]), Some(2));
+        assert_eq!(choose_version(VERSIONS, &[1, 2]), Some(2), "a version-2 peer links without announces");
+        assert_eq!(choose_version(VERSIONS, &[1, 2, 3]), Some(3));
         assert_eq!(choose_version(&[1, 2], &[2, 3]), Some(2));
         assert_eq!(choose_version(&[1], &[2]), None);
     }

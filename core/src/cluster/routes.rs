@@ -14,7 +14,7 @@
 //! are the subjects `$KV.mqtt-routes.<replica>.*`: exactly one token after
 //! the replica, so those of replica `a` never include those of `a.b`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -154,12 +154,27 @@ pub struct RemoteEntry {
     pub filter: String,
 }
 
+/// Delete markers announced ahead of the watch kept at most (the watch
+/// passing them drops them; a watch stalled for long drops the oldest).
+pub const DELETED_MAX: usize = 65_536;
+
 /// The other replicas' entries of `mqtt-routes` (as the watch brings
-/// them) and the live members (as `mqtt-members` says): an entry is
-/// applied (sent to the shards as a [`RouteChange`]) while its replica is
-/// live and it was written by the replica's live process; the others are
-/// kept aside until that process appears, or until a delete removes them.
-/// Each method returns the changes to send, in order.
+/// them, and as their replicas announce them over the mesh) and the live
+/// members (as `mqtt-members` says): an entry is applied (sent to the
+/// shards as a [`RouteChange`]) while its replica is live and it was
+/// written by the replica's live process; the others are kept aside until
+/// that process appears, or until a delete removes them. Each method
+/// returns the changes to send, in order.
+///
+/// Two sources, one order: the bucket's revisions. Each key keeps the
+/// revision of the last write known of it, a put (the entry) or a delete
+/// (a marker), and a write no newer than that is ignored, whichever
+/// source brings it: a late watch event does not take back a newer
+/// announce, nor an announce that took the slow way a newer watch event.
+/// The watch brings every write in revision order, so a marker is kept
+/// only until the watch passed its revision, and an announce the watch
+/// passed already is old news (ignored): what the table holds once the
+/// watch caught up is what the bucket says.
 #[derive(Debug, Default)]
 pub struct RouteTable {
     /// Key → entry.
@@ -170,6 +185,13 @@ pub struct RouteTable {
     live: HashMap<String, (String, PeerId)>,
     /// Entries applied now.
     applied: usize,
+    /// Deletes announced ahead of the watch: key → revision, and the
+    /// same by revision (dropped once the watch passed them; at most
+    /// [`DELETED_MAX`], the oldest dropped first).
+    deleted: HashMap<String, u64>,
+    deleted_at: BTreeSet<(u64, String)>,
+    /// The highest revision the watch brought.
+    watched: u64,
 }
 
 impl RouteTable {
@@ -182,8 +204,68 @@ impl RouteTable {
         self.live.get(&entry.replica).filter(|(instance, _)| *instance == entry.instance).map(|(_, peer)| *peer)
     }
 
+    /// The revision of the last write known of `key` (a put or a delete
+    /// announced ahead of the watch), if any.
+    pub fn revision_of(&self, key: &str) -> Option<u64> {
+        self.entries.get(key).map(|e| e.revision).or_else(|| self.deleted.get(key).copied())
+    }
+
+    /// The watch brought a write at `revision`: markers it passed go.
+    fn watched(&mut self, revision: u64) {
+        self.watched = self.watched.max(revision);
+        while self.deleted_at.first().is_some_and(|(r, _)| *r <= self.watched) {
+            if let Some((_, key)) = self.deleted_at.pop_first() {
+                self.deleted.remove(&key);
+            }
+        }
+    }
+
     /// The watch read `entry` under `key` (a put).
     pub fn put(&mut self, key: &str, entry: RemoteEntry) -> Vec<RouteChange> {
+        self.watched(entry.revision);
+        self.merge_put(key, entry)
+    }
+
+    /// The watch read a delete (or purge) of `key` at `revision`.
+    pub fn delete(&mut self, key: &str, revision: u64) -> Vec<RouteChange> {
+        self.watched(revision);
+        self.merge_delete(key, revision)
+    }
+
+    /// `entry`'s replica announced over the mesh that it wants
+    /// (`present`) or no longer wants its filter, as its write at
+    /// `entry.revision` under `key` says. Ignored when the watch passed
+    /// that revision already, or a newer write of the key is known.
+    pub fn announced(&mut self, key: &str, entry: RemoteEntry, present: bool) -> Vec<RouteChange> {
+        if entry.revision <= self.watched {
+            return Vec::new();
+        }
+        if present {
+            return self.merge_put(key, entry);
+        }
+        let revision = entry.revision;
+        let out = self.merge_delete(key, revision);
+        if self.revision_of(key).is_none_or(|known| known < revision) {
+            if let Some(old) = self.deleted.insert(key.to_owned(), revision) {
+                self.deleted_at.remove(&(old, key.to_owned()));
+            }
+            self.deleted_at.insert((revision, key.to_owned()));
+            while self.deleted_at.len() > DELETED_MAX {
+                if let Some((_, key)) = self.deleted_at.pop_first() {
+                    self.deleted.remove(&key);
+                }
+            }
+        }
+        out
+    }
+
+    fn merge_put(&mut self, key: &str, entry: RemoteEntry) -> Vec<RouteChange> {
+        if self.revision_of(key).is_some_and(|known| known >= entry.revision) {
+            return Vec::new();
+        }
+        if let Some(old) = self.deleted.remove(key) {
+            self.deleted_at.remove(&(old, key.to_owned()));
+        }
         let mut out = Vec::new();
         let before = self.entries.get(key).and_then(|e| self.peer_of(e).map(|p| (p, e.filter.clone())));
         let after = self.peer_of(&entry);
@@ -210,8 +292,10 @@ impl RouteTable {
         out
     }
 
-    /// The watch read a delete (or purge) of `key`.
-    pub fn delete(&mut self, key: &str) -> Vec<RouteChange> {
+    fn merge_delete(&mut self, key: &str, revision: u64) -> Vec<RouteChange> {
+        if self.entries.get(key).is_some_and(|e| e.revision > revision) {
+            return Vec::new();
+        }
         let Some(entry) = self.entries.remove(key) else { return Vec::new() };
         self.forget_key(&entry.replica, key);
         match self.peer_of(&entry) {
@@ -228,7 +312,7 @@ impl RouteTable {
     /// left no marker to watch). Changes only for an applied entry.
     pub fn forget(&mut self, key: &str, revision: u64) -> Vec<RouteChange> {
         if self.entries.get(key).is_some_and(|e| e.revision == revision) {
-            return self.delete(key);
+            return self.merge_delete(key, revision);
         }
         Vec::new()
     }
@@ -378,12 +462,98 @@ mod tests {
         assert!(table.member_live("b", "i2", PeerId(0)).is_empty());
         assert_eq!(table.put(&key, entry("b", "i2", "x", 3)), [change(0, "x", true)]);
         assert!(table.forget(&key, 2).is_empty(), "another revision stays");
-        assert_eq!(table.delete(&key), [change(0, "x", false)]);
-        assert!(table.delete(&key).is_empty());
+        assert_eq!(table.delete(&key, 4), [change(0, "x", false)]);
+        assert!(table.delete(&key, 5).is_empty());
         assert!(table.is_empty() && table.applied() == 0);
     }
 
+    /// Writes of the bucket, each (key, put or delete, announced over
+    /// the mesh too) at revisions 1, 2, ...; the order the announces
+    /// arrive in (any); how the watch (in revision order) and the
+    /// announces interleave (any).
+    fn writes_and_arrivals() -> impl Strategy<Value = (Vec<(u8, bool, bool)>, Vec<usize>, Vec<bool>)> {
+        proptest::collection::vec((0u8..4, any::<bool>(), any::<bool>()), 1..40).prop_flat_map(|writes| {
+            let announced: Vec<usize> = writes.iter().enumerate().filter(|(_, w)| w.2).map(|(i, _)| i).collect();
+            let n = writes.len() + announced.len();
+            (Just(writes), Just(announced).prop_shuffle(), proptest::collection::vec(any::<bool>(), n))
+        })
+    }
+
+    #[test]
+    fn an_announce_ahead_of_the_watch_holds_until_the_watch_brings_newer() {
+        let mut table = RouteTable::new();
+        table.member_live("b", "i1", PeerId(3));
+        let key = route_key("b", "x");
+        // Announced at 10: applied at once.
+        assert_eq!(table.announced(&key, entry("b", "i1", "x", 10), true), [change(3, "x", true)]);
+        // The watch is behind: an older delete and put do nothing.
+        assert!(table.delete(&key, 8).is_empty());
+        assert!(table.put(&key, entry("b", "i1", "x", 9)).is_empty());
+        // The delete at 12 announced before the watch brings 10: the
+        // watch's put at 10 does not bring it back.
+        assert_eq!(table.announced(&key, entry("b", "i1", "x", 12), false), [change(3, "x", false)]);
+        assert!(table.put(&key, entry("b", "i1", "x", 10)).is_empty());
+        assert_eq!(table.revision_of(&key), Some(12));
+        // A late announce of the put at 10 neither.
+        assert!(table.announced(&key, entry("b", "i1", "x", 10), true).is_empty());
+        // The watch passes 12: the marker goes, and an announce the
+        // watch passed is old news.
+        assert!(table.delete(&key, 12).is_empty());
+        assert_eq!(table.revision_of(&key), None);
+        assert!(table.announced(&key, entry("b", "i1", "x", 11), true).is_empty());
+        assert_eq!(table.applied(), 0);
+    }
+
     proptest! {
+        #[test]
+        fn the_watch_and_the_announces_in_any_order_never_take_a_route_backwards(
+            (writes, announces, interleave) in writes_and_arrivals(),
+        ) {
+            let mut table = RouteTable::new();
+            prop_assert!(table.member_live("r", "i", PeerId(0)).is_empty());
+            let (mut watch, mut mesh) = (writes.iter().enumerate().peekable(), announces.iter().peekable());
+            // The model: per key, the newest write seen so far by either
+            // source (revision, present).
+            let mut newest: HashMap<u8, (u64, bool)> = HashMap::new();
+            let mut applied: std::collections::HashSet<String> = std::collections::HashSet::new();
+            for from_watch in interleave {
+                let (at, from_watch) = match (from_watch, watch.peek().is_some(), mesh.peek().is_some()) {
+                    (true, true, _) | (false, true, false) => (watch.next().map(|(i, _)| i), true),
+                    (_, _, true) => (mesh.next().copied(), false),
+                    _ => (None, true),
+                };
+                let Some(at) = at else { break };
+                let (k, present, _) = writes[at];
+                let revision = at as u64 + 1;
+                let filter = format!("f{k}");
+                let key = route_key("r", &filter);
+                let e = entry("r", "i", &filter, revision);
+                let changes = match (from_watch, present) {
+                    (true, true) => table.put(&key, e),
+                    (true, false) => table.delete(&key, revision),
+                    (false, present) => table.announced(&key, e, present),
+                };
+                for c in changes {
+                    prop_assert_eq!(c.peer, PeerId(0));
+                    if c.present {
+                        prop_assert!(applied.insert(c.filter), "applied twice");
+                    } else {
+                        prop_assert!(applied.remove(&c.filter), "removed unapplied");
+                    }
+                }
+                let known = newest.entry(k).or_insert((0, false));
+                if revision > known.0 {
+                    *known = (revision, present);
+                }
+                let wanted: std::collections::HashSet<String> =
+                    newest.iter().filter(|(_, (_, p))| *p).map(|(k, _)| format!("f{k}")).collect();
+                prop_assert_eq!(&applied, &wanted, "after revision {} from the {}", revision, if from_watch { "watch" } else { "mesh" });
+                prop_assert_eq!(table.applied(), wanted.len());
+            }
+            // The watch caught up: no marker is left.
+            prop_assert!(table.deleted.is_empty() && table.deleted_at.is_empty());
+        }
+
         #[test]
         fn any_filter_maps_to_a_valid_key_and_back(filter in "\\PC{0,100}", repeat in 1usize..50, replica in "[a-z][a-z0-9.-]{0,20}[a-z0-9]") {
             let filter = filter.repeat(repeat);
@@ -400,14 +570,14 @@ mod tests {
         fn the_applied_count_follows_any_sequence_of_events(ops in proptest::collection::vec((0u8..5, 0u8..3, 0u8..2, 0u8..3), 0..60)) {
             let mut table = RouteTable::new();
             let mut present: std::collections::HashSet<(u16, String)> = std::collections::HashSet::new();
-            for (op, replica, instance, filter) in ops {
+            for (revision, (op, replica, instance, filter)) in (1u64..).zip(ops) {
                 let replica_name = format!("r{replica}");
                 let instance_name = format!("i{instance}");
                 let filter_name = format!("f{filter}");
                 let key = route_key(&replica_name, &filter_name);
                 let changes = match op {
-                    0 | 1 => table.put(&key, entry(&replica_name, &instance_name, &filter_name, 1)),
-                    2 => table.delete(&key),
+                    0 | 1 => table.put(&key, entry(&replica_name, &instance_name, &filter_name, revision)),
+                    2 => table.delete(&key, revision),
                     3 => table.member_live(&replica_name, &instance_name, PeerId(u16::from(replica))),
                     _ => table.member_out(&replica_name),
                 };
