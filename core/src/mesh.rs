@@ -64,28 +64,9 @@ pub const KEEPALIVE_VERSION: u16 = 2;
 /// documentation).
 pub const ANNOUNCE_VERSION: u16 = 3;
 
-/// Every mesh protocol version this build speaks, lowest first (what it
-/// offers is [`spoken`]).
+/// Every mesh protocol version this build speaks, lowest first (a
+/// process may offer fewer: the shards' `mesh::spoken`).
 pub const VERSIONS: &[u16] = &[1, 2, 3];
-
-/// The versions this process offers in its member record
-/// (`mesh_versions`) and its Hello, and accepts in a peer's Hello:
-/// [`VERSIONS`], or those of them the environment variable
-/// `FLEETMQ_MESH_VERSIONS` lists (comma-separated, e.g. `1,2`: a rolling
-/// upgrade drill, or a test of an older peer). A list with none of
-/// [`VERSIONS`] in it is not used. Read once per process.
-pub fn spoken() -> &'static [u16] {
-    static SPOKEN: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
-    SPOKEN.get_or_init(|| {
-        let listed = std::env::var("FLEETMQ_MESH_VERSIONS").unwrap_or_default();
-        let chosen: Vec<u16> = VERSIONS
-            .iter()
-            .copied()
-            .filter(|v| listed.split(',').any(|l| l.trim().parse::<u16>().ok() == Some(*v)))
-            .collect();
-        if chosen.is_empty() { VERSIONS.to_vec() } else { chosen }
-    })
-}
 
 /// Bytes a frame may hold beyond the largest allowed packet: the frame
 /// and value headers, and the batch around the values.

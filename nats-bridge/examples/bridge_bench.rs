@@ -33,6 +33,7 @@ fn main() {
         shards: 1,
         owner_of: |_, _| 0,
         mesh: String::new(),
+        mesh_versions: Vec::new(),
         ingest: None,
         session_log_max_age: std::time::Duration::from_secs(3600),
     })

@@ -211,6 +211,18 @@ impl Bridge {
         &self.status
     }
 
+    /// A route announce read from a mesh link (protocol version 3):
+    /// merged with what the watch of `mqtt-routes` said (by revision),
+    /// the changes sent to every shard; the answer resolves once every
+    /// shard took them (the announce's answer to its replica waits for
+    /// it). Called on a shard's thread: a short lock of the route table,
+    /// no wait for NATS (a poisoned lock: the answer is dropped).
+    pub fn announced(&self, announce: crate::Announce) -> oneshot::Receiver<()> {
+        let (done, applied) = oneshot::channel();
+        crate::routes::announced(&self.shared, announce, done);
+        applied
+    }
+
     /// Shard `shard`'s event mailbox.
     pub fn mailbox(&self, shard: usize) -> Arc<Mailbox<Event>> {
         self.mailboxes[shard].clone()

@@ -27,6 +27,9 @@ pub struct BridgeConfig {
     /// bound port when `cluster.mesh_listen` asks for port 0); empty: no
     /// mesh.
     pub mesh: String,
+    /// The mesh protocol versions the member record says this replica
+    /// speaks (ignored without a mesh).
+    pub mesh_versions: Vec<u16>,
     /// `store.kind = "jetstream"`: the `[store]` settings of the ingest
     /// stream, created or checked at start (`None`: no ingest stream).
     pub ingest: Option<fleetmq_core::settings::Store>,

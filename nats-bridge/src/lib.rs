@@ -43,4 +43,6 @@ pub use budget::{Ticket, INGEST_WAITING_BYTES, INGEST_WAITING_MAX, RETAINED_UNDO
 pub use config::BridgeConfig;
 pub use mailbox::Mailbox;
 pub use ownership::FLAP_DELAY;
+pub use request::Applied;
+pub use routes::Announce;
 pub use stats::{BridgeStats, OpKind};

@@ -49,7 +49,7 @@ fn member_record(shared: &Shared, leaving: bool, follows: Option<&str>) -> Membe
         started_at_ms: config.started_at_ms,
         member_ttl_ms: config.cluster.member_ttl.as_millis() as u64,
         mesh: config.mesh.clone(),
-        mesh_versions: if config.mesh.is_empty() { Vec::new() } else { fleetmq_core::mesh::VERSIONS.to_vec() },
+        mesh_versions: if config.mesh.is_empty() { Vec::new() } else { config.mesh_versions.clone() },
         reads: [*FORMATS_READ.start(), *FORMATS_READ.end()],
         epoch: shared.status.epoch(),
         leaving,

@@ -131,10 +131,10 @@ pub enum Request {
         shard: usize,
         /// Wanted (first subscriber) or not (last one gone).
         add: bool,
-        /// Hears `true` once the entry is in the bucket (at once when it
-        /// already is), `false` when no shard wants the filter any more
-        /// before that; dropped when the bridge stops.
-        landed: Option<oneshot::Sender<bool>>,
+        /// Hears the revision of the put once the entry is in the bucket
+        /// (at once when it already is), `None` when no shard wants the
+        /// filter any more before that; dropped when the bridge stops.
+        landed: Option<oneshot::Sender<Option<u64>>>,
     },
     /// `client_id`'s persistent session is now `record` (a
     /// [`SessionRecord`] encoded), or ended (`None`), in
@@ -326,6 +326,52 @@ pub enum Event {
     /// (the start sends every entry present). A peer taken for gone has
     /// its routes removed here too.
     Routes(Arc<[fleetmq_core::cluster::peers::RouteChange]>),
+    /// Every event sent to the shard before this one is taken: the shard
+    /// says so ([`Applied::shard_done`]). Sent after the changes of a
+    /// route announce (see [`Bridge::announced`](crate::Bridge::announced)).
+    Applied(Arc<Applied>),
+    /// This replica's delete of its entry for `filter` landed at
+    /// `revision` of `mqtt-routes` (the last shard that wanted it gets
+    /// this): announce it to the peers over the mesh (nobody waits).
+    RouteDeleted {
+        /// The filter.
+        filter: String,
+        /// The delete's revision.
+        revision: u64,
+    },
+}
+
+/// What the shards still have to take before a route announce is applied
+/// everywhere: the last one resolves the waiter.
+#[derive(Debug)]
+pub struct Applied {
+    left: std::sync::atomic::AtomicUsize,
+    done: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+}
+
+/// Two countdowns are equal when they are the same one.
+impl PartialEq for Applied {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for Applied {}
+
+impl Applied {
+    /// A countdown of `shards`, resolving `done` at zero.
+    pub(crate) fn new(shards: usize, done: oneshot::Sender<()>) -> Arc<Applied> {
+        Arc::new(Applied { left: std::sync::atomic::AtomicUsize::new(shards), done: std::sync::Mutex::new(Some(done)) })
+    }
+
+    /// One shard took every event before this one.
+    pub fn shard_done(&self) {
+        if self.left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            if let Some(done) = self.done.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = done.send(());
+            }
+        }
+    }
 }
 
 /// Carry out `request` (a task of its own on the bridge thread) and count

@@ -77,13 +77,57 @@ pub(crate) struct Remote {
     /// When each process's entries were first seen not live (for the
     /// sweeper), by instance.
     not_live_since: HashMap<String, Instant>,
+    /// Changes the watch made to the table and has not sent yet (it
+    /// sends in batches): an announce sends them first, so its barrier
+    /// comes after them.
+    pending: Vec<RouteChange>,
 }
 
+/// Send `changes` to the shards, with the lock on `remote` held: events
+/// from the watch, membership and announces reach every shard in the
+/// order the table made them.
 fn send_changes(shared: &Shared, remote: &Remote, changes: Vec<RouteChange>) {
     shared.status.stats.routes_remote.store(remote.table.applied() as u64, Ordering::Relaxed);
     if !changes.is_empty() {
         shared.broadcast(Event::Routes(changes.into()));
     }
+}
+
+/// `replica` (process `instance`) announced over the mesh that it wants
+/// (`present`) or no longer wants `filter`, at `revision` of
+/// `mqtt-routes`: merged into the table (see [`RouteTable`]), the changes
+/// sent to every shard, and after them an [`Event::Applied`]; `done`
+/// hears when every shard took it (the announce's answer waits for it).
+/// An announce that changes nothing gets the barrier too: what the watch
+/// sent before it may still be on its way to a shard.
+pub(crate) fn announced(shared: &Shared, announce: Announce, done: oneshot::Sender<()>) {
+    let Ok(mut remote) = shared.remote.lock() else { return };
+    let key = route_key(&announce.replica, &announce.filter);
+    let entry = RemoteEntry {
+        revision: announce.revision,
+        replica: announce.replica,
+        instance: announce.instance,
+        filter: announce.filter,
+    };
+    let mut changes = std::mem::take(&mut remote.pending);
+    changes.extend(remote.table.announced(&key, entry, announce.present));
+    send_changes(shared, &remote, changes);
+    shared.broadcast(Event::Applied(crate::request::Applied::new(shared.mailboxes.len(), done)));
+}
+
+/// A route announce read from a mesh link (see [`announced`]).
+#[derive(Debug, Clone)]
+pub struct Announce {
+    /// The announcing replica (the link's peer).
+    pub replica: String,
+    /// Its process (the member record's instance).
+    pub instance: String,
+    /// The filter.
+    pub filter: String,
+    /// The revision of its write in `mqtt-routes`.
+    pub revision: u64,
+    /// A put (wanted) or a delete.
+    pub present: bool,
 }
 
 fn send_peers(shared: &Shared, remote: &Remote) {
@@ -141,12 +185,12 @@ pub(crate) fn member_out(shared: &Shared, replica: &str) {
 /// entries, applied as their members allow, in batches.
 pub(crate) async fn watch(shared: Arc<Shared>) {
     let me = shared.config.replica_id.clone();
-    let mut pending: Vec<RouteChange> = Vec::new();
     // Every flush after the snapshot (its last entry, or a quiet period
     // when the bucket is empty) finds routes_loaded set.
-    let flush = |pending: &mut Vec<RouteChange>, loaded: bool| {
-        if let Ok(remote) = shared.remote.lock() {
-            send_changes(&shared, &remote, std::mem::take(pending));
+    let flush = |loaded: bool| {
+        if let Ok(mut remote) = shared.remote.lock() {
+            let pending = std::mem::take(&mut remote.pending);
+            send_changes(&shared, &remote, pending);
         }
         if loaded && !shared.routes_loaded.swap(true, Ordering::AcqRel) {
             tracing::debug!(target: "cluster", "cluster: the other replicas' routes loaded");
@@ -154,7 +198,7 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
     };
     follow(&shared, bucket::ROUTES, Start::History, Some(Duration::from_millis(50)), |seen| {
         let entry = match seen {
-            Seen::Quiet => return flush(&mut pending, true),
+            Seen::Quiet => return flush(true),
             Seen::Entry(entry) => entry,
         };
         let Some((replica, _)) = parse_route_key(&entry.key) else { return };
@@ -176,12 +220,13 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
                 RemoteEntry { revision: entry.revision, replica: r.replica, instance: r.instance, filter: r.filter },
             ),
             // A malformed entry counts as none.
-            None => remote.table.delete(&entry.key),
+            None => remote.table.delete(&entry.key, entry.revision),
         };
+        remote.pending.extend(changes);
+        let full = remote.pending.len() >= BATCH;
         drop(remote);
-        pending.extend(changes);
-        if entry.delta == 0 || pending.len() >= BATCH {
-            flush(&mut pending, entry.delta == 0);
+        if entry.delta == 0 || full {
+            flush(entry.delta == 0);
         }
     })
     .await;
@@ -273,8 +318,12 @@ struct Key {
     landed: bool,
     /// A write of it is under way.
     busy: bool,
+    /// The revision of the last write that landed.
+    revision: u64,
+    /// The shard that asked last (a delete is announced through it).
+    shard: usize,
     /// SUBACKs waiting for the put.
-    waiters: Vec<oneshot::Sender<bool>>,
+    waiters: Vec<oneshot::Sender<Option<u64>>>,
 }
 
 /// This replica's routes: what its shards want, and the writes that make
@@ -296,9 +345,9 @@ impl Writer {
 }
 
 /// Shard `shard` wants `filter` (`add`) or no longer does; `landed` hears
-/// `true` once the entry is in the bucket (at once when it is), `false`
-/// when nobody wants it any more before it landed.
-pub(crate) fn request(writers: &Writers, filter: String, shard: usize, add: bool, landed: Option<oneshot::Sender<bool>>) {
+/// the put's revision once the entry is in the bucket (at once when it
+/// is), `None` when nobody wants it any more before it landed.
+pub(crate) fn request(writers: &Writers, filter: String, shard: usize, add: bool, landed: Option<oneshot::Sender<Option<u64>>>) {
     let mut w = writers.borrow_mut();
     if shard >= fleetmq_core::route::ShardSet::MAX_SHARDS {
         return;
@@ -307,23 +356,24 @@ pub(crate) fn request(writers: &Writers, filter: String, shard: usize, add: bool
     let wanted = w.local.len() as u64;
     w.shared.status.stats.routes_local.store(wanted, Ordering::Relaxed);
     let key = w.keys.entry(filter.clone()).or_default();
+    key.shard = shard;
     if changed {
         key.want = add;
         if !add {
             for waiter in key.waiters.drain(..) {
-                let _ = waiter.send(false);
+                let _ = waiter.send(None);
             }
         }
     }
     if let Some(landed) = landed {
         if key.want && key.landed && !key.busy {
-            let _ = landed.send(true);
+            let _ = landed.send(Some(key.revision));
         } else if key.want {
             // Those that stopped waiting (their 2 s are over) go.
             key.waiters.retain(|w| !w.is_closed());
             key.waiters.push(landed);
         } else {
-            let _ = landed.send(false);
+            let _ = landed.send(None);
         }
     }
     let start = !key.busy && key.want != key.landed;
@@ -384,15 +434,21 @@ async fn write_key(writers: Writers, filter: String) {
         let outcome = write(&shared, &filter, want).await;
         shared.status.stats.record(OpKind::Route, started.elapsed());
         match outcome {
-            Ok(()) => {
+            Ok(revision) => {
                 backoff = FIRST_BACKOFF;
                 let mut w = writers.borrow_mut();
                 if let Some(key) = w.keys.get_mut(&filter) {
                     key.landed = want;
+                    key.revision = revision;
                     if want && key.want {
                         for waiter in key.waiters.drain(..) {
-                            let _ = waiter.send(true);
+                            let _ = waiter.send(Some(revision));
                         }
+                    }
+                    if !want && shared.config.shards > key.shard {
+                        // Nobody waits for a delete: the shard that asked
+                        // last announces it to the peers.
+                        shared.send_event(key.shard, Event::RouteDeleted { filter: filter.clone(), revision });
                     }
                 }
             }
@@ -405,8 +461,9 @@ async fn write_key(writers: Writers, filter: String) {
     }
 }
 
-/// Put (`want`) or delete this replica's entry for `filter`.
-async fn write(shared: &Shared, filter: &str, want: bool) -> Result<(), String> {
+/// Put (`want`) or delete this replica's entry for `filter`: the write's
+/// revision.
+async fn write(shared: &Shared, filter: &str, want: bool) -> Result<u64, String> {
     let key = route_key(&shared.config.replica_id, filter);
     let subject = format!("$KV.{}.{key}", bucket::ROUTES);
     let publish = if want {
@@ -418,8 +475,8 @@ async fn write(shared: &Shared, filter: &str, want: bool) -> Result<(), String> 
         };
         PublishMessage::build().payload(record.encode().into())
     } else {
-crate::setup::delete_marker()
+        crate::setup::delete_marker()
     };
     let ack = shared.state.send_publish(subject, publish).await.map_err(|e| e.to_string())?;
-    ack.await.map(|_| ()).map_err(|e| e.to_string())
+    ack.await.map(|ack| ack.sequence).map_err(|e| e.to_string())
 }

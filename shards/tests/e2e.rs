@@ -179,6 +179,12 @@ mod cluster_mesh;
 #[path = "e2e/cluster_mesh_ops.rs"]
 mod cluster_mesh_ops;
 
+/// Route announces over the mesh (version 3): a value published on
+/// another replica right after the SUBACK reaches the subscriber; a
+/// version-2 peer still links and learns routes from the watch.
+#[path = "e2e/cluster_announce.rs"]
+mod cluster_announce;
+
 /// Cluster mode: 20,000 retained values reach a wildcard subscription on
 /// every replica, and on one started after they exist.
 #[path = "e2e/cluster_retained_many.rs"]

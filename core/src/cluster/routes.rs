@@ -471,7 +471,9 @@ mod tests {
     /// the mesh too) at revisions 1, 2, ...; the order the announces
     /// arrive in (any); how the watch (in revision order) and the
     /// announces interleave (any).
-    fn writes_and_arrivals() -> impl Strategy<Value = (Vec<(u8, bool, bool)>, Vec<usize>, Vec<bool>)> {
+    type Arrivals = (Vec<(u8, bool, bool)>, Vec<usize>, Vec<bool>);
+
+    fn writes_and_arrivals() -> impl Strategy<Value = Arrivals> {
         proptest::collection::vec((0u8..4, any::<bool>(), any::<bool>()), 1..40).prop_flat_map(|writes| {
             let announced: Vec<usize> = writes.iter().enumerate().filter(|(_, w)| w.2).map(|(i, _)| i).collect();
             let n = writes.len() + announced.len();

@@ -100,6 +100,7 @@ impl Node {
             shards,
             owner_of: crate::shard::owner_of,
             mesh: mesh.as_ref().map(|m| m.advertise.clone()).unwrap_or_default(),
+            mesh_versions: crate::mesh::spoken().to_vec(),
             ingest: (settings.store.kind == fleetmq_core::settings::StoreKind::Jetstream).then(|| settings.store.clone()),
             session_log_max_age: settings.limits.max_session_expiry,
         };
@@ -379,7 +380,7 @@ impl Drop for Claim {
 /// `landed` hears when the route is written. False when not sent (alone,
 /// the shard's cluster task not started yet, or the bridge's queue full:
 /// counted in `fleetmq_bridge_queue_full_total`).
-pub(crate) fn want_route(filter: &str, shard: usize, add: bool, landed: Option<tokio::sync::oneshot::Sender<bool>>) -> bool {
+pub(crate) fn want_route(filter: &str, shard: usize, add: bool, landed: Option<tokio::sync::oneshot::Sender<Option<u64>>>) -> bool {
     let Some(node) = shard_state(|sc| sc.node.borrow().clone()) else { return false };
     let waits = landed.is_some();
     let request = Request::Route { filter: filter.to_owned(), shard, add, landed };
@@ -389,6 +390,28 @@ pub(crate) fn want_route(filter: &str, shard: usize, add: bool, landed: Option<t
         debug!(target: "cluster", filter, add, "cluster: route not sent: the bridge's queue is full");
     }
     sent.is_ok()
+}
+
+/// Announce over the mesh (protocol version 3) that this replica wants
+/// (`present`) or no longer wants `filter`, as its write at `revision` of
+/// `mqtt-routes` says, on this shard's links: one answer per peer linked
+/// with version 3, heard once that peer applied it on every shard. None
+/// without a mesh.
+pub(crate) fn announce_route(filter: &str, revision: u64, present: bool) -> Vec<tokio::sync::oneshot::Receiver<()>> {
+    let Some(node) = shard_state(|sc| sc.node.borrow().clone()) else { return Vec::new() };
+    if node.mesh.is_none() {
+        return Vec::new();
+    }
+    let Some(shard) = shard_state(|sc| sc.shard.borrow().as_ref().and_then(std::rc::Weak::upgrade)) else { return Vec::new() };
+    shard.links.announce(&node.status().instance, filter, revision, present)
+}
+
+/// A peer's route announce read on a mesh link of this shard: merged into
+/// the route table, applied on every shard; the answer resolves when all
+/// took it (see [`fleetmq_nats_bridge::Bridge::announced`]). `None` alone.
+pub(crate) fn route_announced(announce: fleetmq_nats_bridge::Announce) -> Option<tokio::sync::oneshot::Receiver<()>> {
+    let node = shard_state(|sc| sc.node.borrow().clone())?;
+    Some(node.bridge.announced(announce))
 }
 
 /// A SUBACK went without its route written within 2 s
@@ -545,6 +568,12 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                     }
                     Event::Unfenced => shard_state(|sc| sc.handing_over.set(false)),
                     Event::Routes(changes) => shard.apply_routes(&changes),
+                    // In order after the changes it follows.
+                    Event::Applied(applied) => applied.shard_done(),
+                    Event::RouteDeleted { filter, revision } => {
+                        // Nobody waits: the answers are dropped.
+                        drop(announce_route(&filter, revision, false));
+                    }
                     Event::Peers(peers) => {
                         if let Some(mesh) = &node.mesh {
                             shard.links.set_peers(&shard, mesh, &peers);

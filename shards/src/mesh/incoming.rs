@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use fleetmq_core::mesh::{self, Accepted, Frame, Refusal, VERSIONS};
+use fleetmq_core::mesh::{self, Accepted, Frame, Refusal};
 use futures_lite::future::or;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
@@ -21,6 +21,10 @@ use tracing::{debug, warn};
 use super::outgoing::read_frame;
 use super::{Mesh, ReceivedRef, RefusedFor, KEEPALIVE_DEAD};
 use crate::shard::Shard;
+
+/// How long a route announce may take to be applied on every shard
+/// before it goes unanswered (the announcing SUBACK waits as long).
+const ANNOUNCE_APPLY_WAIT: Duration = crate::shard::ROUTE_WAIT;
 
 /// How long a dialer has for the TLS handshake and its Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -150,7 +154,7 @@ async fn handshake(mesh: &Arc<Mesh>, stream: TcpStream, ip: &str) -> Option<Link
         return None;
     };
     let cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first().cloned());
-    let version = mesh::choose_version(VERSIONS, &versions);
+    let version = mesh::choose_version(super::spoken(), &versions);
     let refusal = if !cert.is_some_and(|c| super::tls::names_replica(&c, &replica)) {
         // A valid certificate of another replica: a certificate problem.
         Some((Refusal::NameMismatch, RefusedFor::Certificate))
@@ -166,7 +170,7 @@ async fn handshake(mesh: &Arc<Mesh>, stream: TcpStream, ip: &str) -> Option<Link
         mesh.stats.refused(counted);
         if mesh.log_due(format!("refused-in {replica} {ip} {}", refusal.as_str())) {
             warn!(target: "mesh", peer = %replica, %ip, reason = refusal.as_str(), ?versions,
-                  "mesh: refused a link (this build speaks versions {VERSIONS:?})");
+                  "mesh: refused a link (this build speaks versions {:?})", super::spoken());
         }
         mesh::encode(&Frame::HelloAck(Err(refusal)), mesh::FIRST_VERSION, &mut out);
         let _ = tls.write_all(&out).await;
@@ -188,7 +192,10 @@ async fn handshake(mesh: &Arc<Mesh>, stream: TcpStream, ip: &str) -> Option<Link
 
 /// Deliver what arrives on the link and acknowledge it, until it breaks,
 /// a newer connection of the same link replaces it, or (version 2)
-/// nothing is read for [`KEEPALIVE_DEAD`].
+/// nothing is read for [`KEEPALIVE_DEAD`]. A route announce (version 3)
+/// is merged into the replica's route table and answered once every
+/// shard applied it (at most [`ANNOUNCE_APPLY_WAIT`]; past it, no answer:
+/// the announcing replica counts its SUBACK late).
 async fn receive(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: Link) -> Result<(), String> {
     let Link { mut tls, replica: peer, received, generation, version } = link;
     let keepalive = version >= mesh::KEEPALIVE_VERSION;
@@ -206,6 +213,7 @@ async fn receive(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: Link) -> Result<(), 
         mesh.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
         buf.extend_from_slice(&chunk[..n]);
         let mut ack = None;
+        let mut announced = Vec::new();
         loop {
             let frame = match mesh::decode(&mut buf, mesh.max_frame) {
                 Ok(Some(frame)) => frame,
@@ -220,7 +228,17 @@ async fn receive(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: Link) -> Result<(), 
                     return Err(e.to_string());
                 }
             };
-            let Frame::Values { first, values } = frame else { continue };
+            let (first, values) = match frame {
+                Frame::Values { first, values } => (first, values),
+                Frame::Route { id, revision, present, instance, filter } => {
+                    let announce = fleetmq_nats_bridge::Announce { replica: peer.clone(), instance, filter, revision, present };
+                    if let Some(applied) = crate::cluster::route_announced(announce) {
+                        announced.push((id, applied));
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
             // Each value once: what an earlier connection of this link
             // delivered already is skipped. An empty frame (the
             // keepalive) is answered with what was delivered.
@@ -244,9 +262,24 @@ async fn receive(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: Link) -> Result<(), 
             shard.deliver_from_mesh(values);
         }
         shard.flush_soon().await;
+        out.clear();
         if let Some(delivered) = ack {
-            out.clear();
             mesh::encode(&Frame::Ack { delivered }, version, &mut out);
+        }
+        if !announced.is_empty() {
+            let by = std::time::Instant::now() + ANNOUNCE_APPLY_WAIT;
+            for (id, applied) in announced {
+                let left = by.saturating_duration_since(std::time::Instant::now());
+                let applied = or(async { applied.await.is_ok() }, async {
+                    sleep(left).await;
+                    false
+                });
+                if applied.await {
+                    mesh::encode(&Frame::RouteAck { id }, version, &mut out);
+                }
+            }
+        }
+        if !out.is_empty() {
             tls.write_all(&out).await.map_err(|e| e.to_string())?;
             tls.flush().await.map_err(|e| e.to_string())?;
         }

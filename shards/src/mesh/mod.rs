@@ -37,6 +37,31 @@ mod tls;
 
 pub(crate) use outgoing::ShardLinks;
 
+/// The mesh protocol versions this process offers in its member record
+/// (`mesh_versions`) and its Hello, and accepts in a peer's Hello:
+/// every version this build speaks ([`fleetmq_core::mesh::VERSIONS`]), or
+/// those of them the environment variable `FLEETMQ_MESH_VERSIONS` lists
+/// (comma-separated, e.g. `1,2`: a rolling-upgrade drill, or a test of an
+/// older peer). A list naming none of them is not used. Read once per
+/// process.
+pub(crate) fn spoken() -> &'static [u16] {
+    use fleetmq_core::mesh::VERSIONS;
+    static SPOKEN: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    SPOKEN.get_or_init(|| {
+        let listed = std::env::var("FLEETMQ_MESH_VERSIONS").unwrap_or_default();
+        let chosen: Vec<u16> = VERSIONS
+            .iter()
+            .copied()
+            .filter(|v| listed.split(',').any(|l| l.trim().parse::<u16>().ok() == Some(*v)))
+            .collect();
+        if chosen.is_empty() {
+            VERSIONS.to_vec()
+        } else {
+            chosen
+        }
+    })
+}
+
 /// How long a link's dialer writes nothing before it sends a keepalive
 /// (an empty Values frame, mesh protocol version 2).
 pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(1);

@@ -15,13 +15,14 @@ use bytes::BytesMut;
 use bytestring::ByteString;
 use fleetmq_core::cluster::peers::{Peer, PeerId, PeerSet};
 use fleetmq_core::shared::Strategy;
-use fleetmq_core::mesh::{self, Frame, ValueRef, VERSIONS};
+use fleetmq_core::mesh::{self, Frame, ValueRef};
 use fleetmq_core::session::Message;
 use futures_lite::future::or;
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use glommio::timer::sleep;
 use rustls::pki_types::ServerName;
+use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use super::{Mesh, PeerStats, RefusedFor, KEEPALIVE_DEAD, KEEPALIVE_IDLE};
@@ -155,9 +156,28 @@ pub(crate) struct Outgoing {
     epoch: Cell<u64>,
     removed: Cell<bool>,
     queue: RefCell<Queue>,
-    /// Wakes the link's task: values to send, or its epoch changed.
+    /// Wakes the link's task: values or announces to send, or its
+    /// epoch changed.
     signal: Signal,
     stats: Arc<PeerStats>,
+    /// The version agreed on the connection that is up; 0 while down.
+    version: Cell<u16>,
+    /// Route announces to write on the connection that is up (version
+    /// 3), and those written whose answer is awaited, by number. A
+    /// connection that ends drops both: its waiters hear nothing (a peer
+    /// whose link is down is not waited for).
+    announces: RefCell<Vec<Frame>>,
+    answers: RefCell<HashMap<u64, oneshot::Sender<()>>>,
+    next_announce: Cell<u64>,
+}
+
+impl Outgoing {
+    /// The connection ended (or never was): no announce waits on it.
+    fn down(&self) {
+        self.version.set(0);
+        self.announces.borrow_mut().clear();
+        self.answers.borrow_mut().clear();
+    }
 }
 
 /// A shard's links to the other replicas, by peer id. Empty (and a no-op
@@ -235,6 +255,37 @@ impl ShardLinks {
         }
     }
 
+    /// Announce to every peer linked with version 3 or later now that
+    /// this replica (process `instance`) wants (`present`) or no longer
+    /// wants `filter`, as its write at `revision` of `mqtt-routes` says;
+    /// one answer to await per peer, heard once the peer applied it on
+    /// all of its shards (dropped unheard if the link goes down first).
+    /// Peers whose link is down or older are not told: the watch tells
+    /// them.
+    pub(crate) fn announce(&self, instance: &str, filter: &str, revision: u64, present: bool) -> Vec<oneshot::Receiver<()>> {
+        let links = self.links.borrow();
+        let mut answers = Vec::new();
+        for link in links.iter().flatten() {
+            if link.version.get() < mesh::ANNOUNCE_VERSION {
+                continue;
+            }
+            let id = link.next_announce.get() + 1;
+            link.next_announce.set(id);
+            let (tx, rx) = oneshot::channel();
+            link.answers.borrow_mut().insert(id, tx);
+            link.announces.borrow_mut().push(Frame::Route {
+                id,
+                revision,
+                present,
+                instance: instance.to_owned(),
+                filter: filter.to_owned(),
+            });
+            link.signal.notify();
+            answers.push(rx);
+        }
+        answers
+    }
+
     /// The live peers changed: link to new ones, drop links to those
     /// gone, dial again those that restarted or moved.
     pub(crate) fn set_peers(&self, shard: &Rc<Shard>, mesh: &Arc<Mesh>, peers: &[Peer]) {
@@ -278,6 +329,10 @@ impl ShardLinks {
                         removed: Cell::new(false),
                         queue: RefCell::new(Queue::new(mesh.buffer_per_link)),
                         signal: Signal::default(),
+                        version: Cell::new(0),
+                        announces: RefCell::new(Vec::new()),
+                        answers: RefCell::new(HashMap::new()),
+                        next_announce: Cell::new(0),
                     });
                     links[peer.id.index()] = Some(link.clone());
                     glommio::spawn_local(run_link(shard.clone(), mesh.clone(), link)).detach();
@@ -366,10 +421,10 @@ async fn within<T>(limit: Duration, f: impl std::future::Future<Output = Result<
 /// acknowledgements until it breaks or `epoch` is over.
 async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoing>, epoch: u64) -> Result<(), Failed> {
     let target = link.target.borrow().clone();
-    if fleetmq_core::mesh::choose_version(VERSIONS, &target.versions).is_none() {
+    if fleetmq_core::mesh::choose_version(super::spoken(), &target.versions).is_none() {
         if mesh.first_time(format!("version {} {}", target.replica, target.instance)) {
             warn!(target: "mesh", peer = %target.replica, versions = ?target.versions,
-                  "mesh: no link: no mesh protocol version in common (this build speaks {VERSIONS:?})");
+                  "mesh: no link: no mesh protocol version in common (this build speaks {:?})", super::spoken());
         }
         // Waits for the peer to change (an upgrade restarts it).
         while link.epoch.get() == epoch && !link.removed.get() {
@@ -391,6 +446,7 @@ async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoin
     // (the matching "link down" names the cause).
     info!(target: "mesh", peer = %target.replica, shard = shard.id, version = accepted.version, "mesh: link up");
     let version = accepted.version;
+    link.version.set(version);
     let keepalive = version >= mesh::KEEPALIVE_VERSION;
     let (reader, mut writer) = futures_lite::io::split(tls);
     let reading = read_acks(mesh, link, reader, keepalive, up_since);
@@ -417,9 +473,13 @@ async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoin
                 return Ok(());
             }
             out.clear();
+            for frame in link.announces.borrow_mut().drain(..) {
+                mesh::encode(&frame, version, &mut out);
+            }
             let n = link.queue.borrow_mut().next_frame(mesh.max_frame, version, Instant::now(), &mut out);
             let n = match n {
                 Some(n) => n,
+                None if !out.is_empty() => 0,
                 None if ping_due.replace(false) => {
                     // Numbered after the last value sent; the acceptor
                     // answers it with an Ack.
@@ -440,7 +500,9 @@ async fn connect_and_send(shard: &Rc<Shard>, mesh: &Arc<Mesh>, link: &Rc<Outgoin
             mesh.stats.values_out.fetch_add(n as u64, Ordering::Relaxed);
         }
     };
-    or(writing, or(reading, ticking)).await
+    let ended = or(writing, or(reading, ticking)).await;
+    link.down();
+    ended
 }
 
 /// Counts a link up while it lives.
@@ -490,7 +552,7 @@ async fn dial(mesh: &Arc<Mesh>, target: &Target, shard: usize) -> Result<(Client
     };
     let mut out = BytesMut::new();
     let hello = Frame::Hello {
-        versions: VERSIONS.to_vec(),
+        versions: super::spoken().to_vec(),
         replica: mesh.replica.clone(),
         instance: mesh.instance.clone(),
         link: shard as u32,
@@ -565,6 +627,12 @@ async fn read_acks(
             return Err(Failed { why, up_since });
         };
         let frame = read.map_err(|f| Failed { why: f.why, up_since })?;
+        if let Frame::RouteAck { id } = frame {
+            if let Some(answer) = link.answers.borrow_mut().remove(&id) {
+                let _ = answer.send(());
+            }
+            continue;
+        }
         if let Frame::Ack { delivered } = frame {
             let mut queue = link.queue.borrow_mut();
             let before = queue.bytes;

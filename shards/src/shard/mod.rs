@@ -93,6 +93,7 @@ enum Subscriber {
 
 pub(crate) use conn::ConnShared;
 pub(crate) use groups::GroupOp;
+pub(crate) use wanted::ROUTE_WAIT;
 pub(crate) use placement::{Forget, Move, Mover, Route};
 
 /// Counters shared by every shard of the process.

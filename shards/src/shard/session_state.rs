@@ -16,8 +16,6 @@
 //! `MovedAway` and is never written again here; it goes once its
 //! connection (if any) has closed.
 
-use std::cell::Cell;
-use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -86,7 +84,7 @@ impl Shard {
         let (landed, answer) = tokio::sync::oneshot::channel();
         let sent = crate::cluster::save_session(session.client_id(), Some(make), waits.is_some().then_some(landed));
         if let (true, Some(waits)) = (sent, waits) {
-            waits.push((answer, Rc::new(Cell::new(false))));
+            waits.push(super::wanted::RouteWait::Saved(answer));
         }
     }
 

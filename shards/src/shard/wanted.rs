@@ -13,8 +13,18 @@
 //! `mqtt-retained`: a [`Write`](crate::store::Write) of the shard's store
 //! holds it, in order with the connection's other acknowledgements, and a
 //! task resolves it when the bridge answers or the wait is over (then the
-//! SUBACK goes anyway and `fleetmq_routes_late_total` counts it). A
-//! subscription to a filter already written here sends its SUBACK at once.
+//! SUBACK goes anyway and `fleetmq_routes_late_total` counts it). Once
+//! the write landed, the filter is announced over the mesh (protocol
+//! version 3) to each peer whose link is up, and the SUBACK waits for
+//! each one's answer too, within the same [`ROUTE_WAIT`]: the peer
+//! applied the route on all of its shards, so a value published there
+//! once the client holds its SUBACK reaches it [MQTT-4.5.0-1] (without
+//! it, a peer learns the route from its watch of `mqtt-routes` a few
+//! milliseconds later, and a value published meanwhile went to nobody
+//! here). A peer whose link is down is not waited for (values for this
+//! replica wait in its buffer, DESIGN.md §6); one linked with an older
+//! version learns it from its watch, as before. A subscription to a
+//! filter already written here sends its SUBACK at once.
 //! Alone nothing of this runs (one branch per SUBSCRIBE).
 
 use std::cell::Cell;
@@ -38,8 +48,14 @@ pub(super) struct Want {
     landed: Rc<Cell<bool>>,
 }
 
-/// A route a SUBACK waits for: the bridge's answer and where to note it.
-pub(super) type RouteWait = (oneshot::Receiver<bool>, Rc<Cell<bool>>);
+/// What a SUBACK waits for.
+pub(super) enum RouteWait {
+    /// A route: the bridge's answer (the put's revision), where to note
+    /// it, and the filter (to announce it over the mesh).
+    Route(oneshot::Receiver<Option<u64>>, Rc<Cell<bool>>, ByteString),
+    /// The session's record in `mqtt-session-state` (true: written).
+    Saved(oneshot::Receiver<bool>),
+}
 
 impl Shard {
     /// Cluster mode: a session here subscribed to `filter` (`fresh`: it
@@ -61,7 +77,7 @@ impl Shard {
         // ask for one filter is idempotent, and answered when it lands).
         let (landed, answer) = oneshot::channel();
         if crate::cluster::want_route(filter, self.id, true, Some(landed)) {
-            waits.push((answer, want.landed.clone()));
+            waits.push(RouteWait::Route(answer, want.landed.clone(), filter.clone()));
         }
     }
 
@@ -85,7 +101,7 @@ impl Shard {
             if crate::cluster::want_route(filter, self.id, true, Some(landed)) {
                 let noted = want.landed.clone();
                 glommio::spawn_local(async move {
-                    if answer.await == Ok(true) {
+                    if matches!(answer.await, Ok(Some(_))) {
                         noted.set(true);
                     }
                 })
@@ -105,19 +121,47 @@ impl Shard {
             futures_lite::future::yield_now().await;
             let deadline = Instant::now() + ROUTE_WAIT;
             let mut late = false;
-            for (answer, noted) in waits {
+            let mut peers = Vec::new();
+            for wait in waits {
                 let left = deadline.saturating_duration_since(Instant::now());
+                let (answer, noted, filter) = match wait {
+                    RouteWait::Route(answer, noted, filter) => (answer, noted, filter),
+                    RouteWait::Saved(answer) => {
+                        let answered = futures_lite::future::or(async { Some(answer.await) }, async {
+                            glommio::timer::sleep(left).await;
+                            None
+                        })
+                        .await;
+                        late |= answered.is_none();
+                        continue;
+                    }
+                };
                 let answered = futures_lite::future::or(async { Some(answer.await) }, async {
                     glommio::timer::sleep(left).await;
                     None
                 })
                 .await;
                 match answered {
-                    Some(Ok(true)) => noted.set(true),
+                    Some(Ok(Some(revision))) => {
+                        noted.set(true);
+                        // The peers linked with version 3 apply it now,
+                        // not when their watch brings it.
+                        peers.extend(crate::cluster::announce_route(&filter, revision, true));
+                    }
                     // Unsubscribed meanwhile, or the bridge stopped.
                     Some(_) => {}
                     None => late = true,
                 }
+            }
+            for applied in peers {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let answered = futures_lite::future::or(async { Some(applied.await) }, async {
+                    glommio::timer::sleep(left).await;
+                    None
+                })
+                .await;
+                // Err: the link went down meanwhile (not waited for).
+                late |= answered.is_none();
             }
             if late {
                 crate::cluster::route_late();
