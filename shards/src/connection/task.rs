@@ -24,6 +24,31 @@ pub(super) async fn serve(
             return;
         }
     }
+    if let Some(claim) = connecting.admission.claim.as_mut() {
+        // A session another replica served: taken up on the shard that
+        // holds the client identifier (else the record travels on). Its
+        // CONNACK waits (at most 2 s) for its routes, written and
+        // announced to the peers, as a SUBACK does.
+        if claim.taken_up.is_some() && shard.holds_home(&connecting.negotiated.client_id) {
+            if let Some(record) = claim.taken_up.take() {
+                let own = claim.is_own(&record);
+                let routes = shard.take_up(&record, own, Instant::now());
+                if !routes.is_empty() {
+                    routes.ready().await;
+                    if crate::cluster::shard_state(|sc| sc.superseded(claim)) {
+                        // A later CONNECT of the client came meanwhile.
+                        let refusal = Refusal {
+                            reason: ReasonCode::SERVER_UNAVAILABLE,
+                            detail: "a later CONNECT of this client identifier claimed it",
+                        };
+                        refuse(&shard, &mut connecting.transport, &connecting.connect, refusal).await;
+                        refused(&shard, &settings, RefuseReason::ClientIdInUse);
+                        return;
+                    }
+                }
+            }
+        }
+    }
     // The connection's long life runs in a task of its own, so nothing this
     // one holds (the CONNECT, the negotiated CONNACK) is kept while idle.
     match start(&shard, &settings, &mut connecting) {
@@ -84,16 +109,6 @@ fn start(
         expires_at,
         now,
     ));
-    if let Some(claim) = admission.claim.as_mut() {
-        // A session another replica served: taken up on the shard that
-        // holds the client identifier (else the record travels on).
-        if claim.taken_up.is_some() && shard.holds_home(&negotiated.client_id) {
-            if let Some(record) = claim.taken_up.take() {
-                let own = claim.is_own(&record);
-                shard.take_up(&record, own, now);
-            }
-        }
-    }
     let authorizer =
         AclAuthorizer::for_client(&settings.auth, &admission.identity, &negotiated.client_id);
     let slot = shard.attach(

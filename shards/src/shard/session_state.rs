@@ -135,13 +135,19 @@ impl Shard {
     /// before a restart): a session of the client here, restored from the
     /// local store with the values it was owed, is at least as new and is
     /// kept.
-    pub(crate) fn take_up(&self, record: &SessionRecord, own: bool, now: Instant) {
-        let Some(subscriptions) = record.restored_subscriptions() else { return };
+    ///
+    /// Returns the routes its subscriptions need written (and announced
+    /// over the mesh): the CONNACK waits for them, as a SUBACK does, so
+    /// a value published on another replica once the client holds its
+    /// CONNACK reaches it.
+    pub(crate) fn take_up(&self, record: &SessionRecord, own: bool, now: Instant) -> super::wanted::RouteWaits {
+        let mut waits = Vec::new();
+        let Some(subscriptions) = record.restored_subscriptions() else { return super::wanted::RouteWaits(waits) };
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
         if let Some(slot) = st.by_id.get(&st.clients, &record.client_id) {
             if own {
-                return;
+                return super::wanted::RouteWaits(waits);
             }
             st.clients[slot as usize].saved = Saved::MovedAway;
             if let Some(old) = st.clients[slot as usize].conn.take() {
@@ -180,7 +186,7 @@ impl Shard {
         self.global.offline_sessions.fetch_add(1, Ordering::Relaxed);
         for (filter, subscription) in subscriptions {
             debug_assert!(parse_shared(&filter).is_none());
-            self.want_route(st, &filter, true, &mut Vec::new());
+            self.want_route(st, &filter, true, &mut waits);
             if !st.trie.has_filter(&filter) {
                 self.route_change(st, &filter, true);
             }
@@ -188,5 +194,6 @@ impl Shard {
         }
         drop(guard);
         self.try_flush();
+        super::wanted::RouteWaits(waits)
     }
 }

@@ -119,55 +119,78 @@ impl Shard {
             // glommio runs a task it spawns at once: the shard's state is
             // borrowed until the caller is done.
             futures_lite::future::yield_now().await;
-            let deadline = Instant::now() + ROUTE_WAIT;
-            let mut late = false;
-            let mut peers = Vec::new();
-            for wait in waits {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let (answer, noted, filter) = match wait {
-                    RouteWait::Route(answer, noted, filter) => (answer, noted, filter),
-                    RouteWait::Saved(answer) => {
-                        let answered = futures_lite::future::or(async { Some(answer.await) }, async {
-                            glommio::timer::sleep(left).await;
-                            None
-                        })
-                        .await;
-                        late |= answered.is_none();
-                        continue;
-                    }
-                };
-                let answered = futures_lite::future::or(async { Some(answer.await) }, async {
-                    glommio::timer::sleep(left).await;
-                    None
-                })
-                .await;
-                match answered {
-                    Some(Ok(Some(revision))) => {
-                        noted.set(true);
-                        // The peers linked with version 3 apply it now,
-                        // not when their watch brings it.
-                        peers.extend(crate::cluster::announce_route(&filter, revision, true));
-                    }
-                    // Unsubscribed meanwhile, or the bridge stopped.
-                    Some(_) => {}
-                    None => late = true,
-                }
-            }
-            for applied in peers {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let answered = futures_lite::future::or(async { Some(applied.await) }, async {
-                    glommio::timer::sleep(left).await;
-                    None
-                })
-                .await;
-                // Err: the link went down meanwhile (not waited for).
-                late |= answered.is_none();
-            }
-            if late {
+            if !routes_ready(waits).await {
                 crate::cluster::route_late();
             }
             write.resolve(Outcome::Done);
         })
         .detach();
     }
+}
+
+/// Routes (and session records) a packet's answer waits for: a SUBACK,
+/// or the CONNACK of a session taken up from another replica.
+#[derive(Default)]
+pub(crate) struct RouteWaits(pub(super) Vec<RouteWait>);
+
+impl RouteWaits {
+    /// Nothing to wait for.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Wait (at most [`ROUTE_WAIT`]) until each route is written and
+    /// announced to the peers linked in version 3 (see the module
+    /// documentation); a wait past it is counted in
+    /// `fleetmq_routes_late_total`.
+    pub(crate) async fn ready(self) {
+        if !routes_ready(self.0).await {
+            crate::cluster::route_late();
+        }
+    }
+}
+
+/// Wait for `waits` within [`ROUTE_WAIT`]: each route written, then
+/// announced to the peers linked in version 3 and applied by them. False
+/// when the time ran out first.
+async fn routes_ready(waits: Vec<RouteWait>) -> bool {
+    let deadline = Instant::now() + ROUTE_WAIT;
+    let mut late = false;
+    let mut peers = Vec::new();
+    for wait in waits {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (answer, noted, filter) = match wait {
+            RouteWait::Route(answer, noted, filter) => (answer, noted, filter),
+            RouteWait::Saved(answer) => {
+                late |= within(left, answer).await.is_none();
+                continue;
+            }
+        };
+        match within(left, answer).await {
+            Some(Ok(Some(revision))) => {
+                noted.set(true);
+                // The peers linked with version 3 apply it now, not when
+                // their watch brings it.
+                peers.extend(crate::cluster::announce_route(&filter, revision, true));
+            }
+            // Unsubscribed meanwhile, or the bridge stopped.
+            Some(_) => {}
+            None => late = true,
+        }
+    }
+    for applied in peers {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // Err: the link went down meanwhile (not waited for).
+        late |= within(left, applied).await.is_none();
+    }
+    !late
+}
+
+/// `future`'s output, or `None` when `left` runs out first.
+async fn within<T>(left: Duration, future: impl std::future::Future<Output = T>) -> Option<T> {
+    futures_lite::future::or(async { Some(future.await) }, async {
+        glommio::timer::sleep(left).await;
+        None
+    })
+    .await
 }

@@ -5,7 +5,8 @@
 //! and for A's answer to B's announce (A applied the route on all of its
 //! shards); without the announce (a peer speaking version 2) A learns the
 //! route from its watch of the bucket some milliseconds later, and a
-//! value published meanwhile goes to nobody on B.
+//! value published meanwhile goes to nobody on B. The same for the
+//! CONNACK of a persistent session taken up from another replica.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -153,4 +154,50 @@ fn with_a_peer_that_speaks_version_2_the_link_stays_up_and_routes_come_from_the_
     std::thread::sleep(Duration::from_secs(1));
     publisher.send(&build::publish_qos0("old/7", b"second", true));
     assert!(matches!(sub.read(Duration::from_secs(5)), Incoming::Packet { header: 0x30, .. }), "{}", describe(run));
+}
+
+#[test]
+fn a_value_published_on_another_replica_right_after_a_session_take_up_reaches_the_client() {
+    // Three replicas: sessions start on C, are taken up on B, values are
+    // published on A (which knew no route to either before).
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("tua,tub,tuc");
+    let one_shard: &[&str] = &["--shards", "1"];
+    let replica = |id: &str| {
+        let mut args = cluster_args(id, &nats.urls());
+        args.extend(mesh_args(id, &certs, None, one_shard));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Broker::start(&args)
+    };
+    let (a, b, c) = (replica("tua"), replica("tub"), replica("tuc"));
+    for r in [&a, &b, &c] {
+        wait_links(r, 2, Duration::from_secs(15));
+    }
+    let mut publisher = publisher(&a, "pub-tu");
+    let mut missed = Vec::new();
+    // Each take-up waits out the 1 s flap delay of its claim
+    // (fleetmq_nats_bridge::FLAP_DELAY): 30 of them.
+    for i in 0..30 {
+        let (id, topic) = (format!("tu-{i}"), format!("tu/{i}"));
+        let persistent = build::Connect { clean: false, session_expiry: Some(300), ..build::Connect::v5(&id) };
+        let mut on_c = RawClient::connect(c.mqtt);
+        assert_eq!(on_c.handshake(&persistent.encode()), (0, 0));
+        on_c.send(&build::subscribe(1, &topic, 0, true));
+        assert!(matches!(on_c.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }));
+        on_c.send(&build::disconnect_v5(0));
+        assert!(matches!(on_c.read(Duration::from_secs(5)), Incoming::Closed));
+        // Taken up at B: Session Present 1 [MQTT-3.2.2-2], its
+        // subscription live again; the CONNACK waited for its route.
+        let mut on_b = RawClient::connect(b.mqtt);
+        assert_eq!(on_b.handshake(&persistent.encode()), (1, 0), "{id}");
+        publisher.send(&build::publish_qos0(&topic, b"first", true));
+        match on_b.read(Duration::from_secs(3)) {
+            Incoming::Packet { header, body } if header & 0xf0 == 0x30 => assert_eq!(topic_of(&body), topic),
+            _ => missed.push(topic),
+        }
+        on_b.send(&build::disconnect_v5(0));
+    }
+    // [MQTT-4.5.0-1]: the client holds its CONNACK, its subscription
+    // exists; a value A took goes to it.
+    assert!(missed.is_empty(), "{} of 30 missed: {missed:?}", missed.len());
 }
