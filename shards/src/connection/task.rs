@@ -13,41 +13,16 @@ pub(super) async fn serve(
     mut connecting: Connecting,
     via: Option<u64>,
 ) {
-    if let Some(claim) = &connecting.admission.claim {
-        if crate::cluster::shard_state(|sc| sc.superseded(claim)) {
-            let refusal = Refusal {
-                reason: ReasonCode::SERVER_UNAVAILABLE,
-                detail: "a later CONNECT of this client identifier claimed it",
-            };
-            refuse(&shard, &mut connecting.transport, &connecting.connect, refusal).await;
-            refused(&shard, &settings, RefuseReason::ClientIdInUse);
-            return;
-        }
-    }
-    if let Some(claim) = connecting.admission.claim.as_mut() {
-        // A session another replica served: taken up on the shard that
-        // holds the client identifier (else the record travels on). Its
-        // CONNACK waits (at most 2 s) for its routes, written and
-        // announced to the peers, as a SUBACK does.
-        if claim.taken_up.is_some() && shard.holds_home(&connecting.negotiated.client_id) {
-            if let Some(record) = claim.taken_up.take() {
-                let own = claim.is_own(&record);
-                let routes = shard.take_up(&record, own, Instant::now());
-                if !routes.is_empty() {
-                    routes.ready().await;
-                    if crate::cluster::shard_state(|sc| sc.superseded(claim)) {
-                        // A later CONNECT of the client came meanwhile.
-                        let refusal = Refusal {
-                            reason: ReasonCode::SERVER_UNAVAILABLE,
-                            detail: "a later CONNECT of this client identifier claimed it",
-                        };
-                        refuse(&shard, &mut connecting.transport, &connecting.connect, refusal).await;
-                        refused(&shard, &settings, RefuseReason::ClientIdInUse);
-                        return;
-                    }
-                }
-            }
-        }
+    // A later CONNECT of the client identifier claimed it: refused (also
+    // one that came while a taken-up session's routes were awaited).
+    if superseded(&connecting) || (take_up(&shard, &mut connecting).await && superseded(&connecting)) {
+        let refusal = Refusal {
+            reason: ReasonCode::SERVER_UNAVAILABLE,
+            detail: "a later CONNECT of this client identifier claimed it",
+        };
+        refuse(&shard, &mut connecting.transport, &connecting.connect, refusal).await;
+        refused(&shard, &settings, RefuseReason::ClientIdInUse);
+        return;
     }
     // The connection's long life runs in a task of its own, so nothing this
     // one holds (the CONNECT, the negotiated CONNACK) is kept while idle.
@@ -80,6 +55,31 @@ pub(super) async fn serve(
             hand_off(&shard, home, route, connecting).await;
         }
     }
+}
+
+/// Whether a later CONNECT of this connection's client identifier
+/// claimed it on this replica.
+fn superseded(connecting: &Connecting) -> bool {
+    connecting.admission.claim.as_ref().is_some_and(|claim| crate::cluster::shard_state(|sc| sc.superseded(claim)))
+}
+
+/// A session another replica served is taken up on the shard that holds
+/// the client identifier (else the record travels on), and its CONNACK
+/// waits (at most 2 s) for its routes, written and announced to the
+/// peers, as a SUBACK does. True when it waited.
+async fn take_up(shard: &Rc<Shard>, connecting: &mut Connecting) -> bool {
+    let Some(claim) = connecting.admission.claim.as_mut() else { return false };
+    if claim.taken_up.is_none() || !shard.holds_home(&connecting.negotiated.client_id) {
+        return false;
+    }
+    let Some(record) = claim.taken_up.take() else { return false };
+    let own = claim.is_own(&record);
+    let routes = shard.take_up(&record, own, Instant::now());
+    if routes.is_empty() {
+        return false;
+    }
+    routes.ready().await;
+    true
 }
 
 /// Attach to the session (the CONNACK goes out).
