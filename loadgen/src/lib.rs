@@ -7,7 +7,8 @@
 //! [`runtime`] (executors, shared counters, signals),
 //! [`flow`] and [`connections`] (the scenarios), [`scenario`] (the
 //! coordinating thread), [`report`] (summary and JSON), [`compare`], [`retained`] (many retained messages and a
-//! subscriber that wants them all).
+//! subscriber that wants them all), [`suback`] (SUBACK times, and a value
+//! published elsewhere right after each).
 
 pub mod client;
 pub mod compare;
@@ -22,5 +23,6 @@ pub mod retained;
 pub mod runtime;
 pub mod scenario;
 pub mod schedule;
+pub mod suback;
 pub mod transport;
 pub mod verify;

@@ -58,6 +58,9 @@ enum Command {
     /// Store --store retained messages (QoS 1), and/or subscribe to a
     /// filter and time the SUBACK and the last retained message.
     Retained(Box<fleetmq_loadgen::retained::RetainedArgs>),
+    /// Subscribe to fresh filters one at a time on --sub-url, publish on
+    /// each at once on --pub-url: SUBACK times and first values missed.
+    Suback(Box<fleetmq_loadgen::suback::SubackArgs>),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         }
         Command::Soak(args) => soak_command(&args),
         Command::Retained(args) => retained_command(&args),
+        Command::Suback(args) => suback_command(&args),
         Command::Proxy(args) => match fleetmq_loadgen::proxy::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -105,6 +109,26 @@ fn retained_command(args: &fleetmq_loadgen::retained::RetainedArgs) -> ExitCode 
     }
     let complete = report.distinct == report.expected && report.mismatched == 0;
     if complete { ExitCode::SUCCESS } else { ExitCode::from(1) }
+}
+
+fn suback_command(args: &fleetmq_loadgen::suback::SubackArgs) -> ExitCode {
+    let report = match fleetmq_loadgen::suback::run(args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fleetmq-loadgen: suback: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let json = serde_json::to_string(&report).expect("a report serializes");
+    println!("{json}");
+    if let Some(path) = &args.json {
+        if let Err(e) = std::fs::write(path, format!("{json}\n")) {
+            eprintln!("fleetmq-loadgen: --json: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    // A missed value is a finding, not a failure of the tool.
+    ExitCode::SUCCESS
 }
 
 fn soak_command(args: &SoakArgs) -> ExitCode {

@@ -125,18 +125,30 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// An MQTT connection on a blocking socket.
-struct Conn {
+/// An MQTT connection on a blocking socket (clean session, keep alive
+/// 60 s; also used by `suback`).
+pub(crate) struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
     at: usize,
-    v5: bool,
+    pub(crate) v5: bool,
 }
 
 impl Conn {
     fn open(args: &RetainedArgs, client_id: &str) -> Result<Conn, String> {
-        let stream = TcpStream::connect(args.url.addr)
-            .map_err(|e| format!("connect {}: {e}", args.url.text))?;
+        Conn::connect(&args.url, client_id, args.receive_maximum, args.timeout)
+    }
+
+    /// Connect to `url` as `client_id` (MQTT 5 with this Receive Maximum,
+    /// else 3.1.1) and wait for the CONNACK within `timeout`.
+    pub(crate) fn connect(
+        url: &BrokerUrl,
+        client_id: &str,
+        receive_maximum: Option<u16>,
+        timeout: Duration,
+    ) -> Result<Conn, String> {
+        let stream =
+            TcpStream::connect(url.addr).map_err(|e| format!("connect {}: {e}", url.text))?;
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
         stream
             .set_read_timeout(Some(Duration::from_millis(200)))
@@ -145,17 +157,17 @@ impl Conn {
             stream,
             buf: Vec::new(),
             at: 0,
-            v5: args.receive_maximum.is_some(),
+            v5: receive_maximum.is_some(),
         };
         let mut body = string(b"MQTT");
         body.extend([if conn.v5 { 5 } else { 4 }, 0x02, 0, 60]);
-        if let Some(max) = args.receive_maximum {
+        if let Some(max) = receive_maximum {
             body.extend([3, 0x21]);
             body.extend(max.to_be_bytes());
         }
         body.extend(string(client_id.as_bytes()));
         conn.write(&packet(0x10, &body))?;
-        let deadline = Instant::now() + args.timeout;
+        let deadline = Instant::now() + timeout;
         loop {
             match conn.next(deadline)? {
                 (0x20, body) if body.get(1) == Some(&0) => return Ok(conn),
@@ -165,14 +177,15 @@ impl Conn {
         }
     }
 
-    fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
+    /// Write `bytes`.
+    pub(crate) fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
         self.stream
             .write_all(bytes)
             .map_err(|e| format!("write: {e}"))
     }
 
     /// The next whole packet (header byte, body), reading until `deadline`.
-    fn next(&mut self, deadline: Instant) -> Result<(u8, Vec<u8>), String> {
+    pub(crate) fn next(&mut self, deadline: Instant) -> Result<(u8, Vec<u8>), String> {
         loop {
             if let Some((header, body, used)) = split(&self.buf[self.at..]) {
                 let body = body.to_vec();
@@ -341,14 +354,14 @@ fn account(
 }
 
 /// A length-prefixed MQTT string.
-fn string(s: &[u8]) -> Vec<u8> {
+pub(crate) fn string(s: &[u8]) -> Vec<u8> {
     let mut out = (s.len() as u16).to_be_bytes().to_vec();
     out.extend_from_slice(s);
     out
 }
 
 /// A packet: `header`, the Remaining Length, `body`.
-fn packet(header: u8, body: &[u8]) -> Vec<u8> {
+pub(crate) fn packet(header: u8, body: &[u8]) -> Vec<u8> {
     let mut out = vec![header];
     let mut len = body.len();
     loop {
