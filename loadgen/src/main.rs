@@ -99,13 +99,8 @@ fn retained_command(args: &fleetmq_loadgen::retained::RetainedArgs) -> ExitCode 
             return ExitCode::from(1);
         }
     };
-    let json = serde_json::to_string(&report).expect("a report serializes");
-    println!("{json}");
-    if let Some(path) = &args.json {
-        if let Err(e) = std::fs::write(path, format!("{json}\n")) {
-            eprintln!("fleetmq-loadgen: --json: {e}");
-            return ExitCode::from(2);
-        }
+    if let Err(code) = print_report(&report, args.json.as_deref()) {
+        return code;
     }
     let complete = report.distinct == report.expected && report.mismatched == 0;
     if complete { ExitCode::SUCCESS } else { ExitCode::from(1) }
@@ -119,16 +114,25 @@ fn suback_command(args: &fleetmq_loadgen::suback::SubackArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let json = serde_json::to_string(&report).expect("a report serializes");
-    println!("{json}");
-    if let Some(path) = &args.json {
-        if let Err(e) = std::fs::write(path, format!("{json}\n")) {
+    // A missed value is a finding, not a failure of the tool.
+    match print_report(&report, args.json.as_deref()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// Print `report` as one JSON line, and write it to `json` when given
+/// (exit status 2 when that fails).
+fn print_report(report: &impl serde::Serialize, json: Option<&Path>) -> Result<(), ExitCode> {
+    let text = serde_json::to_string(report).expect("a report serializes");
+    println!("{text}");
+    if let Some(path) = json {
+        if let Err(e) = std::fs::write(path, format!("{text}\n")) {
             eprintln!("fleetmq-loadgen: --json: {e}");
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     }
-    // A missed value is a finding, not a failure of the tool.
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 fn soak_command(args: &SoakArgs) -> ExitCode {
