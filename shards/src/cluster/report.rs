@@ -12,9 +12,10 @@ const ROUND_TRIP_BOUNDS: [f64; 12] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.
 
 impl Node {
     /// Why the replica is not ready (fenced, starting, duplicate replica
-    /// ID), `None` when it is.
+    /// ID; a live peer it has not linked to for the mesh's readiness
+    /// grace), `None` when it is.
     pub(crate) fn not_ready(&self) -> Option<String> {
-        self.status().not_ready()
+        self.status().not_ready().or_else(|| self.mesh.as_ref().and_then(|m| m.not_ready()))
     }
 
     /// The cluster's part of `/api/v1/status`, a JSON object.
@@ -25,7 +26,7 @@ impl Node {
             "replica": status.replica_id,
             "instance": status.instance,
             "fenced": status.is_fenced(),
-            "reason": status.not_ready(),
+            "reason": self.not_ready(),
             "members": status.members(),
             "mesh_links_up": self.mesh.as_ref().map_or(0, |m| m.stats.links_up.load(std::sync::atomic::Ordering::Relaxed)),
             "mesh": match &self.mesh {

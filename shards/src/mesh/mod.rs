@@ -86,6 +86,24 @@ pub(crate) async fn or_dead<T>(keepalive: bool, read: impl std::future::Future<O
     .await
 }
 
+/// How long a peer this replica should link to may lack a link from one
+/// of its shards before the replica says it is not ready, at least: a
+/// link that can be made again is, within the longest pause between
+/// dials (5 s, reached after about 6 s of failed dials) plus a whole
+/// dial (5 s). The grace is the larger of this and 2 × `member_ttl`
+/// ([`ready_grace`]).
+pub(crate) const LINK_GRACE_MIN: Duration = Duration::from_secs(10);
+
+/// The readiness grace of the mesh for `member_ttl`: at least
+/// [`LINK_GRACE_MIN`], and longer than a killed or frozen peer takes to
+/// be declared gone (at most 1.7 × `member_ttl` after its last write,
+/// DESIGN.md §5), so one lost replica does not make every other replica
+/// unready: only a replica that cannot reach a peer the others take for
+/// live says so. 20 s with the default `member_ttl` of 10 s.
+pub(crate) fn ready_grace(member_ttl: Duration) -> Duration {
+    LINK_GRACE_MIN.max(member_ttl * 2)
+}
+
 /// Why a link was refused (`fleetmq_mesh_refused_total{reason}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RefusedFor {
@@ -131,6 +149,38 @@ pub(crate) struct PeerStats {
     pub(crate) buffer_bytes: AtomicI64,
     /// Values for it dropped from a full buffer.
     pub(crate) lost: AtomicU64,
+    /// Since when some shard has no link up to it (after all had one);
+    /// `None` while all have, or before they ever all had.
+    pub(crate) incomplete_since: Mutex<Option<Instant>>,
+}
+
+impl PeerStats {
+    /// A link to the peer came up: `shards` links up ends an incomplete
+    /// stretch.
+    pub(crate) fn link_up(&self, shards: usize) {
+        let up = self.links_up.fetch_add(1, Ordering::Relaxed) + 1;
+        if up as usize >= shards {
+            *self.incomplete_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
+    /// A link to the peer went down.
+    pub(crate) fn link_down(&self, now: Instant) {
+        self.links_up.fetch_sub(1, Ordering::Relaxed);
+        self.incomplete_since.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(now);
+    }
+}
+
+/// A peer this replica should link to and does not, from every shard,
+/// for longer than the readiness grace.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Missing {
+    /// Its replica ID.
+    pub(crate) replica: String,
+    /// This replica's links up to it (of one per shard).
+    pub(crate) links_up: i64,
+    /// How long not every shard has had a link to it.
+    pub(crate) for_: Duration,
 }
 
 /// The mesh's counters (`/metrics`, `/api/v1/status`).
@@ -244,6 +294,12 @@ pub(crate) struct Mesh {
     logged: Mutex<HashSet<String>>,
     /// When rate-limited warnings were last logged.
     log_limit: Mutex<LogLimit>,
+    /// The peers this replica should link to (live, with a mesh and a
+    /// protocol version in common), by replica ID, with since when.
+    expected: Mutex<HashMap<String, Instant>>,
+    /// How long a peer may lack a link before readiness says so
+    /// ([`ready_grace`]).
+    pub(crate) ready_grace: Duration,
 }
 
 impl std::fmt::Debug for Mesh {
@@ -299,7 +355,58 @@ impl Mesh {
             listeners: Mutex::new(fds),
             logged: Mutex::new(HashSet::new()),
             log_limit: Mutex::new(LogLimit::default()),
+            expected: Mutex::new(HashMap::new()),
+            ready_grace: ready_grace(cluster.member_ttl),
         })))
+    }
+
+    /// The live peers are `peers` (replica ID each) now: those this
+    /// replica should link to from now on, keeping since when each was.
+    pub(crate) fn expect(&self, peers: impl Iterator<Item = String>, now: Instant) {
+        let mut expected = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+        let old = std::mem::take(&mut *expected);
+        for replica in peers {
+            let since = old.get(&replica).copied().unwrap_or(now);
+            expected.insert(replica, since);
+        }
+    }
+
+    /// The peers this replica should link to that have not had a link
+    /// from every shard for [`Mesh::ready_grace`] or longer at `now`,
+    /// sorted by replica ID.
+    pub(crate) fn missing(&self, now: Instant) -> Vec<Missing> {
+        let expected = self.expected.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut missing: Vec<Missing> = expected
+            .into_iter()
+            .filter_map(|(replica, since)| {
+                let peer = self.stats.peer(&replica);
+                let links_up = peer.links_up.load(Ordering::Relaxed);
+                if links_up as usize >= self.shards {
+                    return None;
+                }
+                let incomplete = *peer.incomplete_since.lock().unwrap_or_else(|e| e.into_inner());
+                let from = incomplete.map_or(since, |at| at.max(since));
+                let for_ = now.saturating_duration_since(from);
+                (for_ >= self.ready_grace).then_some(Missing { replica, links_up, for_ })
+            })
+            .collect();
+        missing.sort_by(|a, b| a.replica.cmp(&b.replica));
+        missing
+    }
+
+    /// Why the replica is not ready for the mesh (DESIGN.md §12): the
+    /// peers it should link to and has not, from every shard, for
+    /// [`Mesh::ready_grace`]; `None` when there is none.
+    pub(crate) fn not_ready(&self) -> Option<String> {
+        let missing = self.missing(Instant::now());
+        if missing.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = missing
+            .iter()
+            .map(|m| format!("{} ({} of {} links up, for {} s)", m.replica, m.links_up, self.shards, m.for_.as_secs()))
+            .collect();
+        Some(format!("mesh: no link to live peer {}", list.join(", ")))
     }
 
     /// Shard `shard`'s listening socket (once).
@@ -351,11 +458,18 @@ impl Mesh {
                 })
             })
             .collect();
+        let missing: Vec<_> = self
+            .missing(Instant::now())
+            .into_iter()
+            .map(|m| serde_json::json!({"replica": m.replica, "links_up": m.links_up, "for_s": m.for_.as_secs()}))
+            .collect();
         serde_json::json!({
             "listen": self.advertise,
             "links_per_peer": self.shards,
             "links_in": self.stats.links_in.load(relaxed),
             "peers": list,
+            "missing": missing,
+            "ready_grace_s": self.ready_grace.as_secs(),
         })
     }
 
@@ -387,6 +501,11 @@ impl Mesh {
         for (why, n) in RefusedFor::ALL.iter().zip(&s.refused) {
             let _ = writeln!(out, "fleetmq_mesh_refused_total{{reason=\"{}\"}} {}", why.as_str(), n.load(relaxed));
         }
+        let _ = writeln!(
+            out,
+            "# HELP fleetmq_mesh_peers_missing Live peers this replica has not linked to from every shard for the readiness grace\n# TYPE fleetmq_mesh_peers_missing gauge\nfleetmq_mesh_peers_missing {}",
+            self.missing(Instant::now()).len()
+        );
         let peers = s.linked();
         let _ = writeln!(out, "# HELP fleetmq_mesh_peer_links_up Links up to each peer replica\n# TYPE fleetmq_mesh_peer_links_up gauge");
         for (replica, p) in peers.iter() {

@@ -290,6 +290,14 @@ impl ShardLinks {
     /// gone, dial again those that restarted or moved.
     pub(crate) fn set_peers(&self, shard: &Rc<Shard>, mesh: &Arc<Mesh>, peers: &[Peer]) {
         *self.mesh.borrow_mut() = Some(mesh.clone());
+        // Readiness: the peers to link to (every shard says the same).
+        let linkable = peers.iter().filter(|p| {
+            p.id.index() < PeerSet::MAX_PEERS
+                && p.replica != mesh.replica
+                && !p.mesh.is_empty()
+                && mesh::choose_version(super::spoken(), &p.mesh_versions).is_some()
+        });
+        mesh.expect(linkable.map(|p| p.replica.clone()), Instant::now());
         let mut links = self.links.borrow_mut();
         let mut live = PeerSet::new();
         for peer in peers {
@@ -514,7 +522,7 @@ struct Up {
 impl Up {
     fn new(mesh: &Arc<Mesh>, link: &Outgoing) -> Up {
         mesh.stats.links_up.fetch_add(1, Ordering::Relaxed);
-        link.stats.links_up.fetch_add(1, Ordering::Relaxed);
+        link.stats.link_up(mesh.shards);
         Up { mesh: mesh.clone(), stats: link.stats.clone() }
     }
 }
@@ -522,7 +530,7 @@ impl Up {
 impl Drop for Up {
     fn drop(&mut self) {
         self.mesh.stats.links_up.fetch_sub(1, Ordering::Relaxed);
-        self.stats.links_up.fetch_sub(1, Ordering::Relaxed);
+        self.stats.link_down(Instant::now());
     }
 }
 

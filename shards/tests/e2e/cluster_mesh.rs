@@ -314,6 +314,49 @@ fn a_mesh_cut_keeps_the_values_and_delivers_them_when_it_heals() {
 }
 
 #[test]
+fn a_replica_cut_off_from_a_live_peer_is_not_ready_after_the_grace_and_names_the_peer() {
+    let start = Instant::now();
+    let cut = cut("rdy", &[]);
+    let b = &cut._b;
+    // The grace: 2 x member_ttl (5 s here), at least 10 s.
+    assert_eq!(status(&cut.a)["cluster"]["mesh"]["ready_grace_s"], 10);
+    let ready = |broker: &Broker| broker.admin_get("/health/ready");
+    assert_eq!(ready(&cut.a).0, 200, "ready within the grace: {:?}", ready(&cut.a));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (code, body) = loop {
+        let (code, body) = ready(&cut.a);
+        if code == 503 || Instant::now() > deadline {
+            break (code, body);
+        }
+        thread::sleep(Duration::from_millis(200));
+    };
+    // Not ready, naming the peer it cannot reach (DESIGN.md §12).
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("mesh: no link to live peer rdyb"), "{body}");
+    let cut_for = start.elapsed();
+    let s = status(&cut.a);
+    assert_eq!(s["cluster"]["mesh"]["missing"][0]["replica"], "rdyb", "{s}");
+    assert_eq!(s["cluster"]["reason"].as_str().map(|r| r.contains("rdyb")), Some(true), "{s}");
+    assert_eq!(cut.a.metric_sum("fleetmq_mesh_peers_missing"), 1.0);
+    // B still links to A (its links do not cross the proxy): ready.
+    assert_eq!(ready(b).0, 200, "{:?} after {cut_for:?}", ready(b));
+    assert_eq!(status(b)["cluster"]["mesh"]["missing"], serde_json::json!([]));
+    cut.heal();
+    wait_links(&cut.a, 1, Duration::from_secs(15));
+    assert_eq!(ready(&cut.a), (200, "ready".to_owned()));
+    assert_eq!(status(&cut.a)["cluster"]["mesh"]["missing"], serde_json::json!([]));
+}
+
+#[test]
+fn a_replica_alone_with_a_mesh_is_ready() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("solo");
+    let a = start("solo", &nats, &certs, &[]);
+    assert_eq!(a.admin_get("/health/ready"), (200, "ready".to_owned()));
+    assert_eq!(status(&a)["cluster"]["mesh"]["missing"], serde_json::json!([]));
+}
+
+#[test]
 fn past_a_full_mesh_buffer_the_oldest_values_are_dropped_and_counted() {
     let mut cut = cut("full", &["--set", "cluster.mesh_buffer=8KiB"]);
     let payload = |i: usize| format!("{i:0>100}");
