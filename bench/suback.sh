@@ -58,7 +58,7 @@ start() {
     mosquitto)
         local port
         port=$(free_ports 1)
-        printf 'listener %s 127.0.0.1\nallow_anonymous true\n' "$port" >"$WORK/mosquitto.conf"
+        printf 'listener %s 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n' "$port" >"$WORK/mosquitto.conf"
         cluster_spawn "$WORK/mosquitto.log" "$(command -v mosquitto || echo /usr/sbin/mosquitto)" -c "$WORK/mosquitto.conf"
         for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
         PUB_URL=mqtt://127.0.0.1:$port SUB_URL=$PUB_URL ;;
