@@ -74,8 +74,7 @@ async fn take_up(shard: &Rc<Shard>, connecting: &mut Connecting) -> bool {
     }
     let Some(record) = claim.taken_up.take() else { return false };
     let own = claim.is_own(&record);
-    let resume = claim.resume.take();
-    let routes = shard.take_up(&record, own, resume.as_deref(), Instant::now());
+    let routes = shard.take_up(&record, own, Instant::now());
     if routes.is_empty() {
         return false;
     }
