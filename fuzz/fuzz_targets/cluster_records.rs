@@ -6,11 +6,13 @@
 //! `mqtt-retained` in either layout (format 1 JSON, format 2 binary) that
 //! reads back writes to bytes that read back to the same record. A route
 //! key (`mqtt-routes`) that parses is made again to a key that parses the same.
-//! A session record (`mqtt-session-state`) gives its subscriptions or `None`.
+//! A session record (`mqtt-session-state`) gives its subscriptions or `None`;
+//! a cursor (`mqtt-session-cursor`) says whether it is valid.
 #![no_main]
 
 use std::time::Instant;
 
+use fleetmq_core::cluster::cursor::CursorRecord;
 use fleetmq_core::cluster::records::{client_id_of_key, FloorRecord, MemberRecord, OwnerRecord, Record};
 use fleetmq_core::cluster::retained::{topic_of_retained_key, RetainedRecord};
 use fleetmq_core::cluster::routes::{parse_route_key, route_key, RouteRecord};
@@ -32,6 +34,9 @@ fuzz_target!(|data: &[u8]| {
     if let Some(s) = round_trip::<SessionRecord>(data) {
         let _ = s.restored_subscriptions();
         let _ = s.expired(u64::MAX);
+    }
+    if let Some(c) = round_trip::<CursorRecord>(data) {
+        let _ = (c.valid(), c.read_from());
     }
     let _ = FloorRecord::decode(data);
     if let Some(r) = round_trip::<RetainedRecord>(data) {

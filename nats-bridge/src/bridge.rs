@@ -14,7 +14,7 @@ use crate::budget::{Budget, Ticket};
 use crate::mailbox::Mailbox;
 use crate::{membership, ownership, retained, sweeper, BridgeConfig};
 
-pub use crate::request::{Appended, ClaimError, Claimed, Event, IngestError, LogAppend, Request, RetainedError, StreamMessage};
+pub use crate::request::{Appended, ClaimError, Claimed, Event, IngestError, LogAppend, LogBatch, LogEntry, Request, RetainedError, StreamMessage};
 pub(crate) use crate::shared::Shared;
 pub use crate::status::ClusterStatus;
 
@@ -330,6 +330,7 @@ async fn run(
             let _ = started.send(Ok(shared.clone()));
             let routes = crate::routes::Writer::new(shared.clone());
             let sessions = crate::session_state::Writer::new(shared.clone());
+            let cursors = crate::cursors::Writer::new(shared.clone());
             let mut releases = crate::releases::HeldReleases::default();
             loop {
                 tokio::select! {
@@ -359,6 +360,13 @@ async fn run(
                         }
                         Request::SessionPut { client_id, record, landed } => {
                             crate::session_state::request(&sessions, client_id, record, landed);
+                        }
+                        Request::CursorPut { client_id, record } => {
+                            crate::cursors::request(&cursors, client_id, record);
+                        }
+                        // Runs until the bridge stops: not counted in flight.
+                        Request::LogTail { workspace } => {
+                            tokio::task::spawn_local(crate::session_log::tail(shared.clone(), workspace));
                         }
                         request => start_request(&shared, request, ticket),
                     }

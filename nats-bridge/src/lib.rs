@@ -20,6 +20,7 @@
 mod bridge;
 mod budget;
 mod config;
+mod cursors;
 mod floor;
 mod ingest;
 mod mailbox;
@@ -38,7 +39,7 @@ mod status;
 mod sweeper;
 mod watch;
 
-pub use bridge::{Appended, Bridge, TURN_AT_LEAST, ClaimError, Claimed, ClusterStatus, Event, IngestError, LogAppend, Request, RetainedError, StartError, StreamMessage};
+pub use bridge::{Appended, Bridge, TURN_AT_LEAST, ClaimError, Claimed, ClusterStatus, Event, IngestError, LogAppend, LogBatch, LogEntry, Request, RetainedError, StartError, StreamMessage};
 pub use budget::{Ticket, INGEST_WAITING_BYTES, INGEST_WAITING_MAX, RETAINED_UNDOS_BYTES, RETAINED_UNDOS_MAX, RETAINED_WAITING_BYTES, RETAINED_WAITING_MAX};
 pub use config::BridgeConfig;
 pub use mailbox::Mailbox;

@@ -161,6 +161,47 @@ pub enum Request {
         /// not answer.
         reply: oneshot::Sender<Result<Option<bytes::Bytes>, String>>,
     },
+    /// `client_id`'s cursor is now `record` (a [`CursorRecord`] encoded),
+    /// or gone with its session (`None`), in `mqtt-session-cursor`: as
+    /// [`Request::SessionPut`], one write in flight per client
+    /// identifier, the newest written next; nobody waits.
+    ///
+    /// [`CursorRecord`]: fleetmq_core::cluster::cursor::CursorRecord
+    CursorPut {
+        /// The client identifier.
+        client_id: String,
+        /// The record, or `None` to delete it.
+        record: Option<bytes::Bytes>,
+    },
+    /// Read `client_id`'s cursor in `mqtt-session-cursor` (to take up a
+    /// session another replica served).
+    CursorGet {
+        /// The client identifier.
+        client_id: String,
+        /// The record's bytes (`None`: none), or why JetStream did not
+        /// answer.
+        reply: oneshot::Sender<Result<Option<bytes::Bytes>, String>>,
+    },
+    /// Follow `workspace`'s session log on this replica (at most one tail
+    /// per workspace and process; later requests do nothing): every shard
+    /// hears [`Event::LogValues`], first with no value and the sequence
+    /// the tail starts after, then with every value appended, in order.
+    LogTail {
+        /// The workspace.
+        workspace: String,
+    },
+    /// Read up to `max` values of `workspace`'s session log from sequence
+    /// `from` on, with batched direct gets (no consumer).
+    LogRead {
+        /// The workspace.
+        workspace: String,
+        /// The first sequence wanted.
+        from: u64,
+        /// Values at most.
+        max: usize,
+        /// The values read, or why not.
+        reply: oneshot::Sender<Result<LogBatch, String>>,
+    },
     /// Give `client_id` up if the claim at `revision` is still the latest.
     /// Off every CONNECT's path: held while claims are in flight, up to
     /// 1 s (see `releases.rs`), so may be sent with
@@ -201,6 +242,28 @@ pub struct LogAppend {
     pub workspace: String,
     /// The message.
     pub message: StreamMessage,
+}
+
+/// One value of a session log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Its sequence in the log.
+    pub seq: u64,
+    /// The value ([`fleetmq_core::cluster::session_log::decode`]d), its
+    /// [`Message::stored`](fleetmq_core::session::Message::stored) the
+    /// sequence.
+    pub message: Arc<fleetmq_core::session::Message>,
+}
+
+/// What a [`Request::LogRead`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LogBatch {
+    /// The values, in order.
+    pub values: Vec<LogEntry>,
+    /// The log had nothing after these when it was read (the server said
+    /// no message was pending past the batch, or none at or after its
+    /// start).
+    pub end: bool,
 }
 
 /// Where an [`Request::IngestAppend`] landed: each stream's sequence.
@@ -322,6 +385,18 @@ pub enum Event {
     /// was taken for gone): the whole list, this replica excluded. The
     /// mesh links to each (DESIGN.md §11).
     Peers(Arc<[fleetmq_core::cluster::peers::Peer]>),
+    /// Values of `workspace`'s session log as this replica's tail reads
+    /// them: every value of sequence in (the previous event's `through`,
+    /// `through`], in order (the first event of a tail has none: it
+    /// starts after `through`).
+    LogValues {
+        /// The workspace.
+        workspace: Arc<str>,
+        /// The tail has read every value up to this sequence.
+        through: u64,
+        /// The values.
+        values: Arc<[LogEntry]>,
+    },
     /// Other replicas' entries of `mqtt-routes` changed, in bucket order
     /// (the start sends every entry present). A peer taken for gone has
     /// its routes removed here too.
@@ -410,9 +485,18 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
         Request::SessionGet { client_id, reply } => {
             let _ = reply.send(crate::session_state::get(&shared, &client_id).await);
         }
+        Request::CursorGet { client_id, reply } => {
+            let _ = reply.send(crate::cursors::get(&shared, &client_id).await);
+        }
+        Request::LogRead { workspace, from, max, reply } => {
+            let started = std::time::Instant::now();
+            let outcome = crate::session_log::read(&shared, &workspace, from, max).await;
+            shared.status.stats.record(crate::OpKind::Session, started.elapsed());
+            let _ = reply.send(outcome);
+        }
         // Taken by the bridge's loop itself (`routes::request`,
         // `session_state::request`).
-        Request::Route { .. } | Request::SessionPut { .. } => {}
+        Request::Route { .. } | Request::SessionPut { .. } | Request::CursorPut { .. } | Request::LogTail { .. } => {}
         Request::IngestAppend { ingest, session_log, wait, reply } => {
             let started = std::time::Instant::now();
             let outcome = crate::ingest::append_both(&shared, ingest, session_log, wait).await;

@@ -33,11 +33,13 @@ use std::time::Duration;
 use async_nats::jetstream::kv::Operation;
 use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
 use fleetmq_core::cluster::records::{bucket, Record as _};
-use fleetmq_core::cluster::session_log::{interest_key_of_record, logged_filters, stream, subject};
+use fleetmq_core::cluster::session_log::{decode, interest_key_of_record, logged_filters, stream, subject};
+use futures_util::StreamExt;
 use fleetmq_core::cluster::sessions::SessionRecord;
 use tokio::time::Instant;
 
 use crate::bridge::Shared;
+use crate::request::{Event, LogBatch, LogEntry};
 use crate::watch::{follow, Seen, Start};
 
 /// The duplicate window of a session log, at most its `max_age`.
@@ -143,6 +145,190 @@ async fn create_or_check(shared: &Shared, workspace: &str) -> Result<(), String>
     }
     tracing::debug!(target: "cluster", stream = %want.name, "cluster: session log ready");
     Ok(())
+}
+
+/// Values a tail hands the shards in one event at most.
+const TAIL_BATCH: usize = 256;
+
+/// Bytes a direct get batch may answer with at most.
+const READ_MAX_BYTES: usize = 4 << 20;
+
+/// How long a read waits for each answer of its batch.
+const READ_WAIT: Duration = Duration::from_secs(5);
+
+/// The log value `message` (a stream message of `workspace`'s log at
+/// `seq`, with `headers`) as the shards deliver it, its
+/// [`Message::stored`](fleetmq_core::session::Message::stored) the
+/// sequence: `None` when it does not decode (logged and skipped).
+fn entry(workspace: &str, seq: u64, headers: Option<&async_nats::HeaderMap>, payload: bytes::Bytes) -> Option<LogEntry> {
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let header = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str());
+    // The expiry counts from when the broker received it: as long ago on
+    // this clock as on the wall clock.
+    let received_at = |ms: u64| {
+        let ago = Duration::from_millis(now_ms.saturating_sub(ms));
+        std::time::Instant::now().checked_sub(ago).unwrap_or_else(std::time::Instant::now)
+    };
+    let received_ms = header(fleetmq_core::cluster::session_log::RECEIVED_MS).and_then(|v| v.parse().ok()).unwrap_or(now_ms);
+    match decode(workspace, header, payload, received_at(received_ms)) {
+        Ok(mut d) => {
+            d.message.stored = seq;
+            Some(LogEntry { seq, message: Arc::new(d.message) })
+        }
+        Err(e) => {
+            tracing::warn!(target: "cluster", workspace, seq, error = %e, "cluster: a session log value that cannot be read; skipped");
+            None
+        }
+    }
+}
+
+/// Follow `workspace`'s session log until the bridge stops, unless this
+/// replica follows it already: one ordered consumer (ephemeral, one
+/// replica, no acknowledgements; made again after an error from the last
+/// sequence read), starting after the log's last sequence when it
+/// starts. Every shard hears the start ([`Event::LogValues`] with no
+/// value) and then every value, in batches of at most [`TAIL_BATCH`].
+pub(crate) async fn tail(shared: Arc<Shared>, workspace: String) {
+    {
+        let Ok(mut tails) = shared.tails.lock() else { return };
+        if !tails.insert(workspace.clone()) {
+            return;
+        }
+    }
+    let name: Arc<str> = Arc::from(workspace.as_str());
+    let mut through: Option<u64> = None;
+    let mut backoff = Duration::from_millis(250);
+    while !shared.stopping.load(Ordering::Acquire) {
+        let started = async {
+            ensure(&shared, &workspace, Instant::now() + Duration::from_secs(10)).await?;
+            let mut stream = shared.state.get_stream(stream(&workspace)).await.map_err(|e| e.to_string())?;
+            let last = stream.info().await.map_err(|e| e.to_string())?.state.last_sequence;
+            let from = through.unwrap_or(last);
+            let config = async_nats::jetstream::consumer::pull::OrderedConfig {
+                deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: from + 1 },
+                ..Default::default()
+            };
+            let consumer = stream.create_consumer(config).await.map_err(|e| e.to_string())?;
+            let messages = consumer.messages().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((from, messages))
+        }
+        .await;
+        let (from, mut messages) = match started {
+            Ok(started) => started,
+            Err(e) => {
+                tracing::debug!(target: "cluster", workspace, error = %e, "cluster: session log tail not started; trying again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(250);
+        if through.is_none() {
+            through = Some(from);
+            shared.broadcast(Event::LogValues { workspace: name.clone(), through: from, values: Arc::from(Vec::new()) });
+            tracing::debug!(target: "cluster", workspace, after = from, "cluster: following the session log");
+        }
+        loop {
+            let first = tokio::select! {
+                next = messages.next() => next,
+                () = shared.stop.notified() => None,
+            };
+            let mut batch = Vec::new();
+            let mut failed = !take(&workspace, first, &mut batch, &mut through);
+            while !failed && batch.len() < TAIL_BATCH {
+                match futures_util::FutureExt::now_or_never(messages.next()) {
+                    Some(next) => failed = !take(&workspace, next, &mut batch, &mut through),
+                    None => break,
+                }
+            }
+            if let Some(t) = through {
+                if !batch.is_empty() || !failed {
+                    shared.room_for_events().await;
+                    shared.broadcast(Event::LogValues { workspace: name.clone(), through: t, values: Arc::from(batch) });
+                }
+            }
+            if failed {
+                break;
+            }
+        }
+        if shared.stopping.load(Ordering::Acquire) {
+            break;
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// Add what a tail's consumer gave (`next`) to `batch`, its sequence to
+/// `through`; `false` when the consumer failed or ended.
+fn take<E>(
+    workspace: &str,
+    next: Option<Result<async_nats::jetstream::Message, E>>,
+    batch: &mut Vec<LogEntry>,
+    through: &mut Option<u64>,
+) -> bool {
+    let Some(Ok(m)) = next else { return false };
+    let Ok(info) = m.info() else { return true };
+    let seq = info.stream_sequence;
+    *through = Some(seq);
+    if let Some(e) = entry(workspace, seq, m.headers.as_ref(), m.payload.clone()) {
+        batch.push(e);
+    }
+    true
+}
+
+/// Read up to `max` values of `workspace`'s log from sequence `from` on:
+/// one direct get batch (`$JS.API.DIRECT.GET.<stream>` with `{"seq",
+/// "batch", "max_bytes"}`, answered by any replica of the stream), the
+/// values in order and whether they reach the log's end.
+///
+/// # Errors
+/// The log does not exist, or JetStream did not answer in time.
+pub(crate) async fn read(shared: &Shared, workspace: &str, from: u64, max: usize) -> Result<LogBatch, String> {
+    let client = &shared.state_client;
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await.map_err(|e| e.to_string())?;
+    let request = serde_json::json!({ "seq": from.max(1), "batch": max.max(1), "max_bytes": READ_MAX_BYTES });
+    client
+        .publish_with_reply(format!("$JS.API.DIRECT.GET.{}", stream(workspace)), inbox, request.to_string().into())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut batch = LogBatch::default();
+    // Messages of the log after the last one answered, as the server
+    // counts them (each answer and the end-of-batch carry it).
+    let mut pending: Option<u64> = None;
+    loop {
+        let Ok(Some(m)) = tokio::time::timeout(READ_WAIT, answers.next()).await else {
+            return Err(format!("no answer from the session log of {workspace:?} in time"));
+        };
+        let header = |name: &str| m.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_owned());
+        if let Some(n) = header("Nats-Num-Pending").and_then(|v| v.parse().ok()) {
+            pending = Some(n);
+        }
+        match m.status.map(|s| s.as_u16()) {
+            // The end of the batch.
+            Some(204) => break,
+            // Nothing at or after `from`.
+            Some(404) => {
+                batch.end = true;
+                break;
+            }
+            Some(code) => return Err(format!("direct get answered {code} {}", m.description.clone().unwrap_or_default())),
+            None => {}
+        }
+        let Some(seq) = header("Nats-Sequence").and_then(|v| v.parse::<u64>().ok()) else { continue };
+        if let Some(e) = entry(workspace, seq, m.headers.as_ref(), m.payload.clone()) {
+            batch.values.push(e);
+        }
+        if batch.values.len() >= max && pending.is_none() {
+            break;
+        }
+    }
+    batch.end |= match pending {
+        Some(n) => n == 0,
+        None => batch.values.len() < max,
+    };
+    let _ = answers.unsubscribe().await;
+    Ok(batch)
 }
 
 /// Watch `mqtt-session-state` until the bridge stops: the other replicas'

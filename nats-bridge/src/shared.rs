@@ -103,6 +103,11 @@ pub(crate) struct Shared {
     /// The watch of `mqtt-session-state` has applied every record present
     /// at start (the start waits for it, as for the routes).
     pub(crate) interest_loaded: AtomicBool,
+    /// `mqtt-session-cursor`, on the state connection.
+    pub(crate) cursors: async_nats::jetstream::kv::Store,
+    /// The workspaces whose session log this replica follows (see
+    /// `session_log::tail`).
+    pub(crate) tails: Mutex<std::collections::HashSet<String>>,
     /// The session log streams created or checked, by workspace token.
     pub(crate) logs: Mutex<std::collections::HashMap<String, Arc<tokio::sync::OnceCell<()>>>>,
 }
@@ -298,6 +303,10 @@ pub(crate) async fn start(
         .get_key_value(fleetmq_core::cluster::records::bucket::SESSION_STATE)
         .await
         .map_err(|e| StartError::Connect(format!("bucket mqtt-session-state: {e}")))?;
+    let cursors = state
+        .get_key_value(fleetmq_core::cluster::records::bucket::SESSION_CURSOR)
+        .await
+        .map_err(|e| StartError::Connect(format!("bucket mqtt-session-cursor: {e}")))?;
     let shards = mailboxes.len();
     Ok(Arc::new(Shared {
         config,
@@ -334,5 +343,7 @@ pub(crate) async fn start(
         interest: Arc::new(std::sync::RwLock::new(fleetmq_core::cluster::session_log::Interest::default())),
         interest_loaded: AtomicBool::new(false),
         logs: Mutex::new(std::collections::HashMap::new()),
+        cursors,
+        tails: Mutex::new(std::collections::HashSet::new()),
     }))
 }

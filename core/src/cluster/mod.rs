@@ -3,6 +3,7 @@
 //! the `[cluster]` settings. No I/O and no clock reads: the bridge
 //! (`fleetmq-nats-bridge`) drives them.
 
+pub mod cursor;
 pub mod ingest;
 pub mod keys;
 pub mod membership;

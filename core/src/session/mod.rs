@@ -156,6 +156,20 @@ pub struct Delivery {
     pub group: Option<ByteString>,
 }
 
+/// A delivery of a session log value sent and not yet acknowledged (see
+/// [`Session::log_position`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogSent {
+    /// Its log sequence ([`Message::stored`]).
+    pub seq: u64,
+    /// The packet identifier it went out with.
+    pub packet_id: u16,
+    /// The QoS it went out with.
+    pub qos: QoS,
+    /// QoS 2: its PUBREC came, PUBREL sent.
+    pub released: bool,
+}
+
 /// The key of a client identifier carried in [`Message::origin`]: a stable
 /// 64-bit hash.
 pub fn client_key(client_id: &str) -> u64 {
@@ -648,6 +662,31 @@ impl Session {
     /// QoS 1/2 messages sent and not yet fully acknowledged.
     pub fn inflight(&self) -> usize {
         self.flight.as_ref().map_or(0, |f| f.inflight.len())
+    }
+
+    /// Where this session stands with the values it got from a session
+    /// log (those whose [`Message::stored`] holds their log sequence, in
+    /// cluster mode): its unacknowledged deliveries of them, in the order
+    /// sent, as (log sequence, packet identifier, QoS, PUBREC received),
+    /// and the log sequence of the first such value still queued.
+    pub fn log_position(&self) -> (Vec<LogSent>, Option<u64>) {
+        let Some(fl) = self.flight.as_deref() else { return (Vec::new(), None) };
+        let sent = fl
+            .inflight_order
+            .values()
+            .filter_map(|pid| {
+                let e = fl.inflight.get(pid)?;
+                let stored = e.delivery.message.stored;
+                (stored != 0 && e.delivery.group.is_none()).then_some(LogSent {
+                    seq: stored,
+                    packet_id: *pid,
+                    qos: e.delivery.qos,
+                    released: e.state == InflightState::AwaitPubComp,
+                })
+            })
+            .collect();
+        let queued = fl.queue.iter().find(|d| d.message.stored != 0 && d.group.is_none()).map(|d| d.message.stored);
+        (sent, queued)
     }
 
     /// True when a QoS 1 or 2 delivery would be sent now rather than

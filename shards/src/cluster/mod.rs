@@ -30,11 +30,13 @@ mod ingest;
 mod parked;
 mod report;
 mod retained;
+mod session_log;
 mod sessions;
 mod wills;
 
 pub(crate) use ingest::{append_ingest, wants_log};
 pub(crate) use retained::{publish_retained, Retained};
+pub(crate) use session_log::{count_missed, node, save_cursor, shard_weak};
 pub(crate) use sessions::{save_session, set_interest};
 
 /// How long a client identifier lost to another replica is remembered, to
@@ -155,6 +157,7 @@ impl Node {
             parks_for: None,
             moved: claimed.moved,
             taken_up: None,
+            resume: None,
         };
         match within(budget, &mut outcome).await {
             Some(Ok(Ok(claimed))) => {
@@ -266,6 +269,9 @@ impl Node {
                 save_session(client_id, None::<fn(&str) -> SessionRecord>, None);
             } else {
                 claim.taken_up = self.session_to_take_up(client_id, budget(Instant::now())).await?;
+                if claim.taken_up.is_some() {
+                    claim.resume = self.resume_of(client_id, budget(Instant::now())).await?;
+                }
             }
         }
         if let Some(will) = &connect.will {
@@ -329,6 +335,9 @@ pub(crate) struct Claim {
     /// identifier another replica's before): its record in
     /// `mqtt-session-state`, not expired.
     pub(crate) taken_up: Option<Box<fleetmq_core::cluster::sessions::SessionRecord>>,
+    /// With `taken_up`: its cursor and unacknowledged values (see
+    /// `session_log`).
+    pub(crate) resume: Option<Box<crate::shard::Resume>>,
 }
 
 impl Drop for Claim {
@@ -532,6 +541,23 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
     });
     node.start_mesh(&shard);
     shard.announce_routes();
+    {
+        // Catching-up sessions read on and cursors are written.
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            loop {
+                let stop = or(async { sleep(crate::shard::CURSOR_EVERY).await; false }, async {
+                    shard.stop_signal.wait().await;
+                    true
+                });
+                if stop.await {
+                    break;
+                }
+                shard.log_tick();
+            }
+        })
+        .detach();
+    }
     glommio::spawn_local(async move {
         let mut events = Vec::new();
         loop {
@@ -584,6 +610,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                         shard.apply_retained(revision, message, now);
                         retained += 1;
                     }
+                    Event::LogValues { workspace, through, values } => shard.log_values(&workspace, through, &values),
                     Event::TakenOver { client_id, revision, replica, clean_start } => {
                         let newer_here = shard_state(|sc| sc.holds_newer(&client_id, revision));
                         if shard_state(|sc| sc.lost_to(&client_id, (revision, clean_start), now)) {

@@ -74,7 +74,8 @@ async fn take_up(shard: &Rc<Shard>, connecting: &mut Connecting) -> bool {
     }
     let Some(record) = claim.taken_up.take() else { return false };
     let own = claim.is_own(&record);
-    let routes = shard.take_up(&record, own, Instant::now());
+    let resume = claim.resume.take();
+    let routes = shard.take_up(&record, own, resume.as_deref(), Instant::now());
     if routes.is_empty() {
         return false;
     }

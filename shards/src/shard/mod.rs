@@ -23,6 +23,7 @@ mod held;
 mod inbox;
 mod index;
 mod restore;
+mod session_log;
 mod session_state;
 mod placement;
 mod route;
@@ -92,6 +93,7 @@ enum Subscriber {
 }
 
 pub(crate) use conn::ConnShared;
+pub(crate) use session_log::{Resume, CURSOR_EVERY};
 pub(crate) use groups::GroupOp;
 pub(crate) use wanted::ROUTE_WAIT;
 pub(crate) use placement::{Forget, Move, Mover, Route};
@@ -191,6 +193,9 @@ struct Client {
     offline_since: Option<Instant>,
     /// Its record in `mqtt-session-state` (cluster mode).
     saved: session_state::Saved,
+    /// Its place in its workspace's session log (a persistent session in
+    /// cluster mode, see [`session_log`]).
+    log: Option<Box<session_log::Reader>>,
 }
 
 /// Limits the shard applies, derived once from the settings.
@@ -290,6 +295,8 @@ struct State {
     /// Values held behind their publisher's retained value that the
     /// cluster has not stored yet (see [`held`]).
     held: held::Held,
+    /// The session logs this shard's sessions read (see [`session_log`]).
+    tails: session_log::Tails,
 }
 
 /// Why [`Shard::attach`] did not attach a connection.
@@ -408,6 +415,7 @@ impl Shard {
                 moved_in: HashMap::new(),
                 restored_wills: Vec::new(),
                 held: held::Held::default(),
+                tails: session_log::Tails::default(),
             }),
         }
     }
@@ -530,6 +538,8 @@ impl Shard {
             // Only now, online again, may its groups send to it.
             self.shared_presence(st, slot, true);
         }
+        // After the resent deliveries: its log from where it was.
+        self.reader_attached(st, slot);
         self.global.connected.fetch_add(1, Ordering::Relaxed);
         if self.stopping.get() {
             conn.request_close(Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
@@ -556,6 +566,7 @@ impl Shard {
                 pending_will: None,
                 offline_since: None,
                 saved: session_state::Saved::No,
+                log: None,
             });
             st.by_id.insert(&st.clients, slot as Slot);
             slot as Slot
@@ -565,6 +576,8 @@ impl Shard {
     /// Remove a session and its subscriptions (and, for a session moved
     /// here, its home shard's forwarding entry).
     fn remove_client(&self, st: &mut State, slot: Slot) {
+        let moved = st.clients[slot as usize].saved == session_state::Saved::MovedAway;
+        self.reader_ended(st, slot, moved);
         self.session_ended(st, slot);
         let client = st.clients.remove(slot as usize);
         self.log_detached(&client.session, true);
@@ -675,6 +688,7 @@ impl Shard {
         self.forget_refused_qos2(st);
         self.global.connected.fetch_sub(1, Ordering::Relaxed);
         st.clients[slot as usize].session.go_offline();
+        self.reader_detached(st, slot);
         self.shared_presence(st, slot, false);
         let mut will_now = self.will_at_end(st, slot, publish_will, now);
         let client = &mut st.clients[slot as usize];
@@ -815,9 +829,12 @@ impl Shard {
         outputs.clear();
         st.outputs = outputs;
         if subscriptions_changed {
-            // Its SUBACK or UNSUBACK waits for the record too.
+            // Its SUBACK or UNSUBACK waits for the record too, and for
+            // the start of its session log's tail when it is new.
             self.save_session(st, slot, Some(&mut route_waits));
+            self.log_start_wait(st, slot, &mut route_waits);
         }
+        Self::log_touched(st, slot);
         if !route_waits.is_empty() {
             // The SUBACK waits for the routes (cluster mode).
             self.subscribed_after_routes(st, slot, route_waits);
@@ -909,6 +926,10 @@ impl Shard {
                 ids.extend(sub.identifier);
             }
             let Some(qos) = qos else { continue };
+            if Self::log_skips(st, slot, message, qos.min(message.qos)) {
+                // It reads this value from its session log.
+                continue;
+            }
             let delivery = Delivery {
                 message: message.clone(),
                 qos: qos.min(message.qos),
@@ -1309,6 +1330,7 @@ mod tests {
             pending_will: None,
             offline_since: None,
             saved: session_state::Saved::No,
+            log: None,
         }
     }
 

@@ -42,6 +42,11 @@ impl Shard {
     ) -> u64 {
         let mut delivery = if message.retain { self.keep_retained(st, &message, now) } else { Delivery::Now };
         let workspace = workspace.filter(|_| crate::cluster::wants_log(&message.topic));
+        let mut message = message;
+        if workspace.is_some() && self.reads_logs() {
+            // Persistent sessions read it from their log, not live.
+            Arc::make_mut(&mut message).stored = super::session_log::LOGGED;
+        }
         if ingest.is_some() || workspace.is_some() {
             let held = match delivery {
                 Delivery::Never => None,

@@ -110,6 +110,9 @@ impl Shard {
         let Some(slot) = st.by_id.get(&st.clients, client_id) else { return };
         let client = &mut st.clients[slot as usize];
         client.saved = Saved::MovedAway;
+        // Its cursor is that replica's too: never written here again.
+        self.reader_ended(st, slot, true);
+        let client = &mut st.clients[slot as usize];
         if client.conn.is_none() && client.pending_will.is_none() {
             self.remove_client(st, slot);
         }
@@ -140,7 +143,17 @@ impl Shard {
     /// over the mesh): the CONNACK waits for them, as a SUBACK does, so
     /// a value published on another replica once the client holds its
     /// CONNACK reaches it.
-    pub(crate) fn take_up(&self, record: &SessionRecord, own: bool, now: Instant) -> super::wanted::RouteWaits {
+    ///
+    /// `resume`: its cursor, read with the record: the session reads its
+    /// log from there, and the deliveries it lists as unacknowledged are
+    /// sent again with DUP (or PUBREL) by the attach `[MQTT-4.4.0-1]`.
+    pub(crate) fn take_up(
+        &self,
+        record: &SessionRecord,
+        own: bool,
+        resume: Option<&super::Resume>,
+        now: Instant,
+    ) -> super::wanted::RouteWaits {
         let mut waits = Vec::new();
         let Some(subscriptions) = record.restored_subscriptions() else { return super::wanted::RouteWaits(waits) };
         let mut guard = self.state.borrow_mut();
@@ -177,12 +190,22 @@ impl Shard {
             }
         }
         session.set_logged(durable);
-        session.restore(subscriptions.clone(), std::iter::empty(), Vec::new(), Vec::new());
+        let key = fleetmq_core::session::client_key(&client_id);
+        let sent = match resume.filter(|_| self.reads_logs()) {
+            Some(resume) => Self::resumed_deliveries(resume, key, &subscriptions),
+            None => Vec::new(),
+        };
+        session.restore(subscriptions.clone(), std::iter::empty(), sent, Vec::new());
         let owner = (record.username.as_deref().map(Arc::from), Arc::from(record.workspace.as_str()));
         let slot = self.insert_client(st, session, owner);
         let client = &mut st.clients[slot as usize];
         client.saved = Saved::Yes;
         client.offline_since = Some(now);
+        if let Some(resume) = resume.filter(|_| self.reads_logs()) {
+            let workspace = client.owner.1.clone();
+            let mode = super::session_log::Mode::Offline;
+            client.log = Some(super::session_log::Reader::new(workspace, Some(resume.position), mode));
+        }
         self.global.offline_sessions.fetch_add(1, Ordering::Relaxed);
         for (filter, subscription) in subscriptions {
             debug_assert!(parse_shared(&filter).is_none());

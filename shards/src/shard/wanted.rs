@@ -55,6 +55,9 @@ pub(super) enum RouteWait {
     Route(oneshot::Receiver<Option<u64>>, Rc<Cell<bool>>, ByteString),
     /// The session's record in `mqtt-session-state` (true: written).
     Saved(oneshot::Receiver<bool>),
+    /// Its workspace's session log tail started (a new session's position
+    /// is where it starts, see `session_log.rs`).
+    LogStarted(oneshot::Receiver<bool>),
 }
 
 impl Shard {
@@ -161,7 +164,7 @@ async fn routes_ready(waits: Vec<RouteWait>) -> bool {
         let left = deadline.saturating_duration_since(Instant::now());
         let (answer, noted, filter) = match wait {
             RouteWait::Route(answer, noted, filter) => (answer, noted, filter),
-            RouteWait::Saved(answer) => {
+            RouteWait::Saved(answer) | RouteWait::LogStarted(answer) => {
                 late |= within(left, answer).await.is_none();
                 continue;
             }

@@ -1,10 +1,14 @@
-//! Session logs (DESIGN.md §4, §7; issue 24): a QoS 1/2 value that a
+//! Session logs (DESIGN.md §4, §6, §7; issue 24): a QoS 1/2 value that a
 //! persistent session of the cluster wants (on any replica, connected or
 //! not) is in its workspace's stream `LOG_mqtt-sessions-<workspace>`
 //! before its publisher's PUBACK/PUBREC; values nobody persistent wants
-//! are not; a log capped small (`cluster.session_log_max_bytes`) drops its
-//! oldest; with every NATS server stopped no publish is acknowledged and
-//! then lost. Real rumqttc clients, real replicas, a real 3-server NATS
+//! are not; a persistent session taken up at another replica (after a
+//! clean disconnect, or its replica SIGKILLed) gets every acknowledged
+//! value it was owed, in order, then live values, with no gap and no
+//! duplicate; a log capped small (`cluster.session_log_max_bytes`) drops
+//! its oldest and a session that had not read them counts them missed;
+//! with every NATS server stopped no publish is acknowledged and then
+//! lost. Real rumqttc clients, real replicas, a real 3-server NATS
 //! cluster.
 
 use std::collections::HashSet;
@@ -191,4 +195,118 @@ fn with_every_nats_server_stopped_no_value_is_acknowledged_and_missing_from_the_
         .collect();
     let lost: Vec<_> = told.acked.iter().filter(|v| !stored.contains(v)).take(10).collect();
     assert!(lost.is_empty(), "acknowledged and not in the log: {lost:?} (of {} acknowledged)", told.acked.len());
+}
+
+/// Publishes `values` (numbers, as text) at QoS 1 to `topic` from `p`,
+/// each acknowledged before the next.
+async fn publish_numbers(p: &mut v5::Client, topic: &str, values: std::ops::Range<u32>) {
+    for n in values {
+        publish(p, topic, v5::QoS::AtLeastOnce, &n.to_string()).await;
+    }
+}
+
+/// The numbers `c` receives until `last` (each checked QoS 1), at most
+/// 20 s; panics on anything out of order (a gap or a duplicate).
+async fn receive_numbers(c: &mut v5::Client, expected: std::ops::Range<u32>, what: &str) {
+    let mut got = Vec::new();
+    for want in expected.clone() {
+        let Some(p) = c.try_next_publish(Duration::from_secs(20)).await else {
+            panic!("{what}: nothing after {got:?} (wanted {expected:?})");
+        };
+        let n: u32 = std::str::from_utf8(&p.payload).unwrap().parse().unwrap();
+        assert_eq!(p.qos, v5::QoS::AtLeastOnce, "{what}: min(1, 1) [MQTT-3.8.4-8]");
+        assert_eq!(n, want, "{what}: in order, no gap, no duplicate [MQTT-4.6.0-5]; before it {:?}", &got[got.len().saturating_sub(5)..]);
+        got.push(n);
+    }
+}
+
+/// A persistent QoS 1 subscriber at A, A SIGKILLed, values published at B
+/// meanwhile (each acknowledged): the subscriber resumes at C (Clean
+/// Start 0, Session Present [MQTT-3.2.2-2]) and gets every one, in order,
+/// then live values, with no gap and no duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_replica_was_killed_gets_every_acknowledged_value_in_order_at_another_then_live_ones() {
+    let nats = NatsCluster::start(3);
+    let mut a = replica("ra", &nats.urls(), &["--set", TTL]);
+    let b = replica("rb", &nats.urls(), &["--set", TTL]);
+    let c3 = replica("rc", &nats.urls(), &["--set", TTL]);
+    let id = unique("owed");
+    let (mut c, _) = v5::Client::connect_with(persistent(&a, &id, true, 300)).await;
+    c.subscribe("owed/+", v5::QoS::AtLeastOnce).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut p = v5::Client::connect(b.mqtt_port(), &unique("pub")).await;
+    publish_numbers(&mut p, "owed/x", 0..20).await;
+    receive_numbers(&mut c, 0..20, "at A, from the log").await;
+    // Its cursor written (at most every 100 ms) with the PUBACKs.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    a.kill();
+    drop(c);
+    publish_numbers(&mut p, "owed/x", 20..220).await;
+    let (mut c, connack) = v5::Client::connect_with(persistent(&c3, &id, false, 300)).await;
+    assert!(matches!(connack, v5::Packet::ConnAck(ref ack) if ack.session_present), "taken up: {connack:?}");
+    receive_numbers(&mut c, 20..220, "at C, owed while away").await;
+    publish_numbers(&mut p, "owed/x", 220..260).await;
+    receive_numbers(&mut c, 220..260, "at C, live").await;
+    c.expect_no_publish(Duration::from_millis(500)).await;
+}
+
+/// The same after a clean disconnect at A: resumed at B, every value
+/// published meanwhile (at A and at C), in order, then live ones, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_left_cleanly_gets_every_value_in_order_at_another_replica_then_live_ones() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", TTL]);
+    let b = replica("rb", &nats.urls(), &["--set", TTL]);
+    let id = unique("away");
+    let (mut c, _) = v5::Client::connect_with(persistent(&a, &id, true, 300)).await;
+    c.subscribe("away/#", v5::QoS::AtLeastOnce).await;
+    let mut pa = v5::Client::connect(a.mqtt_port(), &unique("pa")).await;
+    publish_numbers(&mut pa, "away/1", 0..10).await;
+    receive_numbers(&mut c, 0..10, "at A").await;
+    c.client.disconnect().await.expect("disconnect");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    publish_numbers(&mut pa, "away/1", 10..110).await;
+    let (mut c, connack) = v5::Client::connect_with(persistent(&b, &id, false, 300)).await;
+    assert!(matches!(connack, v5::Packet::ConnAck(ref ack) if ack.session_present), "taken up: {connack:?}");
+    receive_numbers(&mut c, 10..110, "at B, owed while away").await;
+    publish_numbers(&mut pa, "away/1", 110..150).await;
+    receive_numbers(&mut c, 110..150, "at B, live from A").await;
+    let mut pb = v5::Client::connect(b.mqtt_port(), &unique("pb")).await;
+    publish_numbers(&mut pb, "away/2", 150..170).await;
+    receive_numbers(&mut c, 150..170, "at B, live from B").await;
+    c.expect_no_publish(Duration::from_millis(500)).await;
+}
+
+/// A log capped small drops values a session had not read: at its resume
+/// it gets those still there, in order, and they are counted missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_dropped_from_a_capped_log_before_a_session_read_them_are_counted_missed() {
+    let nats = NatsCluster::start(3);
+    let args = ["--set", TTL, "--set", "cluster.session_log_max_bytes=1MiB"];
+    let a = replica("ra", &nats.urls(), &args);
+    let b = replica("rb", &nats.urls(), &args);
+    let id = unique("missing");
+    let (mut c, _) = v5::Client::connect_with(persistent(&a, &id, true, 300)).await;
+    c.subscribe("big/+", v5::QoS::AtLeastOnce).await;
+    let mut p = v5::Client::connect(a.mqtt_port(), &unique("pub")).await;
+    publish(&mut p, "big/v", v5::QoS::AtLeastOnce, "first").await;
+    assert_eq!(c.next_publish().await.payload, Bytes::from("first"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.client.disconnect().await.expect("disconnect");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let filler = "x".repeat(16 << 10);
+    for n in 0..150 {
+        publish(&mut p, "big/v", v5::QoS::AtLeastOnce, &format!("{n:03}{filler}")).await;
+    }
+    let kept = logged(&nats, LOG).await.unwrap();
+    let first_kept: u32 = payloads(&kept)[0][..3].parse().unwrap();
+    let mut options = persistent(&b, &id, false, 300);
+    options.set_max_packet_size(Some(1 << 20));
+    let (mut c, _) = v5::Client::connect_with(options).await;
+    for want in first_kept..150 {
+        let got = c.next_publish().await;
+        assert_eq!(std::str::from_utf8(&got.payload[..3]).unwrap().parse::<u32>().unwrap(), want);
+    }
+    c.expect_no_publish(Duration::from_millis(500)).await;
+    assert_eq!(b.metric_sum("fleetmq_session_log_values_missed_total"), f64::from(first_kept), "the values dropped unread");
 }

@@ -1,0 +1,114 @@
+//! `mqtt-session-cursor` (DESIGN.md §4; issue 24): this replica's writes
+//! of its persistent sessions' cursors in their session logs, and the
+//! read of a session's cursor at a take-up.
+//!
+//! Shards send a session's whole cursor when it changed (at most every
+//! ~100 ms, and when its connection ends; `None` when the session ends).
+//! The writer keeps one write in flight per client identifier and writes
+//! the newest cursor when it lands, so a session's cursors land in the
+//! order they were made and a burst costs one write or two. Nobody waits
+//! for a cursor: a replica taking the session up reads the last one that
+//! landed (a value delivered after it may come again: at least once). A
+//! replica the session moved away from writes none (the shard's reader
+//! is gone by then).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
+use fleetmq_core::cluster::records::{bucket, client_key};
+use tracing::debug;
+
+use crate::bridge::Shared;
+
+/// The first pause after a failed write; doubled up to 5 s.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The cursors on their way to the bucket (bridge thread only): per
+/// client identifier, the newest (`None`: delete) and whether a write is
+/// under way.
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    keys: HashMap<String, (Option<Bytes>, u64, bool)>,
+    next: u64,
+}
+
+/// The writer, shared by the bridge's loop and its write tasks.
+pub(crate) type Writers = Rc<RefCell<Writer>>;
+
+impl Writer {
+    /// Nothing written yet.
+    pub(crate) fn new(shared: Arc<Shared>) -> Writers {
+        Rc::new(RefCell::new(Writer { shared, keys: HashMap::new(), next: 0 }))
+    }
+}
+
+/// `client_id`'s cursor is now `record` (`None`: the session ended).
+pub(crate) fn request(writers: &Writers, client_id: String, record: Option<Bytes>) {
+    let mut w = writers.borrow_mut();
+    w.next += 1;
+    let number = w.next;
+    let key = w.keys.entry(client_id.clone()).or_insert((None, 0, false));
+    key.0 = record;
+    key.1 = number;
+    let start = !key.2;
+    key.2 = true;
+    drop(w);
+    if start {
+        tokio::task::spawn_local(write_key(writers.clone(), client_id));
+    }
+}
+
+/// Write `client_id`'s newest cursor until the newest landed.
+async fn write_key(writers: Writers, client_id: String) {
+    let mut backoff = FIRST_BACKOFF;
+    let mut landed = 0;
+    loop {
+        let (shared, record, number) = {
+            let mut w = writers.borrow_mut();
+            let shared = w.shared.clone();
+            let Some(key) = w.keys.get(&client_id) else { return };
+            if landed >= key.1 || shared.stopping.load(Ordering::Acquire) {
+                w.keys.remove(&client_id);
+                return;
+            }
+            (shared, key.0.clone(), key.1)
+        };
+        let subject = format!("$KV.{}.{}", bucket::SESSION_CURSOR, client_key(&client_id));
+        let publish = match record {
+            Some(record) => PublishMessage::build().payload(record),
+            None => crate::setup::delete_marker(),
+        };
+        let started = std::time::Instant::now();
+        let outcome = match shared.state.send_publish(subject, publish).await {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        shared.status.stats.record(crate::OpKind::Session, started.elapsed());
+        match outcome {
+            Ok(()) => {
+                backoff = FIRST_BACKOFF;
+                landed = number;
+            }
+            Err(e) => {
+                debug!(target: "cluster", %client_id, error = %e, "cluster: cursor not written, trying again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// `client_id`'s cursor as the bucket holds it (`None`: none, or deleted).
+///
+/// # Errors
+/// JetStream did not answer (the text of its error).
+pub(crate) async fn get(shared: &Shared, client_id: &str) -> Result<Option<Bytes>, String> {
+    let entry = shared.cursors.entry(client_key(client_id)).await.map_err(|e| e.to_string())?;
+    Ok(entry.filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put).map(|e| e.value))
+}
