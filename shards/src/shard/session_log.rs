@@ -348,6 +348,10 @@ impl Shard {
         let key = client.key;
         let shard = crate::cluster::shard_weak();
         glommio::spawn_local(async move {
+            // glommio runs a task it spawns at once: when the answer is
+            // already there (the bridge dropped the reply), the shard's
+            // state is still borrowed by the caller.
+            futures_lite::future::yield_now().await;
             let batch = answer.await.ok().and_then(Result::ok);
             if let Some(shard) = shard.and_then(|s| s.upgrade()) {
                 shard.log_read(slot, key, batch);
