@@ -21,6 +21,7 @@ mod bridge;
 mod budget;
 mod config;
 mod cursors;
+mod expiry;
 mod floor;
 mod ingest;
 mod mailbox;

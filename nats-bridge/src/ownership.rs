@@ -208,7 +208,10 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_sta
                 // already knows: `KnownRevisions::wrote`).
                 crate::sweeper::clean_start_seen(shared, &record);
                 shared.status.stats.record(OpKind::Claim, started.elapsed().saturating_sub(waited));
-                let moved = known.foreign_claim_ms.is_some();
+                // Another process's claim, or (its claim swept or
+                // released) a record another process wrote: its session
+                // is taken up here.
+                let moved = known.foreign_claim_ms.is_some() || crate::expiry::written_elsewhere(shared, client_id);
                 return Ok(Claimed { revision: ack.sequence, previous, moved });
             }
             Err(e) if is_conflict(&e) => continue,

@@ -325,7 +325,10 @@ pub struct Claimed {
     /// and known (read from the bucket).
     pub previous: Option<String>,
     /// Another process (replica) held the client identifier's entry
-    /// before this claim, as far as this replica saw (its watch, or a read).
+    /// before this claim, as far as this replica saw (its watch, or a
+    /// read); or the client identifier has a session record in
+    /// `mqtt-session-state` that another process wrote (as the watch
+    /// brought it: a gone replica's session whose claim was swept).
     pub moved: bool,
 }
 

@@ -23,8 +23,11 @@
 //! Every persistent session record of another replica, as the watch
 //! brings it, sets that session's entry of the shared
 //! [`Interest`](fleetmq_core::cluster::session_log::Interest); a delete
-//! removes it. This replica's own records are left out: its shards set
-//! their sessions' entries themselves, before the SUBACK.
+//! removes it. This process's own records are left out: its shards set
+//! their sessions' entries themselves, before the SUBACK. Records an
+//! earlier process of this replica ID wrote (before a restart) are not:
+//! those sessions wait offline for their clients, or for the sweeper to
+//! end them when they expire ([`crate::expiry`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -348,9 +351,10 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
             Operation::Put => SessionRecord::decode(&entry.value).ok(),
             Operation::Delete | Operation::Purge => None,
         };
+        crate::expiry::seen(&shared, &entry.key, entry.revision, record.as_ref());
         if let Ok(mut interest) = shared.interest.write() {
             match record {
-                Some(r) if r.replica == me => {}
+                Some(r) if written_here(&r, &me, &shared.config.instance) => {}
                 Some(r) => {
                     let filters = logged_filters(r.subscriptions.iter().map(|s| (s.filter.as_str(), s.qos)));
                     interest.set(key, filters, false);
@@ -363,6 +367,19 @@ pub(crate) async fn watch(shared: Arc<Shared>) {
         }
     })
     .await;
+}
+
+/// Whether `record` was written by this process (`instance` of replica
+/// `me`), whose shards set its interest themselves. One that an earlier
+/// process of this replica ID wrote (before a restart) is another's: its
+/// session is not here (until its client comes back), and values for it
+/// must still go to the log. A record of an older build, without its
+/// process, is taken as this process's when it names this replica.
+fn written_here(record: &SessionRecord, me: &str, instance: &str) -> bool {
+    match &record.instance {
+        Some(i) => i == instance,
+        None => record.replica == me,
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,9 @@
 //! writes again (its record is the session's); otherwise the write is
 //! stale — the late "offline" write of a replica the client left, which
 //! would replace the new owner's record — and is dropped (counted in
-//! `session_records_stale`).
+//! `session_records_stale`). A delete that lands (the session ended
+//! here) also deletes the session's open inbound QoS 2 flows in
+//! `mqtt-session-qos2` ([`crate::expiry::end_qos2_flows`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -134,6 +136,16 @@ async fn write_key(writers: Writers, client_id: String) {
                     true => w.revisions.remove(&client_id),
                     false => w.revisions.insert(client_id.clone(), revision),
                 };
+                if deleted {
+                    // The session ended here: its open inbound QoS 2 flows
+                    // go too, as when the sweeper ends one (`expiry.rs`).
+                    let (shared, client_id) = (shared.clone(), client_id.clone());
+                    tokio::task::spawn_local(async move {
+                        if let Err(e) = crate::expiry::end_qos2_flows(&shared, &client_id).await {
+                            debug!(target: "cluster", %client_id, error = %e, "cluster: QoS 2 flows of an ended session not deleted");
+                        }
+                    });
+                }
                 false
             }
             Err(Failed::Conflict) => match owned_revision(&shared, &client_id).await {

@@ -68,6 +68,9 @@ pub(crate) struct Shared {
     /// Every will in `mqtt-session-will`, by key, as its watch brings
     /// them (see [`crate::sweeper`]).
     pub(crate) will_map: Mutex<std::collections::HashMap<String, crate::sweeper::KnownWill>>,
+    /// Every session record in `mqtt-session-state`, by key, as its watch
+    /// brings them, without their subscriptions (see [`crate::expiry`]).
+    pub(crate) session_map: Mutex<std::collections::HashMap<String, crate::expiry::KnownSession>>,
     /// The peers and the other replicas' routes (see `routes.rs`).
     pub(crate) remote: Mutex<crate::routes::Remote>,
     /// The routes watch has handed the shards every entry present at
@@ -326,6 +329,7 @@ pub(crate) async fn start(
         held: Mutex::new(vec![Vec::new(); shards]),
         clean_starts: Mutex::new(std::collections::HashMap::new()),
         will_map: Mutex::new(std::collections::HashMap::new()),
+        session_map: Mutex::new(std::collections::HashMap::new()),
         remote: Mutex::new(crate::routes::Remote::default()),
         routes_loaded: AtomicBool::new(false),
         member_reads: Mutex::new(std::collections::HashMap::new()),

@@ -81,6 +81,10 @@ pub struct BridgeStats {
     pub wills_sent: AtomicU64,
     /// Such wills withheld because the client came back within the grace.
     pub wills_withheld: AtomicU64,
+    /// Persistent sessions of gone replicas this replica ended as
+    /// sweeper, their Session Expiry Interval passed (record, cursor and
+    /// QoS 2 flows deleted).
+    pub sessions_swept: AtomicU64,
     /// Retained writes whose publisher waited, refused (not stored within
     /// `session_log_append_wait`, or too large).
     pub retained_refused: AtomicU64,
@@ -148,6 +152,7 @@ impl Default for BridgeStats {
             queue_full: AtomicU64::new(0),
             wills_sent: AtomicU64::new(0),
             wills_withheld: AtomicU64::new(0),
+            sessions_swept: AtomicU64::new(0),
             retained_refused: AtomicU64::new(0),
             retained_failed: AtomicU64::new(0),
             retained_dropped: AtomicU64::new(0),

@@ -6,7 +6,8 @@
 //! own wait (Will Delay, or a shorter Session Expiry), whichever is
 //! longer, has passed and unless the client reconnected anywhere
 //! meanwhile; and sweeps those replicas' entries in `mqtt-sessions`
-//! ([`crate::ownership::sweep`]).
+//! ([`crate::ownership::sweep`]); and ends the persistent sessions of
+//! gone processes once they expired ([`crate::expiry`]).
 //!
 //! A will is handed over when its process is no live member (gone,
 //! stopped, or replaced by a new process of its replica ID) or when it was
@@ -135,6 +136,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let mut lease = Lease::default();
     let mut orphaned: HashMap<String, Orphaned> = HashMap::new();
     let mut owners = OwnerSweep::default();
+    let mut sessions = crate::expiry::SessionSweep::default();
     let mut was_fenced = true;
     let mut serving_since = Instant::now();
     let mut last_sweep = Instant::now();
@@ -149,6 +151,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         // whole-NATS outage it saw nothing meanwhile).
         if was_fenced && !fenced {
             orphaned.clear();
+            sessions = crate::expiry::SessionSweep::default();
             serving_since = Instant::now();
         }
         was_fenced = fenced;
@@ -161,6 +164,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             last_sweep = Instant::now();
             sweep(&shared, &mut orphaned, grace, serving_since).await;
             sweep_ended(&shared).await;
+            crate::expiry::sweep(&shared, &mut sessions, serving_since).await;
             crate::ownership::sweep(&shared, &mut owners).await;
             crate::routes::sweep(&shared).await;
             crate::floor::raise(&shared).await;

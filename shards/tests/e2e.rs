@@ -244,3 +244,9 @@ mod cluster_session_log;
 /// (hashed KV keys, s40).
 #[path = "e2e/cluster_long_names.rs"]
 mod cluster_long_names;
+
+/// Session expiry across replicas: the sweeper ends an expired session of
+/// a killed replica (record, cursor, QoS 2 flows, interest); a client
+/// back in time keeps it; a live replica ends one the same way (s41).
+#[path = "e2e/cluster_session_expiry.rs"]
+mod cluster_session_expiry;

@@ -240,6 +240,20 @@ pub fn client_key(client_id: &str) -> String {
     format!("c.{}", crate::cluster::keys::name_token(client_id))
 }
 
+/// The key in `mqtt-session-qos2` of `client_id`'s open inbound QoS 2
+/// flow with `packet_id` (DESIGN.md §7): its [`client_key`], a dot, the
+/// packet identifier in decimal. The token has no dot, so
+/// [`qos2_keys_of`] selects one client's flows exactly.
+pub fn qos2_key(client_id: &str, packet_id: u16) -> String {
+    format!("{}.{packet_id}", client_key(client_id))
+}
+
+/// The subject filter of every [`qos2_key`] of `client_id` in
+/// `mqtt-session-qos2` (the KV subjects `$KV.mqtt-session-qos2.<key>`).
+pub fn qos2_keys_of(client_id: &str) -> String {
+    format!("$KV.{}.{}.*", bucket::SESSION_QOS2, client_key(client_id))
+}
+
 /// The key in `mqtt-session-will` of a will whose session a CONNECT with
 /// Clean Start 1 on another replica ended while the will waited for its
 /// Will Delay Interval (`e.` and the client identifier's token as in
@@ -301,6 +315,22 @@ mod tests {
         assert_eq!(MemberRecord::decode(&successor.encode()).unwrap(), successor);
         // Written without `follows` (and by replicas older than it): read as none.
         assert!(!String::from_utf8(m.encode()).unwrap().contains("follows"));
+    }
+
+    #[test]
+    fn a_clients_qos2_keys_are_selected_by_its_filter_and_no_other_clients() {
+        let key = qos2_key("dev-1", 65_535);
+        assert_eq!(key, format!("{}.65535", client_key("dev-1")));
+        let filter = qos2_keys_of("dev-1");
+        let matches = |subject: &str| {
+            let (f, s): (Vec<_>, Vec<_>) = (filter.split('.').collect(), subject.split('.').collect());
+            f.len() == s.len() && f.iter().zip(&s).all(|(f, s)| *f == "*" || f == s)
+        };
+        assert!(matches(&format!("$KV.{}.{key}", bucket::SESSION_QOS2)));
+        for other in ["dev-10", "dev", "", &"x".repeat(2000)] {
+            assert!(!matches(&format!("$KV.{}.{}", bucket::SESSION_QOS2, qos2_key(other, 1))), "{other:?}");
+        }
+        assert_eq!(client_key(&"y".repeat(2000)).matches('.').count(), 1, "a hashed token has no dot either");
     }
 
     #[test]

@@ -42,6 +42,14 @@ pub struct SessionRecord {
     pub expiry_s: u32,
     /// The replica that wrote the record (serves or served the session).
     pub replica: String,
+    /// The process of that replica that wrote it
+    /// ([`MemberRecord::instance`](crate::cluster::records::MemberRecord::instance)):
+    /// the session is held while that process is a live member, and the
+    /// sweeper ends it once it expired after that process is gone
+    /// (DESIGN.md §4). `None` in records written before this field
+    /// existed: the replica ID stands for it then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// When its connection ended, Unix milliseconds; `None` while a
     /// connection is attached. The Session Expiry Interval counts from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -163,6 +171,7 @@ impl SessionRecord {
             protocol,
             expiry_s,
             replica: replica.to_owned(),
+            instance: None,
             offline_since_ms,
             subscriptions,
         }
@@ -173,12 +182,16 @@ impl SessionRecord {
     /// with a connection attached, or with `u32::MAX` (MQTT 5 §3.1.2.11.2:
     /// never expires), never has.
     pub fn expired(&self, now_ms: u64) -> bool {
-        match self.offline_since_ms {
-            Some(since) if self.expiry_s != u32::MAX => {
-                now_ms.saturating_sub(since) >= u64::from(self.expiry_s) * 1000
-            }
-            _ => false,
-        }
+        self.offline_since_ms.and_then(|since| self.expires_at_ms(since)).is_some_and(|at| now_ms >= at)
+    }
+
+    /// When the session expires (Unix milliseconds) if its connection
+    /// ended at `ended_ms`: its Session Expiry Interval later; `None` for
+    /// `u32::MAX` (never, MQTT 5 §3.1.2.11.2). The sweeper passes
+    /// [`offline_since_ms`](Self::offline_since_ms) when the record has
+    /// it, else when the process holding the session was taken for gone.
+    pub fn expires_at_ms(&self, ended_ms: u64) -> Option<u64> {
+        (self.expiry_s != u32::MAX).then(|| ended_ms.saturating_add(u64::from(self.expiry_s) * 1000))
     }
 
     /// The subscriptions to restore, by filter; `None` when one is out of
@@ -239,6 +252,20 @@ mod tests {
         r.offline_since_ms = Some(0);
         r.expiry_s = u32::MAX;
         assert!(!r.expired(u64::MAX), "MQTT 5 §3.1.2.11.2: 0xFFFFFFFF never expires");
+        assert_eq!(r.expires_at_ms(5), None);
+        r.expiry_s = 3;
+        assert_eq!(r.expires_at_ms(5), Some(3_005));
+        assert_eq!(r.expires_at_ms(u64::MAX), Some(u64::MAX), "saturates");
+    }
+
+    #[test]
+    fn a_record_without_the_writing_process_reads_as_none_and_one_with_it_keeps_it() {
+        let old = r#"{"format":2,"client_id":"c","workspace":"","protocol":5,"expiry_s":5,"replica":"r"}"#;
+        assert_eq!(SessionRecord::decode(old.as_bytes()).unwrap().instance, None);
+        let mut r = SessionRecord::new("c", None, "", 5, 5, "r", None, []);
+        assert!(!String::from_utf8(r.encode()).unwrap().contains("instance"), "absent when unknown");
+        r.instance = Some("i-1".into());
+        assert_eq!(SessionRecord::decode(&r.encode()).unwrap().instance.as_deref(), Some("i-1"));
     }
 
     #[test]
@@ -271,13 +298,15 @@ mod tests {
             username in proptest::option::of("\\PC{0,20}"),
             expiry in 1u32..,
             offline in proptest::option::of(any::<u64>()),
+            instance in proptest::option::of("[a-z0-9]{1,12}"),
             subs in proptest::collection::btree_map("[a-z/#+]{1,20}", (0u8..3, any::<bool>(), any::<bool>(), 0u8..3, proptest::option::of(1u32..=MAX_SUBSCRIPTION_ID)), 0..20),
         ) {
             let subs: Vec<(String, Subscription)> = subs.into_iter().map(|(f, (q, nl, rap, rh, id))| {
                 let s = StoredSubscription { filter: f.clone(), qos: q, no_local: nl, retain_as_published: rap, retain_handling: rh, identifier: id };
                 (f, s.subscription().unwrap())
             }).collect();
-            let r = SessionRecord::new(&client_id, username.as_deref(), "ws", 5, expiry, "r", offline, subs.iter().map(|(f, s)| (f.as_str(), s)));
+            let mut r = SessionRecord::new(&client_id, username.as_deref(), "ws", 5, expiry, "r", offline, subs.iter().map(|(f, s)| (f.as_str(), s)));
+            r.instance = instance;
             let back = SessionRecord::decode(&r.encode()).unwrap();
             prop_assert_eq!(&back, &r);
             let restored = back.restored_subscriptions().unwrap();

@@ -128,6 +128,11 @@ impl Node {
             ("cluster_wills_sent", "Wills of stopped, fenced or gone replicas' connections this replica sent as sweeper", &stats.wills_sent),
             ("cluster_wills_withheld", "Such wills withheld: the client came back within will_stop_grace", &stats.wills_withheld),
             (
+                "cluster_sessions_swept",
+                "Persistent sessions of stopped, fenced or gone replicas this replica ended as sweeper once their Session Expiry Interval passed (record, cursor and QoS 2 flows deleted)",
+                &stats.sessions_swept,
+            ),
+            (
                 "cluster_retained_refused",
                 "QoS 1/2 retained values refused to their publisher: not in mqtt-retained within session_log_append_wait (0x80), larger than NATS max_payload, or 4,096 retained writes or 32 MiB of them already waiting for NATS (0x97)",
                 &stats.retained_refused,

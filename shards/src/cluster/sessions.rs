@@ -65,6 +65,7 @@ pub(crate) fn save_session<F: FnOnce(&str) -> SessionRecord>(
     let record = make.map(|make| {
         let mut record = make(&node.replica_id);
         record.format = node.status().write_format();
+        record.instance = Some(node.status().instance.clone());
         bytes::Bytes::from(record.encode())
     });
     let request = Request::SessionPut { client_id: client_id.to_owned(), record, landed };

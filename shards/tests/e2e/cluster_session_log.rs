@@ -26,13 +26,13 @@ use crate::nats::NatsCluster;
 const TTL: &str = "cluster.member_ttl=5s";
 
 /// The default workspace's session log.
-const LOG: &str = "LOG_mqtt-sessions-_";
+pub(crate) const LOG: &str = "LOG_mqtt-sessions-_";
 
 /// One message of a session log: its topic header and payload (the
 /// properties, then the MQTT payload: without properties, one 0 byte
 /// first).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Logged {
+pub(crate) struct Logged {
     seq: u64,
     topic: String,
     qos: String,
@@ -40,7 +40,7 @@ struct Logged {
 }
 
 /// Every message of `stream` now (`None`: no such stream), in order.
-async fn logged(nats: &NatsCluster, stream: &str) -> Option<Vec<Logged>> {
+pub(crate) async fn logged(nats: &NatsCluster, stream: &str) -> Option<Vec<Logged>> {
     let js = async_nats::jetstream::new(crate::nats::connect(&nats.urls()).await);
     let mut s = js.get_stream(stream).await.ok()?;
     let state = s.info().await.expect("stream info").state.clone();
@@ -58,7 +58,7 @@ async fn logged(nats: &NatsCluster, stream: &str) -> Option<Vec<Logged>> {
 
 /// The MQTT payloads of `messages` (no properties were sent: one 0 byte
 /// of property length first).
-fn payloads(messages: &[Logged]) -> Vec<String> {
+pub(crate) fn payloads(messages: &[Logged]) -> Vec<String> {
     messages
         .iter()
         .map(|m| {
@@ -69,7 +69,7 @@ fn payloads(messages: &[Logged]) -> Vec<String> {
 }
 
 /// MQTT 5 options of `id` on `broker` with a Session Expiry Interval.
-fn persistent(broker: &Broker, id: &str, clean_start: bool, expiry: u32) -> v5::MqttOptions {
+pub(crate) fn persistent(broker: &Broker, id: &str, clean_start: bool, expiry: u32) -> v5::MqttOptions {
     let mut o = v5::options(broker.mqtt_port(), id, clean_start);
     o.set_session_expiry_interval(Some(expiry));
     o
@@ -77,7 +77,7 @@ fn persistent(broker: &Broker, id: &str, clean_start: bool, expiry: u32) -> v5::
 
 /// Publishes `payload` to `topic` at `qos` from `p` and waits for its
 /// acknowledgement (none at QoS 0).
-async fn publish(p: &mut v5::Client, topic: &str, qos: v5::QoS, payload: &str) {
+pub(crate) async fn publish(p: &mut v5::Client, topic: &str, qos: v5::QoS, payload: &str) {
     p.client.publish(topic, qos, false, Bytes::from(payload.to_owned())).await.expect("publish request");
     match qos {
         v5::QoS::AtMostOnce => tokio::time::sleep(Duration::from_millis(50)).await,

@@ -64,7 +64,7 @@ fn persistent(broker: &Broker, id: &str, clean_start: bool, expiry: u32) -> v5::
     o
 }
 
-fn session_present(connack: &v5::Packet) -> bool {
+pub(crate) fn session_present(connack: &v5::Packet) -> bool {
     match connack {
         v5::Packet::ConnAck(c) => c.session_present,
         other => panic!("expected a CONNACK, got {other:?}"),
