@@ -294,6 +294,8 @@ async fn run(
     local
         .run_until(async move {
             let (first_write_tx, first_write_rx) = oneshot::channel();
+            tokio::task::spawn_local(crate::liveness::watch(shared.clone(), crate::liveness::Connection::State));
+            tokio::task::spawn_local(crate::liveness::watch(shared.clone(), crate::liveness::Connection::Lease));
             tokio::task::spawn_local(membership::run(shared.clone(), first_write_tx));
             tokio::task::spawn_local(ownership::watch(shared.clone()));
             tokio::task::spawn_local(retained::watch(shared.clone()));

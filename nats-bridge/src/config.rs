@@ -1,6 +1,7 @@
 //! What the bridge needs to start, and the two NATS connections.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions};
@@ -50,14 +51,45 @@ const PING_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Connect to NATS as `name` (`fleetmq-<replica>-state` or `-lease`),
 /// with the credentials and TLS of `cluster`: to any of
-/// `cluster.nats_urls`, or with `first` (one of them) to that one; after a
-/// disconnect, to any of them again.
+/// `cluster.nats_urls` (a random one first, then each in turn until one
+/// answers), or with `first` (one of them) to that one. Every later
+/// connection attempt (a reconnect after a server closed the connection,
+/// or one [`crate::liveness`] forced) goes to the next server of the pool
+/// after the one it was connected to ([`Rotation`]), so that a reconnect
+/// forced away from a frozen server does not go back to it.
 ///
 /// # Errors
 /// [`StartError::Connect`] when no server answers within the connection
 /// timeout (with `first`: when that one does not), or a credentials or
 /// certificate file cannot be read.
 pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>) -> Result<Client, StartError> {
+    let first = match first {
+        Some(first) => {
+            Some(first.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {first:?}: {e}")))?)
+        }
+        None => None,
+    };
+    let urls: Vec<async_nats::ServerAddr> = cluster
+        .nats_urls
+        .iter()
+        .map(|u| u.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {u:?}: {e}"))))
+        .collect::<Result<_, _>>()?;
+    let attempts = if first.is_some() { 1 } else { urls.len().max(1) };
+    let rotation = Arc::new(Rotation::new(first));
+    let mut last = String::new();
+    for _ in 0..attempts {
+        let options = options(cluster, name.clone(), rotation.clone()).await?;
+        match options.connect(urls.clone()).await {
+            Ok(client) => return Ok(client),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(StartError::Connect(format!("{}: {last}", cluster.nats_urls.join(", "))))
+}
+
+/// The connect options of [`connect`]: events logged, pings, timeouts,
+/// credentials and TLS from `cluster`, servers picked by `rotation`.
+async fn options(cluster: &Cluster, name: String, rotation: Arc<Rotation>) -> Result<ConnectOptions, StartError> {
     let label = name.clone();
     let mut options = ConnectOptions::new()
         .event_callback(move |event| {
@@ -83,7 +115,8 @@ pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>
         .ping_interval(PING_INTERVAL)
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(JS_TIMEOUT))
-        .max_reconnects(None);
+        .max_reconnects(None)
+        .reconnect_to_server_callback(move |pool, _| std::future::ready(rotation.pick(&pool)));
     let file = |p: &PathBuf| !p.as_os_str().is_empty();
     if file(&cluster.nats_credentials) {
         options = options
@@ -111,26 +144,54 @@ pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>
     if file(&cluster.nats_tls_cert) {
         options = options.add_client_certificate(cluster.nats_tls_cert.clone(), cluster.nats_tls_key.clone());
     }
-    if let Some(first) = first {
-        let first: async_nats::ServerAddr =
-            first.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {first:?}: {e}")))?;
-        // Asked before every connection attempt, the first included: that
-        // one goes to `first`, the others (reconnects) anywhere.
-        let pending = std::sync::atomic::AtomicBool::new(true);
-        options = options.reconnect_to_server_callback(move |_, _| {
-            let pick = pending
-                .swap(false, std::sync::atomic::Ordering::Relaxed)
-                .then(|| async_nats::ReconnectToServer { addr: first.clone(), delay: Some(Duration::ZERO) });
-            std::future::ready(pick)
-        });
+    Ok(options)
+}
+
+/// Which server of the pool (the configured URLs, and the ones the
+/// servers advertise) each connection attempt of one connection goes to:
+/// `first` if given, else a random one; after that always the one after
+/// the server of the previous attempt, in the pool's order. async-nats
+/// asks before every attempt (`reconnect_to_server_callback`); its own
+/// choice is random, and after a forced reconnect it would pick the frozen
+/// server again one time in three, losing its connection timeout (5 s)
+/// there.
+pub(crate) struct Rotation {
+    /// The server of the first attempt, taken by it.
+    first: Mutex<Option<async_nats::ServerAddr>>,
+    /// The server of the previous attempt.
+    last: Mutex<Option<async_nats::ServerAddr>>,
+}
+
+impl Rotation {
+    pub(crate) fn new(first: Option<async_nats::ServerAddr>) -> Rotation {
+        Rotation { first: Mutex::new(first), last: Mutex::new(None) }
     }
-    let urls: Vec<async_nats::ServerAddr> = cluster
-        .nats_urls
-        .iter()
-        .map(|u| u.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {u:?}: {e}"))))
-        .collect::<Result<_, _>>()?;
-    options
-        .connect(urls)
-        .await
-        .map_err(|e| StartError::Connect(format!("{}: {e}", cluster.nats_urls.join(", "))))
+
+    /// The server of the next attempt (`None`: async-nats chooses, only
+    /// with an empty pool). The first attempt after a connection was lost
+    /// goes at once; after that async-nats' backoff applies (up to 4 s).
+    pub(crate) fn pick(&self, pool: &[async_nats::Server]) -> Option<async_nats::ReconnectToServer> {
+        let lock = |m: &Mutex<Option<async_nats::ServerAddr>>| m.lock().map(|mut g| g.take()).unwrap_or(None);
+        if let Some(first) = lock(&self.first) {
+            self.remember(&first);
+            return Some(async_nats::ReconnectToServer { addr: first, delay: Some(Duration::ZERO) });
+        }
+        if pool.is_empty() {
+            return None;
+        }
+        let previous = self.last.lock().ok().and_then(|g| g.clone());
+        let at = match previous.and_then(|p| pool.iter().position(|s| s.addr == p)) {
+            Some(i) => (i + 1) % pool.len(),
+            None => rand::Rng::gen_range(&mut rand::thread_rng(), 0..pool.len()),
+        };
+        let addr = pool[at].addr.clone();
+        self.remember(&addr);
+        Some(async_nats::ReconnectToServer { addr, delay: None })
+    }
+
+    fn remember(&self, addr: &async_nats::ServerAddr) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(addr.clone());
+        }
+    }
 }

@@ -130,21 +130,28 @@ async fn append(shared: &Shared, message: &StreamMessage, id: &str, deadline: In
 /// An acknowledgement is awaited until then (NATS slow is not NATS
 /// gone: a publish given up and sent again would wait as long); an error
 /// answer (no stream leader, a connection lost) is tried again with the
-/// same ID, stored once.
+/// same ID, stored once; so is one sent before the state connection was
+/// forced away from a silent server (see `liveness.rs`).
 async fn attempt(shared: &Shared, message: &StreamMessage, id: &str, deadline: Instant) -> Fate {
     let mut publish = PublishMessage::build().payload(message.payload.clone()).message_id(id);
     for (name, value) in &message.headers {
         publish = publish.header(name.as_str(), value.as_str());
     }
+    let mut moved = shared.state_moved.subscribe();
     let ack = match shared.publish_by(&message.subject, publish, deadline).await {
         Ok(ack) => ack,
         Err(e) => return Fate::Retry(e),
     };
-    match tokio::time::timeout_at(deadline, ack.into_future()).await {
-        Ok(Ok(ack)) => Fate::Stored(ack.sequence),
-        Ok(Err(e)) if e.kind() == PublishErrorKind::Other && is_full(&e.to_string()) => Fate::Full(e.to_string()),
-        Ok(Err(e)) => Fate::Retry(e.to_string()),
-        Err(_) => Fate::Retry("no acknowledgement from JetStream in time".to_owned()),
+    tokio::select! {
+        acked = tokio::time::timeout_at(deadline, ack.into_future()) => match acked {
+            Ok(Ok(ack)) => Fate::Stored(ack.sequence),
+            Ok(Err(e)) if e.kind() == PublishErrorKind::Other && is_full(&e.to_string()) => Fate::Full(e.to_string()),
+            Ok(Err(e)) => Fate::Retry(e.to_string()),
+            Err(_) => Fate::Retry("no acknowledgement from JetStream in time".to_owned()),
+        },
+        // Sent to a server the state connection left as silent: its
+        // answer will not come (the same ID again is stored once).
+        Ok(()) = moved.changed() => Fate::Retry("the state connection left a silent server".to_owned()),
     }
 }
 

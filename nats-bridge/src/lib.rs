@@ -24,6 +24,7 @@ mod cursors;
 mod expiry;
 mod floor;
 mod ingest;
+mod liveness;
 mod mailbox;
 mod membership;
 mod ownership;

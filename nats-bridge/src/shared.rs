@@ -113,6 +113,11 @@ pub(crate) struct Shared {
     pub(crate) tails: Mutex<std::collections::HashSet<String>>,
     /// The session log streams created or checked, by workspace token.
     pub(crate) logs: Mutex<std::collections::HashMap<String, Arc<tokio::sync::OnceCell<()>>>>,
+    /// Counts the state connection's forced reconnects (see
+    /// `liveness.rs`): an append waiting for its acknowledgement sends
+    /// itself again when it moves (what was sent to the silent server is
+    /// not answered).
+    pub(crate) state_moved: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -349,5 +354,6 @@ pub(crate) async fn start(
         logs: Mutex::new(std::collections::HashMap::new()),
         cursors,
         tails: Mutex::new(std::collections::HashSet::new()),
+        state_moved: tokio::sync::watch::Sender::new(0),
     }))
 }

@@ -75,6 +75,11 @@ pub struct BridgeStats {
     pub releases_held: AtomicU64,
     /// Times a NATS connection was re-established.
     pub reconnects: AtomicU64,
+    /// Times the state connection was forced to reconnect to another
+    /// server because the one it used went silent (see `liveness.rs`).
+    pub reconnects_forced_state: AtomicU64,
+    /// The same for the lease connection.
+    pub reconnects_forced_lease: AtomicU64,
     /// Requests refused because the queue was full.
     pub queue_full: AtomicU64,
     /// Wills of gone replicas' connections this replica sent as sweeper.
@@ -150,6 +155,8 @@ impl Default for BridgeStats {
             releases_held: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             queue_full: AtomicU64::new(0),
+            reconnects_forced_state: AtomicU64::new(0),
+            reconnects_forced_lease: AtomicU64::new(0),
             wills_sent: AtomicU64::new(0),
             wills_withheld: AtomicU64::new(0),
             sessions_swept: AtomicU64::new(0),

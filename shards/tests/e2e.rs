@@ -250,3 +250,9 @@ mod cluster_long_names;
 /// back in time keeps it; a live replica ends one the same way (s41).
 #[path = "e2e/cluster_session_expiry.rs"]
 mod cluster_session_expiry;
+
+/// One NATS server of three frozen under the replicas' connections: the
+/// bridge leaves it before the fence deadline; no replica fences, no
+/// acknowledged value is lost (s41).
+#[path = "e2e/cluster_frozen.rs"]
+mod cluster_frozen;

@@ -43,6 +43,10 @@ impl Node {
                 "queue_depth": self.queue_depth(),
                 "in_flight": stats.in_flight.load(std::sync::atomic::Ordering::Relaxed),
                 "reconnects": stats.reconnects.load(std::sync::atomic::Ordering::Relaxed),
+                "reconnects_forced": {
+                    "state": stats.reconnects_forced_state.load(std::sync::atomic::Ordering::Relaxed),
+                    "lease": stats.reconnects_forced_lease.load(std::sync::atomic::Ordering::Relaxed),
+                },
                 "claim_p50_us": stats.quantile_us(OpKind::Claim, 0.5),
                 "claim_p99_us": stats.quantile_us(OpKind::Claim, 0.99),
                 "heartbeat_p99_us": stats.quantile_us(OpKind::Heartbeat, 0.99),
@@ -118,6 +122,12 @@ impl Node {
             out,
             "# HELP fleetmq_session_log_values_missed Values of a session log that a persistent session had not read when the log dropped them (cluster.session_log_max_bytes, limits.max_session_expiry), found when it resumed\n# TYPE fleetmq_session_log_values_missed counter\nfleetmq_session_log_values_missed_total {}",
             stats.log_missed.load(relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fleetmq_cluster_nats_reconnects_forced NATS connections of the bridge forced to reconnect to another server because the one they used answered no echo for member_ttl/2 (a frozen server, DESIGN.md §6)\n# TYPE fleetmq_cluster_nats_reconnects_forced counter\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"state\"}} {}\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"lease\"}} {}",
+            stats.reconnects_forced_state.load(relaxed),
+            stats.reconnects_forced_lease.load(relaxed)
         );
         let _ = writeln!(
             out,

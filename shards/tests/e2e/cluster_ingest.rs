@@ -19,10 +19,10 @@ use crate::raw::{wire as build, Incoming, RawClient};
 /// One message of the ingest stream: sequence, subject, headers (name →
 /// values), payload.
 #[derive(Debug, Clone)]
-struct Ingested {
+pub(crate) struct Ingested {
     subject: String,
     headers: BTreeMap<String, Vec<String>>,
-    payload: Vec<u8>,
+    pub(crate) payload: Vec<u8>,
 }
 
 impl Ingested {
@@ -33,7 +33,7 @@ impl Ingested {
 
 /// Every message of `mqtt-ingest` now, in stream order (any server that
 /// answers).
-fn ingested(nats: &NatsCluster) -> Vec<Ingested> {
+pub(crate) fn ingested(nats: &NatsCluster) -> Vec<Ingested> {
     let urls = nats.urls();
     crate::nats::block_on(async move {
         let js = async_nats::jetstream::new(crate::nats::connect(&urls).await);
