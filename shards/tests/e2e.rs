@@ -256,3 +256,9 @@ mod cluster_session_expiry;
 /// acknowledged value is lost (s41).
 #[path = "e2e/cluster_frozen.rs"]
 mod cluster_frozen;
+
+/// Workspace names are bounded (they become NATS subject tokens and
+/// stream names): a password file breaking the rule stops the start, a
+/// JWT workspace claim breaking it gets CONNACK 0x87 (s41).
+#[path = "e2e/workspaces.rs"]
+mod workspaces;

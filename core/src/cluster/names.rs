@@ -133,6 +133,57 @@ pub fn check_mesh_address(addr: &str) -> Result<(), String> {
     check_dns_name(host).map_err(|e| format!("host {host:?} {e}"))
 }
 
+/// The longest workspace name, in bytes (UTF-8). A workspace name becomes
+/// a NATS subject token and the stream name
+/// `LOG_mqtt-sessions-<workspace token>` (DESIGN.md §4), in which every
+/// byte outside ASCII letters, digits, `-` and `_` is written as `%XX`
+/// ([`crate::cluster::ingest::workspace_token`]): at 64 bytes the stream
+/// name has at most 18 + 3 × 64 = 210 bytes, within nats-server's 255
+/// (`JSMaxNameLen`) and a file name's 255 (the stream's directory).
+pub const WORKSPACE_MAX_BYTES: usize = 64;
+
+const _: () = assert!(
+    crate::cluster::session_log::STREAM_PREFIX.len() + 3 * WORKSPACE_MAX_BYTES <= 255,
+    "a workspace's session log stream name must stay within nats-server's 255 bytes"
+);
+
+/// Why a name cannot be a workspace's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkspaceError {
+    /// The name is empty.
+    #[error("is empty")]
+    Empty,
+    /// Longer than [`WORKSPACE_MAX_BYTES`].
+    #[error("is {0} bytes long; a workspace name has at most 64 bytes")]
+    TooLong(usize),
+    /// A character a workspace name may not contain.
+    #[error("contains {0:?}; a workspace name has no whitespace, control characters, '.', '*', '>', '/', '\\', '+' or '#'")]
+    Char(char),
+}
+
+/// Checks a workspace name (a password file's third field, a JWT's
+/// workspace claim): 1 to [`WORKSPACE_MAX_BYTES`] bytes of UTF-8 with no
+/// whitespace, no control characters and none of `.` `*` `>` (NATS
+/// subject and stream name syntax), `/` `\` (path separators: stream
+/// names are directory names; `/` is also the MQTT topic level separator
+/// the workspace prefix ends with) or `+` `#` (MQTT wildcards).
+///
+/// # Errors
+/// The first rule `name` breaks.
+pub fn check_workspace(name: &str) -> Result<(), WorkspaceError> {
+    if name.is_empty() {
+        return Err(WorkspaceError::Empty);
+    }
+    if name.len() > WORKSPACE_MAX_BYTES {
+        return Err(WorkspaceError::TooLong(name.len()));
+    }
+    match name.chars().find(|c| c.is_whitespace() || c.is_control() || ".*>/\\+#".contains(*c)) {
+        Some(c) => Err(WorkspaceError::Char(c)),
+        None => Ok(()),
+    }
+}
+
 /// The URL schemes async-nats dials: plain, TLS, WebSocket and secure
 /// WebSocket.
 pub const NATS_SCHEMES: [&str; 4] = ["nats", "tls", "ws", "wss"];
@@ -177,6 +228,48 @@ pub fn check_nats_url(url: &str) -> Result<(), String> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn workspace_names_are_1_to_64_bytes_without_subject_path_or_wildcard_characters() {
+        for ok in ["acme", "default", "w1", "Plant_7-north", "bäckerei", "a:b", "$x", &"x".repeat(64)] {
+            assert_eq!(check_workspace(ok), Ok(()), "{ok}");
+        }
+        assert_eq!(check_workspace(""), Err(WorkspaceError::Empty));
+        assert_eq!(check_workspace(&"x".repeat(65)), Err(WorkspaceError::TooLong(65)));
+        // 22 two-byte characters: 44 bytes, fine; 33: 66 bytes, too long.
+        assert_eq!(check_workspace(&"ä".repeat(22)), Ok(()));
+        assert_eq!(check_workspace(&"ä".repeat(33)), Err(WorkspaceError::TooLong(66)));
+        for (bad, c) in [
+            ("a.b", '.'),
+            ("a*", '*'),
+            ("a>", '>'),
+            ("a/b", '/'),
+            ("a\\b", '\\'),
+            ("a+", '+'),
+            ("#", '#'),
+            ("a b", ' '),
+            ("a\tb", '\t'),
+            ("a\u{0}b", '\u{0}'),
+            ("a\u{7f}", '\u{7f}'),
+            ("a\u{a0}b", '\u{a0}'),
+        ] {
+            assert_eq!(check_workspace(bad), Err(WorkspaceError::Char(c)), "{bad:?}");
+        }
+        assert!(WorkspaceError::Char('/').to_string().contains("no whitespace"));
+    }
+
+    proptest! {
+        #[test]
+        fn every_workspace_name_that_passes_makes_a_stream_name_nats_takes(name in "\\PC{0,80}") {
+            if check_workspace(&name).is_ok() {
+                let stream = crate::cluster::session_log::stream(&name);
+                prop_assert!(stream.len() <= 255, "{stream}");
+                prop_assert!(!stream.contains(['.', '*', '>', '/', '\\']) && !stream.chars().any(char::is_whitespace), "{stream}");
+                let subject = crate::cluster::session_log::subject(&name);
+                prop_assert_eq!(subject.split('.').count(), 2, "one token: {}", subject);
+            }
+        }
+    }
 
     #[test]
     fn replica_ids_are_dns_names_that_are_not_addresses_or_ca() {

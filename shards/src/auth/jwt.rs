@@ -62,6 +62,11 @@ pub enum JwtError {
     /// The workspace claim is configured but missing or not a string.
     #[error("the token has no workspace claim")]
     MissingWorkspace,
+    /// The workspace claim names no workspace fleetmq can keep
+    /// ([`fleetmq_core::cluster::names::check_workspace`]: it becomes a
+    /// NATS subject token and a stream name); the token itself is good.
+    #[error("the token's workspace claim {0}")]
+    BadWorkspace(String),
 }
 
 #[derive(Clone)]
@@ -179,6 +184,8 @@ impl JwtVerifier {
                 .ok_or(JwtError::MissingWorkspace)?
                 .to_owned(),
         };
+        fleetmq_core::cluster::names::check_workspace(&workspace)
+            .map_err(|e| JwtError::BadWorkspace(format!("{workspace:?} {e}")))?;
         Ok(Identity {
             username: Some(Arc::from(name)),
             workspace: super::workspace_name(&workspace),
@@ -500,6 +507,15 @@ mod tests {
             v.verify(&token, None, now()),
             Err(JwtError::MissingWorkspace)
         );
+        // A claim that cannot be a workspace (a NATS subject token, a
+        // stream name) is refused naming the rule, though well signed.
+        for bad in ["acme.north", "a b", &"w".repeat(65)] {
+            let token = hs256("s3cret", json!({ "sub": "d", "tenant": bad, "exp": NOW + 60 }));
+            match v.verify(&token, None, now()) {
+                Err(JwtError::BadWorkspace(why)) => assert!(why.contains(&format!("{bad:?}")), "{why}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -116,6 +116,17 @@ pub enum AuthError {
     /// the client may try again shortly.
     #[error("too many credential checks for this user name, try again")]
     Busy,
+    /// The credentials are good but name a workspace fleetmq cannot keep
+    /// (a JWT's workspace claim breaking
+    /// [`fleetmq_core::cluster::names::check_workspace`]; a password
+    /// file's workspaces are checked when it is read). CONNACK 0x87 Not
+    /// authorized (3.1.1: 5): the client is who it says, and is not let in
+    /// as that identity. Not 0x86, which says the user name or password
+    /// is malformed or wrong (the client could fix it; here the issuer
+    /// must); not 0x85, which is about the Client Identifier; not 0x8C,
+    /// which is about the AUTH method of enhanced authentication.
+    #[error("the credentials name a workspace that breaks the naming rule")]
+    WorkspaceInvalid,
 }
 
 impl AuthError {
@@ -123,7 +134,7 @@ impl AuthError {
     pub fn connack_v5(self) -> u8 {
         match self {
             AuthError::BadCredentials => 0x86,
-            AuthError::NotAuthorized | AuthError::Throttled => 0x87,
+            AuthError::NotAuthorized | AuthError::Throttled | AuthError::WorkspaceInvalid => 0x87,
             AuthError::Busy => 0x89,
         }
     }
@@ -132,7 +143,7 @@ impl AuthError {
     pub fn connack_v3(self) -> u8 {
         match self {
             AuthError::BadCredentials => 4,
-            AuthError::NotAuthorized | AuthError::Throttled => 5,
+            AuthError::NotAuthorized | AuthError::Throttled | AuthError::WorkspaceInvalid => 5,
             AuthError::Busy => 3,
         }
     }
@@ -361,9 +372,15 @@ impl Authenticator {
         if let (Some(jwt), Some(password)) = (&loaded.jwt, creds.password) {
             if jwt::looks_like_jwt(password) {
                 let token = std::str::from_utf8(password).map_err(|_| AuthError::BadCredentials)?;
-                return jwt.verify(token, creds.username, now).map_err(|e| {
-                    tracing::debug!("auth: client {:?}: JWT refused: {e}", creds.client_id);
-                    AuthError::BadCredentials
+                return jwt.verify(token, creds.username, now).map_err(|e| match e {
+                    jwt::JwtError::BadWorkspace(_) => {
+                        tracing::warn!("auth: client {:?}: JWT refused: {e}", creds.client_id);
+                        AuthError::WorkspaceInvalid
+                    }
+                    e => {
+                        tracing::debug!("auth: client {:?}: JWT refused: {e}", creds.client_id);
+                        AuthError::BadCredentials
+                    }
                 });
             }
         }
@@ -463,6 +480,7 @@ impl Authenticator {
 fn load_passwords(path: Option<&Path>) -> anyhow::Result<Option<Arc<PasswordFile>>> {
     path.map(|p| PasswordFile::load(p).map(Arc::new))
         .transpose()
+        .context("auth.password_file")
 }
 
 fn load_acl(path: Option<&Path>) -> anyhow::Result<Option<Arc<Acl>>> {

@@ -4,7 +4,10 @@
 //! optional third field naming the user's workspace
 //! (`user:HASH:workspace`; `default` when absent). Blank lines and lines
 //! starting with `#` are ignored and kept when `fleetmq passwd` rewrites the
-//! file. User and workspace names cannot contain `:` or line breaks.
+//! file. User and workspace names cannot contain `:` or line breaks; a
+//! workspace name follows [`check_workspace`] (1 to 64 bytes, none of
+//! whitespace, control characters, `.` `*` `>` `/` `\` `+` `#`): it becomes
+//! a NATS subject token and a stream name.
 //!
 //! Hashes are argon2id with the OWASP parameters (19 MiB, 2 passes, 1 lane),
 //! so one verification costs tens of milliseconds of CPU: callers run it off
@@ -17,6 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
+use fleetmq_core::cluster::names::check_workspace;
 use rand::RngCore;
 
 /// The workspace of users whose line has no third field.
@@ -163,7 +167,10 @@ fn parse_line(line: &str) -> Result<(&str, UserEntry), String> {
     let workspace = match fields.next() {
         None => None,
         Some("") => return Err(format!("user {user:?}: empty workspace")),
-        Some(w) => Some(w.to_owned()),
+        Some(w) => match check_workspace(w) {
+            Ok(()) => Some(w.to_owned()),
+            Err(e) => return Err(format!("user {user:?}: the workspace {w:?} {e}")),
+        },
     };
     if fields.next().is_some() {
         return Err(format!("user {user:?}: more than three fields"));
@@ -215,6 +222,7 @@ pub fn set_user(
     check_name("user name", user)?;
     if let Some(w) = workspace {
         check_name("workspace", w)?;
+        check_workspace(w).map_err(|e| anyhow::anyhow!("the workspace {w:?} {e}"))?;
     }
     let (mut lines, index, file) = read_lines(path, user)?;
     let existing = file.users.get(user).map(|e| e.workspace.as_deref());
@@ -524,6 +532,11 @@ mod tests {
             ("alice:plaintext\n", 1, "not a PHC string"),
             (&format!("alice:{hash}:\n"), 1, "empty workspace"),
             (&format!("alice:{hash}:w:x\n"), 1, "more than three"),
+            // A workspace name becomes a NATS subject token and a stream
+            // name: the rule of check_workspace, named.
+            (&format!("bob:{hash}:plant.north\n"), 1, "the workspace \"plant.north\" contains '.'"),
+            (&format!("bob:{hash}:a/b\n"), 1, "contains '/'"),
+            (&format!("bob:{hash}:{}\n", "w".repeat(65)), 1, "at most 64 bytes"),
             (&format!("alice:{hash}\n\nalice:{hash}\n"), 3, "twice"),
         ];
         for (text, line, needle) in cases {
@@ -540,6 +553,8 @@ mod tests {
         assert!(set_user(&path, "a:b", "pw", None).is_err());
         assert!(set_user(&path, "a\nb", "pw", None).is_err());
         assert!(set_user(&path, "a", "pw", Some("w:x")).is_err());
+        let err = set_user(&path, "a", "pw", Some("w>x")).unwrap_err();
+        assert!(err.to_string().contains("contains '>'"), "{err}");
         assert!(!path.exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }

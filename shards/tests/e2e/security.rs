@@ -668,7 +668,7 @@ fn tcp_subscriber(broker: &Broker, filter: &str) -> Client {
 }
 
 /// Seconds since the Unix epoch.
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -1357,10 +1357,10 @@ fn users_added_or_deleted_by_fleetmq_passwd_take_effect_without_a_restart() {
 // JWT (DESIGN.md §9, `[auth.jwt]`).
 // ---------------------------------------------------------------------------
 
-const JWT_SECRET: &[u8] = b"e2e-shared-secret";
+pub(crate) const JWT_SECRET: &[u8] = b"e2e-shared-secret";
 
 /// An HS256 token signed with `secret` carrying `claims`.
-fn jwt(secret: &[u8], claims: serde_json::Value) -> String {
+pub(crate) fn jwt(secret: &[u8], claims: serde_json::Value) -> String {
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &claims,
