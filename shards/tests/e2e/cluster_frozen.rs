@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -115,22 +116,55 @@ fn ingested_values(nats: &NatsCluster) -> HashSet<u64> {
         .collect()
 }
 
-/// The retained messages on `topic` that a new subscriber of `broker`
-/// gets (payloads).
-fn retained_on(broker: &Broker, topic: &str) -> Vec<Vec<u8>> {
-    let mut c = RawClient::connect(broker.mqtt);
-    if c.handshake(&build::Connect::v311("").encode()).1 != 0 {
-        return Vec::new();
+/// A CONNECT (MQTT 5, a new client identifier) to the broker at `broker`: the client
+/// if its CONNACK accepts within 25 s (a CONNECT waits for its claim in
+/// mqtt-sessions up to cluster.connect_budget, 20 s).
+fn connect_within(broker: SocketAddr) -> Option<RawClient> {
+    let mut c = RawClient::try_connect(broker).ok()?;
+    c.send(&build::Connect::v5(&crate::clients::unique("frozen")).encode());
+    match c.read(Duration::from_secs(25)) {
+        Incoming::Packet { header: 0x20, body } if body.get(1) == Some(&0) => Some(c),
+        _ => None,
     }
-    c.send(&build::subscribe(1, topic, 0, false));
-    let mut seen = Vec::new();
-    while let Incoming::Packet { header, body } = c.read(Duration::from_millis(500)) {
-        if header & 0xf0 == 0x30 {
-            let topic_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
-            seen.push(body[2 + topic_len..].to_vec());
+}
+
+/// Sets `payload` retained on `topic` at `from` (QoS 1; CONNECTs refused
+/// are tried again), then waits until a new subscriber at `to` gets it,
+/// until `deadline`. How many CONNECTs were refused, and when the value
+/// was seen at `to` (`None`: never).
+fn retained_across(from: SocketAddr, to: SocketAddr, topic: &str, payload: &[u8], deadline: Instant) -> (u32, Option<Instant>) {
+    let mut refused = 0;
+    let set = loop {
+        if Instant::now() > deadline {
+            break false;
         }
+        let Some(mut c) = connect_within(from) else {
+            refused += 1;
+            thread::sleep(Duration::from_millis(200));
+            continue;
+        };
+        c.send(&build::publish(topic, 1, 1, (false, true), payload, true));
+        if let Incoming::Packet { header: 0x40, body } = c.read(Duration::from_secs(15)) {
+            if body.get(2).copied().unwrap_or(0) == 0 {
+                break true;
+            }
+        }
+    };
+    while set && Instant::now() < deadline {
+        let Some(mut c) = connect_within(to) else {
+            refused += 1;
+            continue;
+        };
+        c.send(&build::subscribe(1, topic, 0, true));
+        while let Incoming::Packet { header, body } = c.read(Duration::from_millis(500)) {
+            // A PUBLISH: topic, properties (MQTT 5), payload.
+            if header & 0xf0 == 0x30 && body.ends_with(payload) {
+                return (refused, Some(Instant::now()));
+            }
+        }
+        thread::sleep(Duration::from_millis(200));
     }
-    seen
+    (refused, None)
 }
 
 #[test]
@@ -161,8 +195,7 @@ fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_l
     // probe's bound (15 s): readiness sampled on both replicas.
     let mut not_ready: Vec<(char, Duration, String)> = Vec::new();
     let mut moved_at: Option<Duration> = None;
-    let mut retained_set = false;
-    let mut retained_seen: Option<Duration> = None;
+    let mut retained: Option<thread::JoinHandle<(u32, Option<Instant>)>> = None;
     while t0.elapsed() < paused_at + Duration::from_secs(20) {
         for (name, broker) in [('a', &a), ('b', &b)] {
             let (status, body) = broker.admin_get("/health/ready");
@@ -175,17 +208,25 @@ fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_l
         }
         // The watches moved too: a retained value set on B after the move
         // reaches A's copy (A's retained watch runs on its state
-        // connection).
-        if let Some(moved) = moved_at {
-            if !retained_set && t0.elapsed() > moved + Duration::from_secs(1) {
-                crate::harness::mosquitto_pub(&b, &["-t", "frozen/flag", "-m", "after", "-r", "-q", "1"]);
-                retained_set = true;
-            } else if retained_set && retained_seen.is_none() && retained_on(&a, "frozen/flag") == [b"after".to_vec()] {
-                retained_seen = Some(t0.elapsed());
+        // connection). A CONNECT claims its client identifier in
+        // mqtt-sessions: while the frozen server led that stream, until
+        // JetStream elects another, it is refused (0x88) and tried again.
+        if let (Some(moved), None) = (moved_at, &retained) {
+            if t0.elapsed() > moved + Duration::from_secs(1) {
+                let (a, b) = (a.mqtt, b.mqtt);
+                let deadline = t0 + paused_at + Duration::from_secs(20);
+                retained = Some(thread::spawn(move || retained_across(b, a, "frozen/flag", b"after", deadline)));
             }
         }
         thread::sleep(Duration::from_millis(200));
     }
+    let (connects_refused, retained_seen) = match retained {
+        Some(running) => {
+            let (refused, seen) = running.join().unwrap();
+            (refused, seen.map(|at| at - t0 - paused_at))
+        }
+        None => (0, None),
+    };
     nats.resume(victim);
     // Served on after the thaw too.
     let acked_then = told.lock().unwrap().acked.len();
@@ -200,7 +241,8 @@ fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_l
     let forced = a.metric_sum("fleetmq_cluster_nats_reconnects_forced_total");
     let report = format!(
         "victim n{victim} (had {on_victim:?}), paused at {paused_at:?}, first forced reconnect of A at {:?}, \
-         forced reconnects A {forced} B {}, sent {}, acknowledged {}, refused {:?}, closed {:?}, not ready {not_ready:?}",
+         forced reconnects A {forced} B {}, sent {}, acknowledged {}, refused {:?}, closed {:?}, not ready {not_ready:?}, \
+         retained set on B after {connects_refused} refused CONNECTs, seen on A {retained_seen:?} into the freeze",
         moved_at.map(|m| m - paused_at),
         b.metric_sum("fleetmq_cluster_nats_reconnects_forced_total"),
         told.sent,
@@ -220,6 +262,7 @@ fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_l
     assert!(told.refused.is_empty(), "{report}");
     // The watches came along.
     assert!(retained_seen.is_some(), "the retained value set on B after the move never reached A: {report}");
+
     // Every acknowledged value is in the ingest stream.
     let stored = ingested_values(&nats);
     let lost: Vec<_> = told.acked.iter().filter(|v| !stored.contains(v)).take(10).collect();
