@@ -250,6 +250,44 @@ async fn a_session_whose_replica_was_killed_gets_every_acknowledged_value_in_ord
     c.expect_no_publish(Duration::from_millis(500)).await;
 }
 
+/// The session's replica gone another way: SIGTERM (its clean stop
+/// releases its client identifiers), or SIGKILL with the client back
+/// only after the replica was taken for gone and its claims swept. The
+/// session record is still there: resumed at C with Session Present 1
+/// [MQTT-3.2.2-2] and every value owed, in order, once (a fresh-user pass
+/// found Session Present 0 and nothing in both cases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_replica_stopped_or_was_killed_long_ago_is_resumed_with_every_value() {
+    let nats = NatsCluster::start(3);
+    let b = replica("rb", &nats.urls(), &["--set", TTL]);
+    let c3 = replica("rc", &nats.urls(), &["--set", TTL]);
+    let mut p = v5::Client::connect(b.mqtt_port(), &unique("pub")).await;
+    for (how, topic) in [("sigterm", "gone/t"), ("sigkill", "gone/k")] {
+        let mut a = replica("ra", &nats.urls(), &["--set", TTL]);
+        let id = unique(how);
+        let (mut c, _) = v5::Client::connect_with(persistent(&a, &id, true, 300)).await;
+        c.subscribe(topic, v5::QoS::AtLeastOnce).await;
+        publish_numbers(&mut p, topic, 0..5).await;
+        receive_numbers(&mut c, 0..5, how).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        if how == "sigterm" {
+            a.stop_with_sigterm();
+        } else {
+            a.kill();
+            // Taken for gone within 1.7 x member_ttl (5 s), its claims swept.
+            tokio::time::sleep(Duration::from_secs(12)).await;
+        }
+        drop(c);
+        publish_numbers(&mut p, topic, 5..55).await;
+        let (mut c, connack) = v5::Client::connect_with(persistent(&c3, &id, false, 300)).await;
+        assert!(matches!(connack, v5::Packet::ConnAck(ref ack) if ack.session_present), "{how}: taken up: {connack:?}");
+        receive_numbers(&mut c, 5..55, how).await;
+        publish_numbers(&mut p, topic, 55..60).await;
+        receive_numbers(&mut c, 55..60, how).await;
+        c.expect_no_publish(Duration::from_millis(300)).await;
+    }
+}
+
 /// The same after a clean disconnect at A: resumed at B, every value
 /// published meanwhile (at A and at C), in order, then live ones, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
