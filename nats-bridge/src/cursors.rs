@@ -64,20 +64,25 @@ pub(crate) fn request(writers: &Writers, client_id: String, record: Option<Bytes
     }
 }
 
-/// Write `client_id`'s newest cursor until the newest landed.
+/// Write `client_id`'s newest cursor until the newest landed. Counted in
+/// flight, so that the bridge's stop waits for it (at most its drain):
+/// the cursors written when a stop closes the connections are the ones a
+/// replica taking the sessions up reads. At the stop a write that fails
+/// is not tried again.
 async fn write_key(writers: Writers, client_id: String) {
+    let shared = writers.borrow().shared.clone();
+    let _in_flight = crate::stats::InFlight::new(&shared.status.stats);
     let mut backoff = FIRST_BACKOFF;
     let mut landed = 0;
     loop {
-        let (shared, record, number) = {
+        let (record, number) = {
             let mut w = writers.borrow_mut();
-            let shared = w.shared.clone();
             let Some(key) = w.keys.get(&client_id) else { return };
-            if landed >= key.1 || shared.stopping.load(Ordering::Acquire) {
+            if landed >= key.1 {
                 w.keys.remove(&client_id);
                 return;
             }
-            (shared, key.0.clone(), key.1)
+            (key.0.clone(), key.1)
         };
         let subject = format!("$KV.{}.{}", bucket::SESSION_CURSOR, client_key(&client_id));
         let publish = match record {
@@ -94,6 +99,11 @@ async fn write_key(writers: Writers, client_id: String) {
             Ok(()) => {
                 backoff = FIRST_BACKOFF;
                 landed = number;
+            }
+            Err(e) if shared.stopping.load(Ordering::Acquire) => {
+                debug!(target: "cluster", %client_id, error = %e, "cluster: cursor not written at the stop");
+                writers.borrow_mut().keys.remove(&client_id);
+                return;
             }
             Err(e) => {
                 debug!(target: "cluster", %client_id, error = %e, "cluster: cursor not written, trying again");

@@ -100,23 +100,28 @@ pub(crate) fn request(writers: &Writers, client_id: String, record: Option<Bytes
 }
 
 /// Write `client_id`'s newest record until the newest landed (or was
-/// found stale).
+/// found stale). Counted in flight, so that the bridge's stop waits for
+/// it (at most its drain): the records written when a stop closes the
+/// connections are the ones a replica taking the sessions up reads. At
+/// the stop a write that fails is not tried again.
 async fn write_key(writers: Writers, client_id: String) {
+    let shared = writers.borrow().shared.clone();
+    let _in_flight = crate::stats::InFlight::new(&shared.status.stats);
     let mut backoff = FIRST_BACKOFF;
+    let mut gave_up = false;
     loop {
-        let (shared, record, number, expected) = {
+        let (record, number, expected) = {
             let mut w = writers.borrow_mut();
-            let shared = w.shared.clone();
             let expected = w.revisions.get(&client_id).copied().unwrap_or(0);
             let Some(key) = w.keys.get_mut(&client_id) else { return };
-            if key.landed >= key.newest.1 || shared.stopping.load(Ordering::Acquire) {
+            if key.landed >= key.newest.1 || gave_up {
                 for (_, waiter) in key.waiters.drain(..) {
                     let _ = waiter.send(key.landed >= key.newest.1);
                 }
                 w.keys.remove(&client_id);
                 return;
             }
-            (shared, key.newest.0.clone(), key.newest.1, expected)
+            (key.newest.0.clone(), key.newest.1, expected)
         };
         let started = std::time::Instant::now();
         let deleted = record.is_none();
@@ -157,14 +162,20 @@ async fn write_key(writers: Writers, client_id: String) {
                 Ok(None) => true,
                 Err(e) => {
                     debug!(target: "cluster", %client_id, error = %e, "cluster: session record conflict not resolved, trying again");
-                    tokio::time::sleep(backoff).await;
+                    gave_up = shared.stopping.load(Ordering::Acquire);
+                    if !gave_up {
+                        tokio::time::sleep(backoff).await;
+                    }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
             },
             Err(Failed::Other(e)) => {
                 debug!(target: "cluster", %client_id, error = %e, "cluster: session record not written, trying again");
-                tokio::time::sleep(backoff).await;
+                gave_up = shared.stopping.load(Ordering::Acquire);
+                if !gave_up {
+                    tokio::time::sleep(backoff).await;
+                }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }

@@ -219,3 +219,21 @@ impl BridgeStats {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+/// Counts a task in [`BridgeStats::in_flight`] while it lives (the
+/// bridge's stop waits for those, at most its drain).
+pub(crate) struct InFlight<'a>(&'a BridgeStats);
+
+impl<'a> InFlight<'a> {
+    /// Counted from now.
+    pub(crate) fn new(stats: &'a BridgeStats) -> Self {
+        stats.started();
+        InFlight(stats)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.finished();
+    }
+}

@@ -262,3 +262,9 @@ mod cluster_frozen;
 /// JWT workspace claim breaking it gets CONNACK 0x87 (s41).
 #[path = "e2e/workspaces.rs"]
 mod workspaces;
+
+/// A rolling restart of three replicas (SIGTERM, one at a time) under a
+/// steady QoS 1 publisher and a persistent subscriber: every
+/// acknowledged value delivered, in order, duplicates only as DUP (s41).
+#[path = "e2e/cluster_rolling.rs"]
+mod cluster_rolling;
