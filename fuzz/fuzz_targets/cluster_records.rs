@@ -7,12 +7,15 @@
 //! reads back writes to bytes that read back to the same record. A route
 //! key (`mqtt-routes`) that parses is made again to a key that parses the same.
 //! A session record (`mqtt-session-state`) gives its subscriptions or `None`;
-//! a cursor (`mqtt-session-cursor`) says whether it is valid.
+//! a cursor (`mqtt-session-cursor`) says whether it is valid; an inbound
+//! QoS 2 flow (`mqtt-session-qos2`) says whose it is, and a key gives its
+//! packet identifier (1..=65,535) or `None`.
 #![no_main]
 
 use std::time::Instant;
 
 use fleetmq_core::cluster::cursor::CursorRecord;
+use fleetmq_core::cluster::qos2::{packet_id_of_key, Qos2Record};
 use fleetmq_core::cluster::records::{client_id_of_key, FloorRecord, MemberRecord, OwnerRecord, Record};
 use fleetmq_core::cluster::retained::{topic_of_retained_key, RetainedRecord};
 use fleetmq_core::cluster::routes::{parse_route_key, route_key, RouteRecord};
@@ -38,6 +41,9 @@ fuzz_target!(|data: &[u8]| {
     if let Some(c) = round_trip::<CursorRecord>(data) {
         let _ = (c.valid(), c.read_from());
     }
+    if let Some(q) = round_trip::<Qos2Record>(data) {
+        let _ = q.belongs_to(&q.client_id, q.packet_id);
+    }
     let _ = FloorRecord::decode(data);
     if let Some(r) = round_trip::<RetainedRecord>(data) {
         let _ = r.message(Instant::now(), u64::MAX / 2);
@@ -53,6 +59,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(key) = std::str::from_utf8(data) {
         let _ = client_id_of_key(key);
         let _ = topic_of_retained_key(key);
+        if let Some(id) = packet_id_of_key("c.", key) {
+            assert_ne!(id, 0, "packet identifier 0 from a key");
+        }
         if let Some((replica, Some(filter))) = parse_route_key(key) {
             let again = route_key(replica, &filter);
             assert_eq!(parse_route_key(&again), Some((replica, Some(filter))), "a route key reads back");

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::bridge::Shared;
-use crate::request::{Appended, IngestError, LogAppend, StreamMessage};
+use crate::request::{Appended, IngestError, LogAppend, Qos2Flow, StreamMessage};
 
 /// A rejected append (no stream leader yet, NATS reconnecting) is tried
 /// again after this pause, while its wait lasts.
@@ -67,7 +67,9 @@ pub(crate) fn size(subject: &str, headers: &[(String, String)], payload: &Bytes)
 /// workspace's session log (either may be absent), at once, within
 /// `wait`; both messages carry one `Nats-Msg-Id` (see the module
 /// documentation: each stream keeps its own duplicate window). A refusal
-/// of either refuses the value.
+/// of either refuses the value. With `qos2`, the flow is recorded in
+/// `mqtt-session-qos2` once both landed (`qos2.rs`), within the same
+/// wait: not recorded refuses the value too.
 ///
 /// # Errors
 /// As [`append`]; the session log's stream not created or not as the
@@ -76,6 +78,7 @@ pub(crate) async fn append_both(
     shared: &Arc<Shared>,
     ingest: Option<Box<StreamMessage>>,
     session_log: Option<Box<LogAppend>>,
+    qos2: Option<Box<Qos2Flow>>,
     wait: Duration,
 ) -> Result<Appended, IngestError> {
     let id = format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed));
@@ -91,6 +94,11 @@ pub(crate) async fn append_both(
     };
     let (ingest_seq, log_seq) = tokio::join!(to_ingest, to_log);
     let appended = Appended { ingest: ingest_seq?, session_log: log_seq? };
+    if let Some(flow) = qos2 {
+        // After the value is stored, before its PUBREC (DESIGN.md §7).
+        let id = if ingest.is_some() || session_log.is_some() { id.as_str() } else { "" };
+        crate::qos2::open(shared, &flow.client_id, flow.packet_id, id, deadline).await.map_err(IngestError::Unavailable)?;
+    }
     let stats = &shared.status.stats;
     if appended.ingest.is_some() {
         stats.ingest_appended.fetch_add(1, Ordering::Relaxed);

@@ -67,10 +67,40 @@ pub enum Request {
         ingest: Option<Box<StreamMessage>>,
         /// The session log's message, or `None`.
         session_log: Option<Box<LogAppend>>,
+        /// A QoS 2 value of a persistent session: its flow, recorded in
+        /// `mqtt-session-qos2` once the appends landed (before the PUBREC
+        /// that waits for this answer; see `qos2.rs`), or `None`.
+        qos2: Option<Box<Qos2Flow>>,
         /// `cluster.session_log_append_wait`.
         wait: Duration,
         /// The stream sequences, or why not.
         reply: oneshot::Sender<Result<Appended, IngestError>>,
+    },
+    /// Delete `client_id`'s inbound QoS 2 flow `packet_id` from
+    /// `mqtt-session-qos2` (its PUBREL came; the PUBCOMP waits for the
+    /// answer), within `wait`.
+    Qos2Release {
+        /// The flow.
+        flow: Box<Qos2Flow>,
+        /// `cluster.session_log_append_wait`.
+        wait: Duration,
+        /// Deleted, or why not.
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// Read the packet identifiers of `client_id`'s open inbound QoS 2
+    /// flows in `mqtt-session-qos2` (to take up a session another
+    /// replica served), ascending.
+    Qos2List {
+        /// The client identifier.
+        client_id: String,
+        /// The identifiers, or why JetStream did not answer.
+        reply: oneshot::Sender<Result<Vec<u16>, String>>,
+    },
+    /// Remove every inbound QoS 2 flow of `client_id` from
+    /// `mqtt-session-qos2`: its session ended. Nobody waits.
+    Qos2Purge {
+        /// The client identifier.
+        client_id: String,
     },
     /// Answered at once with the bridge's clock: measures the queue, the
     /// bridge's turn and the wake of the waiting task (no NATS involved).
@@ -212,6 +242,16 @@ pub enum Request {
         /// The revision of this replica's claim.
         revision: u64,
     },
+}
+
+/// An inbound QoS 2 flow of a persistent session
+/// ([`fleetmq_core::cluster::qos2`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Qos2Flow {
+    /// The publishing client's identifier.
+    pub client_id: String,
+    /// The PUBLISH's packet identifier, 1..=65,535.
+    pub packet_id: u16,
 }
 
 /// One message to append to a stream: `Nats-Msg-Id` is the bridge's.
@@ -500,9 +540,9 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
         // Taken by the bridge's loop itself (`routes::request`,
         // `session_state::request`).
         Request::Route { .. } | Request::SessionPut { .. } | Request::CursorPut { .. } | Request::LogTail { .. } => {}
-        Request::IngestAppend { ingest, session_log, wait, reply } => {
+        Request::IngestAppend { ingest, session_log, qos2, wait, reply } => {
             let started = std::time::Instant::now();
-            let outcome = crate::ingest::append_both(&shared, ingest, session_log, wait).await;
+            let outcome = crate::ingest::append_both(&shared, ingest, session_log, qos2, wait).await;
             drop(ticket);
             shared.status.stats.record(crate::OpKind::Ingest, started.elapsed());
             if let Err(e) = &outcome {
@@ -510,6 +550,16 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
             }
             let _ = reply.send(outcome);
         }
+        Request::Qos2Release { flow, wait, reply } => {
+            let started = std::time::Instant::now();
+            let outcome = crate::qos2::release(&shared, &flow.client_id, flow.packet_id, wait).await;
+            shared.status.stats.record(crate::OpKind::Session, started.elapsed());
+            let _ = reply.send(outcome);
+        }
+        Request::Qos2List { client_id, reply } => {
+            let _ = reply.send(crate::qos2::list(&shared, &client_id).await);
+        }
+        Request::Qos2Purge { client_id } => crate::qos2::purge(&shared, &client_id, Duration::from_secs(10)).await,
         Request::Ping { reply } => {
             let _ = reply.send(std::time::Instant::now());
         }

@@ -239,6 +239,11 @@ mod cluster_ingest;
 #[path = "e2e/cluster_session_log.rs"]
 mod cluster_session_log;
 
+/// Exactly once: a QoS 2 publisher and a persistent QoS 2 subscriber,
+/// either's replica SIGKILLed at each step of its handshake (s41).
+#[path = "e2e/cluster_qos2.rs"]
+mod cluster_qos2;
+
 /// A 3,900-byte client identifier, a 4,000-byte filter and a retained
 /// value on a 4,000-byte topic work across replicas as short ones do
 /// (hashed KV keys, s40).

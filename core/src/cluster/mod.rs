@@ -9,6 +9,7 @@ pub mod keys;
 pub mod membership;
 pub mod names;
 pub mod peers;
+pub mod qos2;
 pub mod records;
 pub mod retained;
 pub mod routes;

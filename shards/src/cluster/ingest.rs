@@ -33,7 +33,7 @@ use fleetmq_core::cluster::ingest::{headers, subject, IngestValue};
 use fleetmq_core::cluster::session_log;
 use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::session::Message;
-use fleetmq_nats_bridge::{IngestError, LogAppend, Request, StreamMessage};
+use fleetmq_nats_bridge::{IngestError, LogAppend, Qos2Flow, Request, StreamMessage};
 
 use super::shard_state;
 use crate::store::Outcome;
@@ -56,7 +56,9 @@ pub(crate) fn wants_log(topic: &str) -> bool {
 /// `ingest` describes it and/or to the session log of `workspace`, its
 /// acknowledgement waiting for the answer (both) through a
 /// [`Write`](crate::store::Write) of `store` (joined with a retained write
-/// of the same value, if any). `held`: the write number its delivery
+/// of the same value, if any). `qos2`: a QoS 2 value of a persistent
+/// session, its flow recorded in `mqtt-session-qos2` once the appends
+/// landed (see `qos2.rs`; with nothing to append, only that). `held`: the write number its delivery
 /// already waits for (a retained value); else a new one from
 /// `next_write`. Returns the write number its delivery waits for (see
 /// [`crate::shard::Shard::written`]), or `None` when the shard is not a
@@ -65,6 +67,7 @@ pub(crate) fn append_ingest(
     message: &Arc<Message>,
     ingest: Option<&IngestValue>,
     workspace: Option<&str>,
+    qos2: Option<Box<Qos2Flow>>,
     store: &crate::store::ShardStore,
     held: Option<u64>,
     next_write: impl FnOnce() -> u64,
@@ -78,11 +81,11 @@ pub(crate) fn append_ingest(
         let message = StreamMessage { subject: encoded.subject, headers: encoded.headers, payload: encoded.payload };
         Some(Box::new(LogAppend { workspace: workspace.to_owned(), message }))
     });
-    if ingest.is_none() && session_log.is_none() {
+    if ingest.is_none() && session_log.is_none() && qos2.is_none() {
         return None;
     }
     let (reply, outcome) = tokio::sync::oneshot::channel();
-    let request = Request::IngestAppend { ingest, session_log, wait: node.append_wait, reply };
+    let request = Request::IngestAppend { ingest, session_log, qos2, wait: node.append_wait, reply };
     let write = store.expect_write(message.origin);
     let write_no = match held {
         Some(write_no) => write_no,

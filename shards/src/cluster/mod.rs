@@ -28,6 +28,7 @@ use crate::shard::Shard;
 
 mod ingest;
 mod parked;
+mod qos2;
 mod report;
 mod retained;
 mod session_log;
@@ -35,6 +36,7 @@ mod sessions;
 mod wills;
 
 pub(crate) use ingest::{append_ingest, wants_log};
+pub(crate) use qos2::{flow as qos2_flow, purge as purge_qos2, release as release_qos2};
 pub(crate) use retained::{publish_retained, Retained};
 pub(crate) use session_log::{count_missed, node, save_cursor, shard_weak};
 pub(crate) use sessions::{save_session, set_interest};
@@ -158,6 +160,7 @@ impl Node {
             moved: claimed.moved,
             taken_up: None,
             resume: None,
+            inbound_qos2: Vec::new(),
         };
         match within(budget, &mut outcome).await {
             Some(Ok(Ok(claimed))) => {
@@ -267,10 +270,12 @@ impl Node {
             // persistent session goes on here, or Clean Start ends it.
             if connect.clean_start {
                 save_session(client_id, None::<fn(&str) -> SessionRecord>, None);
+                purge_qos2(client_id);
             } else {
                 claim.taken_up = self.session_to_take_up(client_id, budget(Instant::now())).await?;
                 if claim.taken_up.is_some() {
                     claim.resume = self.resume_of(client_id, budget(Instant::now())).await?;
+                    claim.inbound_qos2 = self.qos2_of(client_id, budget(Instant::now())).await?;
                 }
             }
         }
@@ -338,6 +343,9 @@ pub(crate) struct Claim {
     /// With `taken_up`: its cursor and unacknowledged values (see
     /// `session_log`).
     pub(crate) resume: Option<Box<crate::shard::Resume>>,
+    /// With `taken_up`: the packet identifiers of its open inbound QoS 2
+    /// flows in `mqtt-session-qos2` (see `qos2`).
+    pub(crate) inbound_qos2: Vec<u16>,
 }
 
 impl Drop for Claim {

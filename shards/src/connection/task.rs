@@ -75,7 +75,8 @@ async fn take_up(shard: &Rc<Shard>, connecting: &mut Connecting) -> bool {
     let Some(record) = claim.taken_up.take() else { return false };
     let own = claim.is_own(&record);
     let resume = claim.resume.take();
-    let routes = shard.take_up(&record, own, resume.as_deref(), Instant::now());
+    let inbound_qos2 = std::mem::take(&mut claim.inbound_qos2);
+    let routes = shard.take_up(&record, own, resume.as_deref(), &inbound_qos2, Instant::now());
     if routes.is_empty() {
         return false;
     }

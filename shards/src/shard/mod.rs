@@ -746,6 +746,23 @@ impl Shard {
         let since = self.store.begin_packet();
         let mut outputs = std::mem::take(&mut st.outputs);
         let session = &mut st.clients[slot as usize].session;
+        // A persistent session's inbound QoS 2 flow in the cluster
+        // (`mqtt-session-qos2`): opened with its value, released by its
+        // PUBREL before the PUBCOMP.
+        let (flow, released) = match &packet {
+            Packet::Publish(p) if p.qos == QoS::ExactlyOnce => (p.packet_id, None),
+            Packet::PubRel(rel) => (None, Some(rel.packet_id)),
+            _ => (None, None),
+        };
+        let flow_of = |id: std::num::NonZeroU16| {
+            crate::cluster::qos2_flow(self.store.clustered(), session.session_expiry(), session.client_id(), id.get())
+        };
+        let (mut flow, released) = (flow.and_then(flow_of), released.and_then(flow_of));
+        if let Some(released) = released {
+            // Before the PUBCOMP the session returns: it waits for this.
+            crate::cluster::release_qos2(released, &self.store, st.clients[slot as usize].key);
+        }
+        let session = &mut st.clients[slot as usize].session;
         session.set_store_refusing(self.store.refusing());
         session.handle(packet, now, &mut outputs);
         if is_publish {
@@ -775,7 +792,9 @@ impl Shard {
                     let client = &st.clients[slot as usize];
                     let ingest = self.store.ingests().then(|| ingest_value(client, &message)).flatten();
                     let workspace = (self.store.clustered() && message.qos != QoS::AtMostOnce).then(|| client.owner.1.clone());
-                    reach |= if logged { self.route_from(st, Arc::new(message), v5, ingest, workspace, now) } else { 0 };
+                    let flow = flow.take().filter(|_| message.qos == QoS::ExactlyOnce);
+                    let appends = route::Appends { ingest, workspace, qos2: flow };
+                    reach |= if logged { self.route_from(st, Arc::new(message), v5, appends, now) } else { 0 };
                 }
                 Output::Subscribed {
                     filter,

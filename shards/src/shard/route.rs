@@ -11,6 +11,21 @@ use fleetmq_core::session::{GroupPick, Message};
 use super::held::Delivery;
 use super::{Shard, State};
 
+/// Where the cluster stores a value a client published (see
+/// [`Shard::route_from`]).
+#[derive(Default)]
+pub(super) struct Appends {
+    /// The value as the ingest stream records it (`store.kind =
+    /// "jetstream"`, QoS 1/2).
+    pub(super) ingest: Option<fleetmq_core::cluster::ingest::IngestValue>,
+    /// The publisher's workspace, for a QoS 1/2 value in cluster mode,
+    /// whose session log takes it when a persistent session wants it.
+    pub(super) workspace: Option<Arc<str>>,
+    /// The inbound QoS 2 flow of a persistent publisher, recorded once
+    /// the value is stored (`mqtt-session-qos2`).
+    pub(super) qos2: Option<Box<fleetmq_nats_bridge::Qos2Flow>>,
+}
+
 impl Shard {
     /// Route a message: retained-store update, local subscribers, and the
     /// other shards whose routes match. Returns the shards it went to, one
@@ -19,27 +34,24 @@ impl Shard {
     /// `mqtt-retained` has it, and what its publisher sent after it, see
     /// [`super::held`]).
     pub(super) fn route(&self, st: &mut State, message: Arc<Message>, now: Instant) -> u64 {
-        self.route_from(st, message, None, None, None, now)
+        self.route_from(st, message, None, Appends::default(), now)
     }
 
     /// [`Shard::route`] for a message a client published on a connection
     /// speaking MQTT 5 (`v5`: `Some(true)`) or 3.1.x (`Some(false)`): what
     /// a refusal of a value held before it does to it depends on that
-    /// (see [`super::held`]). `ingest`: the value as the ingest stream
-    /// records it (`store.kind = "jetstream"`, QoS 1/2); `workspace`: its
-    /// publisher's workspace, for a QoS 1/2 value in cluster mode, whose
-    /// session log takes it when a persistent session wants it. Appended
-    /// there, its acknowledgement and delivery wait for JetStream
-    /// ([`crate::cluster::append_ingest`]).
+    /// (see [`super::held`]). `appends`: where the cluster stores it
+    /// ([`Appends`]); appended there, its acknowledgement and delivery
+    /// wait for JetStream ([`crate::cluster::append_ingest`]).
     pub(super) fn route_from(
         &self,
         st: &mut State,
         message: Arc<Message>,
         v5: Option<bool>,
-        ingest: Option<fleetmq_core::cluster::ingest::IngestValue>,
-        workspace: Option<Arc<str>>,
+        appends: Appends,
         now: Instant,
     ) -> u64 {
+        let Appends { ingest, workspace, qos2 } = appends;
         let mut delivery = if message.retain { self.keep_retained(st, &message, now) } else { Delivery::Now };
         let workspace = workspace.filter(|_| crate::cluster::wants_log(&message.topic));
         let mut message = message;
@@ -47,7 +59,7 @@ impl Shard {
             // Persistent sessions read it from their log, not live.
             Arc::make_mut(&mut message).stored = super::session_log::LOGGED;
         }
-        if ingest.is_some() || workspace.is_some() {
+        if ingest.is_some() || workspace.is_some() || qos2.is_some() {
             let held = match delivery {
                 Delivery::Never => None,
                 Delivery::After(write) => Some(Some(write)),
@@ -57,7 +69,7 @@ impl Shard {
             if let Some(held) = held {
                 let next = || st.held.next_write();
                 let appended =
-                    crate::cluster::append_ingest(&message, ingest.as_ref(), workspace.as_deref(), &self.store, held, next);
+                    crate::cluster::append_ingest(&message, ingest.as_ref(), workspace.as_deref(), qos2, &self.store, held, next);
                 if let Some(write) = appended {
                     delivery = Delivery::After(write);
                 }

@@ -96,6 +96,7 @@ impl Shard {
             client.saved = Saved::No;
             crate::cluster::set_interest(client.session.client_id(), None);
             crate::cluster::save_session(client.session.client_id(), None::<fn(&str) -> SessionRecord>, None);
+            crate::cluster::purge_qos2(client.session.client_id());
         }
     }
 
@@ -147,11 +148,16 @@ impl Shard {
     /// `resume`: its cursor, read with the record: the session reads its
     /// log from there, and the deliveries it lists as unacknowledged are
     /// sent again with DUP (or PUBREL) by the attach `[MQTT-4.4.0-1]`.
+    /// `inbound_qos2`: the packet identifiers of its open inbound QoS 2
+    /// flows (`mqtt-session-qos2`), open in the session again: a PUBLISH
+    /// its client sends again gets PUBREC and is not forwarded
+    /// `[MQTT-4.3.3-10]`.
     pub(crate) fn take_up(
         &self,
         record: &SessionRecord,
         own: bool,
         resume: Option<&super::Resume>,
+        inbound_qos2: &[u16],
         now: Instant,
     ) -> super::wanted::RouteWaits {
         let mut waits = Vec::new();
@@ -195,7 +201,7 @@ impl Shard {
             Some(resume) => Self::resumed_deliveries(resume, key, &subscriptions),
             None => Vec::new(),
         };
-        session.restore(subscriptions.clone(), std::iter::empty(), sent, Vec::new());
+        session.restore(subscriptions.clone(), inbound_qos2.iter().copied(), sent, Vec::new());
         let owner = (record.username.as_deref().map(Arc::from), Arc::from(record.workspace.as_str()));
         let slot = self.insert_client(st, session, owner);
         let client = &mut st.clients[slot as usize];
