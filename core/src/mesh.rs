@@ -30,6 +30,17 @@
 //!   ownership of goes to every client with a matching subscription
 //!   [MQTT-4.5.0-1], whichever replica took it. A version-1 or 2 peer
 //!   links as before, learning routes from the watch alone.
+//! - **4** (session 41): version 3 plus each value's *logged* flag: the
+//!   sender says whether the value went to its workspace's session log
+//!   ([`Value::logged`]). A persistent session reading its log on the
+//!   receiving replica skips the live copy of a QoS 1/2 value only when
+//!   it did (it reads it from the log); one that did not (the sender did
+//!   not know of the session's interest yet: it learns it through the
+//!   `mqtt-session-state` watch, moments after the SUBACK) is delivered
+//!   live, so a value published just after a persistent subscription's
+//!   SUBACK is not missed. From a version-1 to 3 peer every value counts
+//!   as logged (the rule before: a reading session skipped every QoS 1/2
+//!   value from the mesh).
 //!
 //! A link, from the dialing replica (the sender of values) to the
 //! accepting one:
@@ -64,9 +75,13 @@ pub const KEEPALIVE_VERSION: u16 = 2;
 /// documentation).
 pub const ANNOUNCE_VERSION: u16 = 3;
 
+/// The first version with the logged flag on values (see the module
+/// documentation).
+pub const LOGGED_VERSION: u16 = 4;
+
 /// Every mesh protocol version this build speaks, lowest first (a
 /// process may offer fewer: the shards' `mesh::spoken`).
-pub const VERSIONS: &[u16] = &[1, 2, 3];
+pub const VERSIONS: &[u16] = &[1, 2, 3, 4];
 
 /// Bytes a frame may hold beyond the largest allowed packet: the frame
 /// and value headers, and the batch around the values.
@@ -150,6 +165,10 @@ pub struct Value {
     /// The shared subscription groups the sender picked the receiving
     /// replica for (at most [`MAX_GROUPS`]); empty: for no group.
     pub groups: Vec<ByteString>,
+    /// The sender appended it to its workspace's session log (QoS 1/2, a
+    /// persistent session wanted it). Sent from version
+    /// [`LOGGED_VERSION`]; read as `true` from frames of earlier versions.
+    pub logged: bool,
 }
 
 /// One frame, decoded.
@@ -247,6 +266,8 @@ const ROUTE_ACK: u8 = 6;
 const FLAG_RETAIN: u8 = 4;
 const FLAG_EXPIRY: u8 = 8;
 const FLAG_GROUPS: u8 = 16;
+/// From [`LOGGED_VERSION`]: [`Value::logged`].
+const FLAG_LOGGED: u8 = 32;
 
 /// Take the next frame from the front of `buf`: `Ok(None)` when `buf`
 /// does not hold a whole frame yet (read more and call again).
@@ -300,7 +321,7 @@ fn decode_body(mut body: Bytes) -> Result<Frame, FrameError> {
             // the frame can hold.
             let mut values = Vec::with_capacity(n.min(r.0.len() / 15));
             for _ in 0..n {
-                values.push(r.value()?);
+                values.push(r.value(u16::from(version))?);
             }
             if first == 0 || first.checked_add(n as u64).is_none() {
                 return Err(FrameError::Malformed("sequence numbers"));
@@ -358,7 +379,7 @@ pub fn encode(frame: &Frame, version: u16, out: &mut BytesMut) {
             out.put_u64(*first);
             out.put_u32(values.len() as u32);
             for v in values {
-                put_value(out, &ValueRef::from(v));
+                put_value(out, &ValueRef::from(v), version);
             }
         }
         Frame::Ack { delivered } => out.put_u64(*delivered),
@@ -394,6 +415,8 @@ pub struct ValueRef<'a> {
     pub origin: u64,
     /// See [`Value::groups`].
     pub groups: &'a [ByteString],
+    /// See [`Value::logged`].
+    pub logged: bool,
 }
 
 impl<'a> From<&'a Value> for ValueRef<'a> {
@@ -407,6 +430,7 @@ impl<'a> From<&'a Value> for ValueRef<'a> {
             expiry_left: v.properties.message_expiry_interval,
             origin: v.origin,
             groups: &v.groups,
+            logged: v.logged,
         }
     }
 }
@@ -440,7 +464,7 @@ pub fn encode_values<'a>(
     out.put_u64(first);
     out.put_u32(values.len() as u32);
     for v in values {
-        put_value(out, &v);
+        put_value(out, &v, version);
     }
     finish(out, start);
 }
@@ -477,7 +501,7 @@ fn put_str(out: &mut BytesMut, s: &str) {
     out.put_slice(&s.as_bytes()[..n]);
 }
 
-fn put_value(out: &mut BytesMut, v: &ValueRef<'_>) {
+fn put_value(out: &mut BytesMut, v: &ValueRef<'_>, version: u16) {
     let groups = &v.groups[..v.groups.len().min(MAX_GROUPS)];
     let mut flags = v.qos as u8;
     if v.retain {
@@ -488,6 +512,9 @@ fn put_value(out: &mut BytesMut, v: &ValueRef<'_>) {
     }
     if !groups.is_empty() {
         flags |= FLAG_GROUPS;
+    }
+    if v.logged && version >= LOGGED_VERSION {
+        flags |= FLAG_LOGGED;
     }
     out.put_u8(flags);
     put_str(out, v.topic);
@@ -538,11 +565,14 @@ impl Reader {
         self.need(n)?;
         ByteString::try_from(self.0.split_to(n)).map_err(|_| FrameError::Malformed("string that is not UTF-8"))
     }
-    fn value(&mut self) -> Result<Value, FrameError> {
+    /// A value of a frame written in `version`.
+    fn value(&mut self, version: u16) -> Result<Value, FrameError> {
         let flags = self.u8()?;
-        if flags & !(3 | FLAG_RETAIN | FLAG_EXPIRY | FLAG_GROUPS) != 0 {
+        let known = if version >= LOGGED_VERSION { FLAG_LOGGED } else { 0 };
+        if flags & !(3 | FLAG_RETAIN | FLAG_EXPIRY | FLAG_GROUPS | known) != 0 {
             return Err(FrameError::Malformed("value flags"));
         }
+        let logged = version < LOGGED_VERSION || flags & FLAG_LOGGED != 0;
         let qos = QoS::from_u8(flags & 3).ok_or(FrameError::Malformed("QoS 3"))?;
         let topic = self.string()?;
         let origin = self.u64()?;
@@ -568,7 +598,7 @@ impl Reader {
         let n = self.u32()? as usize;
         self.need(n)?;
         let payload = self.0.split_to(n);
-        Ok(Value { topic, payload, qos, retain: flags & FLAG_RETAIN != 0, properties, origin, groups })
+        Ok(Value { topic, payload, qos, retain: flags & FLAG_RETAIN != 0, properties, origin, groups, logged })
     }
 }
 
@@ -592,9 +622,9 @@ mod tests {
             prop::option::of(any::<u32>()),
             any::<u64>(),
             prop::collection::vec(text(), 0..3),
-            prop::option::of(text()),
+            (prop::option::of(text()), any::<bool>()),
         )
-            .prop_map(|(topic, payload, qos, retain, expiry, origin, groups, content_type)| Value {
+            .prop_map(|(topic, payload, qos, retain, expiry, origin, groups, (content_type, logged))| Value {
                 topic,
                 payload: payload.into(),
                 qos: QoS::from_u8(qos).unwrap(),
@@ -606,6 +636,7 @@ mod tests {
                 }),
                 origin,
                 groups,
+                logged,
             })
     }
 
@@ -631,7 +662,7 @@ mod tests {
         #[test]
         fn frames_read_back_as_written(frames in prop::collection::vec(frame(), 1..4)) {
             let mut buf = BytesMut::new();
-            frames.iter().for_each(|f| encode(f, ANNOUNCE_VERSION, &mut buf));
+            frames.iter().for_each(|f| encode(f, LOGGED_VERSION, &mut buf));
             for f in &frames {
                 let got = decode(&mut buf, 1 << 20).unwrap();
                 prop_assert_eq!(got.as_ref(), Some(f));
@@ -685,6 +716,7 @@ mod tests {
             expiry_left: Some(7),
             origin: 5,
             groups: &[],
+            logged: false,
         };
         let mut buf = BytesMut::new();
         encode_values(3, 2, [v].into_iter(), &mut buf);
@@ -703,8 +735,8 @@ mod tests {
             assert_eq!(decode(&mut buf, 100), Ok(Some(Frame::Ack { delivered: 7 })));
         }
         let mut buf = BytesMut::new();
-        encode(&Frame::Ack { delivered: 7 }, 4, &mut buf);
-        assert_eq!(decode(&mut buf, 100), Err(FrameError::Version(4)));
+        encode(&Frame::Ack { delivered: 7 }, 5, &mut buf);
+        assert_eq!(decode(&mut buf, 100), Err(FrameError::Version(5)));
         // A route announce is a version-3 frame: in an earlier version it
         // is malformed (a peer that agreed version 2 never sends one).
         let route = Frame::Route { id: 1, revision: 9, present: true, instance: "i".into(), filter: "a/#".into() };
@@ -721,10 +753,38 @@ mod tests {
     }
 
     #[test]
+    fn the_logged_flag_travels_from_version_4_and_earlier_versions_read_as_logged() {
+        let properties = Props::default();
+        let v = |logged| ValueRef {
+            topic: "a",
+            payload: b"x",
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: &properties,
+            expiry_left: None,
+            origin: 1,
+            groups: &[],
+            logged,
+        };
+        for (version, logged, read) in [(LOGGED_VERSION, false, false), (LOGGED_VERSION, true, true), (ANNOUNCE_VERSION, false, true)] {
+            let mut buf = BytesMut::new();
+            encode_values(1, version, [v(logged)].into_iter(), &mut buf);
+            let Some(Frame::Values { values, .. }) = decode(&mut buf, 1 << 10).unwrap() else { panic!() };
+            assert_eq!(values[0].logged, read, "version {version}, sent {logged}");
+        }
+        // The flag in a version-3 frame is not a flag of that version.
+        let mut buf = BytesMut::new();
+        encode_values(1, LOGGED_VERSION, [v(true)].into_iter(), &mut buf);
+        buf[4] = ANNOUNCE_VERSION as u8;
+        assert_eq!(decode(&mut buf, 1 << 10), Err(FrameError::Malformed("value flags")));
+    }
+
+    #[test]
     fn the_version_is_the_highest_both_speak() {
         assert_eq!(choose_version(VERSIONS, &[1]), Some(1), "a version-1 peer links without the keepalive");
         assert_eq!(choose_version(VERSIONS, &[1, 2]), Some(2), "a version-2 peer links without announces");
-        assert_eq!(choose_version(VERSIONS, &[1, 2, 3]), Some(3));
+        assert_eq!(choose_version(VERSIONS, &[1, 2, 3]), Some(3), "a version-3 peer links without the logged flag");
+        assert_eq!(choose_version(VERSIONS, &[1, 2, 3, 4]), Some(4));
         assert_eq!(choose_version(&[1, 2], &[2, 3]), Some(2));
         assert_eq!(choose_version(&[1], &[2]), None);
     }

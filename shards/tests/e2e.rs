@@ -244,6 +244,11 @@ mod cluster_session_log;
 #[path = "e2e/cluster_qos2.rs"]
 mod cluster_qos2;
 
+/// A value published on another replica right after a persistent
+/// subscription's SUBACK is delivered (mesh version 4, s41).
+#[path = "e2e/cluster_log_race.rs"]
+mod cluster_log_race;
+
 /// A 3,900-byte client identifier, a 4,000-byte filter and a retained
 /// value on a 4,000-byte topic work across replicas as short ones do
 /// (hashed KV keys, s40).

@@ -52,9 +52,10 @@ impl Qos2Record {
 }
 
 /// The key of `client_id`'s flow `packet_id`: `<client key>.<packet id>`
-/// in decimal.
+/// in decimal ([`crate::cluster::records::qos2_key`], which the sweeper's
+/// filter [`crate::cluster::records::qos2_keys_of`] selects).
 pub fn key(client_id: &str, packet_id: u16) -> String {
-    format!("{}.{packet_id}", client_key(client_id))
+    crate::cluster::records::qos2_key(client_id, packet_id)
 }
 
 /// What every key of `client_id`'s flows starts with: `<client key>.`

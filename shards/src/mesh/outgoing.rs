@@ -136,6 +136,7 @@ fn value_ref<'a>(m: &'a Message, groups: &'a Option<Arc<[ByteString]>>, now: Ins
         expiry_left: m.expiry_left(now),
         origin: m.origin,
         groups: groups.as_deref().unwrap_or(&[]),
+        logged: m.stored == crate::shard::LOGGED,
     }
 }
 

@@ -93,7 +93,7 @@ enum Subscriber {
 }
 
 pub(crate) use conn::ConnShared;
-pub(crate) use session_log::{Resume, CURSOR_EVERY};
+pub(crate) use session_log::{Resume, CURSOR_EVERY, LOGGED};
 pub(crate) use groups::GroupOp;
 pub(crate) use wanted::ROUTE_WAIT;
 pub(crate) use placement::{Forget, Move, Mover, Route};

@@ -172,7 +172,8 @@ impl Shard {
                 properties: v.properties,
                 received_at: now,
                 origin: v.origin,
-                stored: 0,
+                // A reading session skips it when the sender logged it.
+                stored: if v.logged { super::session_log::LOGGED } else { 0 },
                 from_mesh: true,
                 groups: GroupPick::only(v.groups),
             };

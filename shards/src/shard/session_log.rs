@@ -27,8 +27,11 @@
 //!   wait for that.
 //!
 //! The live path skips QoS 1/2 deliveries to a reading session of values
-//! that went to a session log (marked [`LOGGED`], or from the mesh: the
-//! publishing replica logged them), so that nothing comes twice.
+//! that went to a session log (marked [`LOGGED`]; from the mesh, when the
+//! publishing replica says it logged them: mesh version 4, and always
+//! from an older peer), so that nothing comes twice. A value the
+//! publishing replica did not log (it did not know of the session's
+//! interest yet, moments after its SUBACK) is delivered live.
 //!
 //! # The cursor
 //! `mqtt-session-cursor` keeps each session's
@@ -236,7 +239,7 @@ impl Shard {
     /// `slot` is left out: the session reads it from its log.
     pub(super) fn log_skips(st: &State, slot: Slot, message: &Message, qos: QoS) -> bool {
         qos != QoS::AtMostOnce
-            && (message.stored == LOGGED || message.from_mesh)
+            && message.stored == LOGGED
             && st.clients[slot as usize].log.as_ref().is_some_and(|r| r.mode != Mode::Starting)
     }
 

@@ -13,13 +13,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::cluster::replica;
+use crate::cluster_mesh::{links_up, start, status, Certs};
 use crate::harness::Broker;
 use crate::nats::NatsCluster;
 use crate::raw::{wire as build, Incoming, RawClient};
-
-/// `member_ttl` of these tests.
-const TTL: &str = "cluster.member_ttl=5s";
 
 /// One packet read: fixed header byte and body.
 type Raw = (u8, Vec<u8>);
@@ -27,13 +24,13 @@ type Raw = (u8, Vec<u8>);
 /// An MQTT 5 client on a raw socket, with the state MQTT keeps on the
 /// client side for its inbound QoS 2 flows (across its connections: a
 /// persistent session) and what its application was handed.
-struct Peer {
+pub(crate) struct Peer {
     id: String,
-    conn: RawClient,
+    pub(crate) conn: RawClient,
     /// Inbound QoS 2 packet identifiers between PUBLISH and PUBREL.
     held: HashSet<u16>,
     /// Payloads handed to the application, in order.
-    handed: Vec<String>,
+    pub(crate) handed: Vec<String>,
     /// Packets other than inbound PUBLISH/PUBREL, in order.
     acks: Vec<Raw>,
 }
@@ -41,7 +38,7 @@ struct Peer {
 impl Peer {
     /// Connects `id` to `addr` with Session Expiry Interval 300 s;
     /// returns it and the CONNACK's Session Present flag.
-    fn connect(addr: SocketAddr, id: &str, clean_start: bool) -> (Peer, bool) {
+    pub(crate) fn connect(addr: SocketAddr, id: &str, clean_start: bool) -> (Peer, bool) {
         let mut conn = RawClient::connect(addr);
         let connect = build::Connect { clean: clean_start, session_expiry: Some(300), ..build::Connect::v5(id) };
         let (flags, code) = conn.handshake(&connect.encode());
@@ -58,18 +55,29 @@ impl Peer {
 
     /// Subscribes to `filter` at QoS 2.
     fn subscribe(&mut self, filter: &str) {
-        self.conn.send(&build::subscribe(1, filter, 2, true));
+        self.subscribe_at(filter, 2);
+    }
+
+    /// Subscribes to `filter` at `qos`.
+    pub(crate) fn subscribe_at(&mut self, filter: &str, qos: u8) {
+        self.conn.send(&build::subscribe(1, filter, qos, true));
         let (_, body) = self.next(|h| h == 0x90, Duration::from_secs(5)).expect("SUBACK");
-        assert_eq!(body.last(), Some(&2), "granted QoS 2");
+        assert_eq!(body.last(), Some(&qos), "granted QoS {qos}");
     }
 
     /// The next packet, at most `timeout`: inbound PUBLISH and PUBREL are
     /// answered as the receiver of MQTT 5 §4.3.3 does when `answer`, and
     /// noted either way.
-    fn read(&mut self, timeout: Duration, answer: bool) -> Option<Raw> {
+    pub(crate) fn read(&mut self, timeout: Duration, answer: bool) -> Option<Raw> {
         match self.conn.read(timeout) {
             Incoming::Packet { header, body } => {
-                if header >> 4 == 3 {
+                if header >> 4 == 3 && header & 0x06 == 0x02 {
+                    let (pid, payload) = publish_of(header, &body);
+                    self.handed.push(payload);
+                    if answer {
+                        self.conn.send(&build::packet(0x40, &pid.to_be_bytes()));
+                    }
+                } else if header >> 4 == 3 {
                     let (pid, payload) = publish_of(header, &body);
                     // A PUBLISH whose identifier the receiver holds is not
                     // handed on again `[MQTT-4.3.3-10]` (its receiver side).
@@ -133,6 +141,13 @@ impl Peer {
         }
     }
 
+    /// Publishes `payload` to `topic` at QoS 1 with `pid` and waits for
+    /// its PUBACK 0x00.
+    pub(crate) fn publish_at_least_once(&mut self, topic: &str, pid: u16, payload: &str) {
+        self.conn.send(&build::publish(topic, 1, pid, (false, false), payload.as_bytes(), true));
+        assert_eq!(self.ack(0x40, pid), 0, "PUBACK");
+    }
+
     /// A whole QoS 2 exchange of `payload` with `pid`.
     fn publish_exactly_once(&mut self, topic: &str, pid: u16, payload: &str) {
         self.publish(topic, pid, false, payload);
@@ -174,13 +189,30 @@ fn counts(handed: &[String]) -> BTreeMap<String, usize> {
     c
 }
 
-/// Three replicas of a 3-server NATS cluster.
-fn three(nats: &NatsCluster) -> (Broker, Broker, Broker) {
-    (
-        replica("ra", &nats.urls(), &["--set", TTL]),
-        replica("rb", &nats.urls(), &["--set", TTL]),
-        replica("rc", &nats.urls(), &["--set", TTL]),
-    )
+/// Three replicas of a 3-server NATS cluster, linked by the mesh (its
+/// certificates returned too: they live as long as the replicas).
+fn three(nats: &NatsCluster) -> (Broker, Broker, Broker, Certs) {
+    let certs = Certs::new("ra,rb,rc");
+    let (a, b, c) = (start("ra", nats, &certs, &[]), start("rb", nats, &certs, &[]), start("rc", nats, &certs, &[]));
+    for r in [&a, &b, &c] {
+        wait_mesh(r, 2);
+    }
+    (a, b, c, certs)
+}
+
+/// Waits (at most 30 s) until `replica` has every link it dials to each
+/// of its `peers` up (`links_per_peer` each: one per shard).
+pub(crate) fn wait_mesh(replica: &Broker, peers: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = status(replica);
+        let per_peer = s["cluster"]["mesh"]["links_per_peer"].as_i64().unwrap_or(0);
+        if per_peer > 0 && links_up(replica) == per_peer * peers {
+            return;
+        }
+        assert!(Instant::now() < deadline, "mesh links not all up: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The publisher's replica A SIGKILLed with four QoS 2 flows of its
@@ -197,7 +229,7 @@ fn three(nats: &NatsCluster) -> (Broker, Broker, Broker) {
 #[test]
 fn a_publisher_whose_replica_was_killed_mid_handshake_has_each_value_forwarded_once() {
     let nats = NatsCluster::start(3);
-    let (mut a, b, c) = three(&nats);
+    let (mut a, b, c, _certs) = three(&nats);
     let (mut keeper, _) = Peer::connect(b.mqtt, &crate::clients::unique("keeper"), true);
     keeper.subscribe("q2/#");
     let (mut live, _) = Peer::connect(b.mqtt, &crate::clients::unique("live"), true);
@@ -263,7 +295,7 @@ fn a_publisher_whose_replica_was_killed_mid_handshake_has_each_value_forwarded_o
 #[test]
 fn a_subscriber_whose_replica_was_killed_mid_handshake_hands_each_value_on_once() {
     let nats = NatsCluster::start(3);
-    let (a, mut b, c) = three(&nats);
+    let (a, mut b, c, _certs) = three(&nats);
     let (mut s, _) = Peer::connect(b.mqtt, &crate::clients::unique("keeper"), true);
     s.subscribe("q2/#");
     std::thread::sleep(Duration::from_secs(1));

@@ -34,7 +34,7 @@ pub(crate) const LOG: &str = "LOG_mqtt-sessions-_";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Logged {
     seq: u64,
-    topic: String,
+    pub(crate) topic: String,
     qos: String,
     payload: Vec<u8>,
 }
