@@ -19,7 +19,11 @@
 #
 # FLEETMQ_ARGS: more `fleetmq serve` arguments (e.g. "--shards 1").
 # Pinning (taskset CPU lists; empty: unpinned): FLEETMQ_CPUS, NATS_CPUS,
-# LOADGEN_CPUS. KEEP=DIR keeps the logs, each run's loadgen report and
+# LOADGEN_CPUS. HOLD=DURATION (e.g. 5s): loadgen's `idle` scenario instead
+# of `connect-storm`: the same storm, then every connection held for
+# DURATION and the broker's RSS read (fleetmq's process; for nats, the
+# server whose MQTT port the clients use): RSS per connection (issue 24:
+# 10,000 persistent sessions beside as many clean ones). KEEP=DIR keeps the logs, each run's loadgen report and
 # the broker's refusal counters there.
 #
 # Prints which NATS server has fleetmq's state connection and which leads
@@ -42,6 +46,7 @@ FLEETMQ_CPUS=${FLEETMQ_CPUS:-}
 NATS_CPUS=${NATS_CPUS:-}
 LOADGEN_CPUS=${LOADGEN_CPUS:-}
 KEEP=${KEEP:-}
+HOLD=${HOLD:-}
 FLEETMQ_ARGS=${FLEETMQ_ARGS:-}
 # Loadgen threads: one thread caps a storm at ~12k CONNACK/s on these
 # machines (a single node reached 11.9k with 1, 14–20k with 2:
@@ -119,8 +124,13 @@ refusals() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | grep '^fleetmq_con
 storm() { # broker url kind round
     local name=$1 url=$2 kind=$3 round=$4 extra=()
     if [ "$kind" = persistent ]; then extra=(--keep-session); fi
-    local before_f before_b before_n load pid=$FLEETMQ_PID
+    local before_f before_b before_n load pid=$FLEETMQ_PID scenario=connect-storm
     if [ "$name" = single ]; then pid=$SINGLE_PID; fi
+    if [ -n "$HOLD" ]; then
+        local rss_pid=$pid
+        if [ "$name" = nats ]; then rss_pid=${PIDS[0]}; fi
+        scenario=idle extra+=(--duration "$HOLD" --broker-pid "$rss_pid")
+    fi
     before_f=$(cpu_s "$pid"); before_b=$(bridge_cpu_s "$pid"); before_n=$(cpu_s $NATS_PIDS)
     refusals >"$WORK/refused.before"
     python3 perf/cluster_connect_row.py --nats-counts "${HPORT[@]}" >"$WORK/nats.before"
@@ -129,7 +139,7 @@ storm() { # broker url kind round
     if [ -n "$LOADGEN_CPUS" ]; then loadgen=(taskset -c "$LOADGEN_CPUS" "$LOADGEN"); fi
     rm -f "$WORK/run.json"
     # A run with failed CONNECTs exits non-zero and still writes its report.
-    "${loadgen[@]}" run connect-storm --threads "$LOADGEN_THREADS" --url "$url" --connections "$CONNECTIONS" --connect-rate "$RATE" \
+    "${loadgen[@]}" run "$scenario" --threads "$LOADGEN_THREADS" --url "$url" --connections "$CONNECTIONS" --connect-rate "$RATE" \
         --client-id-prefix "r${round}${kind:0:1}$name" "${extra[@]}" --json "$WORK/run.json" >"$WORK/run.txt" 2>"$WORK/loadgen.err" ||
         echo "$name $kind round $round: $(tail -1 "$WORK/loadgen.err")"
     [ -s "$WORK/run.json" ] || { echo "$name $kind round $round: no report"; return 0; }

@@ -84,6 +84,10 @@ elif sys.argv[1] == "--summary":
         bridge = statistics.median(r.get("bridge_cpu_us_per_connect") or 0 for r in rs)
         load = statistics.median(r.get("load") or 0 for r in rs)
         print(f"{kind:11} {broker:8} {len(rs):4}  {rate:18.0f}  {p99:15.1f}  {failed:6}  {bridge:21.1f}  {load:4.1f}")
+        kib = [r["kib_per_connection"] for r in rs if r.get("kib_per_connection") is not None]
+        if kib:
+            rss = statistics.median(r.get("rss_after_kib") or 0 for r in rs)
+            print(f"{'':11} held: broker RSS per connection {statistics.median(kib):.2f} KiB (median), RSS after {rss / 1024:.1f} MiB")
         per = [r["nats_per_connect"] for r in rs if r.get("nats_per_connect")]
         if per:
             cpu = statistics.median(r.get("nats_cpu_us_per_connect") or 0 for r in rs)
@@ -109,6 +113,9 @@ else:
         "p50_us": report["latency_us"].get("p50"), "p99_us": report["latency_us"].get("p99"),
         "errors": report.get("errors") or {},
     }
+    if c.get("broker_kib_per_connection") is not None:
+        row["kib_per_connection"] = c["broker_kib_per_connection"]
+        row["rss_after_kib"] = c.get("broker_rss_after_kib")
     if len(sys.argv) > 6 and sys.argv[2] == "fleetmq":
         before, after = counters(sys.argv[5]), counters(sys.argv[6])
         row["refused"] = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}

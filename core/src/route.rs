@@ -281,6 +281,21 @@ impl RemoteRoutes {
         });
     }
 
+    /// Calls `f(group, peers)` for each entry with a filter matching
+    /// `topic`: `group` `None` for a plain filter, else its shared
+    /// subscription group (as [`Self::peers_for`] and
+    /// [`Self::for_each_group`] together, in one walk of the trie).
+    pub fn for_each_route(&self, topic: &str, mut f: impl FnMut(Option<&ByteString>, PeerSet)) {
+        self.trie.for_each_match(topic, |key, peers| match key.checked_sub(1) {
+            None => f(None, *peers),
+            Some(i) => {
+                if let Some(group) = self.groups.get(i as usize) {
+                    f(Some(group), *peers);
+                }
+            }
+        });
+    }
+
     /// Number of (filter, group) entries with at least one peer.
     pub fn len(&self) -> usize {
         self.trie.len()
@@ -420,6 +435,38 @@ mod tests {
     }
 
     proptest! {
+        /// The one walk the mesh's forward path takes gives what the two
+        /// walks gave: the plain peers and each group's peers.
+        #[test]
+        fn for_each_route_is_peers_for_and_for_each_group_in_one(
+            ops in prop::collection::vec((filter(), prop::option::of(prop::sample::select(vec!["g", "h"])), 0u16..4, any::<bool>()), 0..40),
+            topics in prop::collection::vec(topic(), 1..8),
+        ) {
+            use crate::cluster::peers::PeerId;
+            let mut remote = RemoteRoutes::new();
+            for (f, group, peer, present) in &ops {
+                let filter = match group {
+                    Some(g) => format!("$share/{g}/{f}"),
+                    None => f.clone(),
+                };
+                remote.apply(&RouteChange { peer: PeerId(*peer), filter, present: *present });
+            }
+            for t in &topics {
+                let mut plain = PeerSet::new();
+                let mut groups = Vec::new();
+                remote.for_each_route(t, |group, peers| match group {
+                    None => plain = plain.union(peers),
+                    Some(g) => groups.push((g.to_string(), peers.iter().collect::<Vec<_>>())),
+                });
+                let mut expected = Vec::new();
+                remote.for_each_group(t, |g, peers| expected.push((g.to_string(), peers.iter().collect::<Vec<_>>())));
+                groups.sort();
+                expected.sort();
+                prop_assert_eq!(plain, remote.peers_for(t), "topic {:?}", t);
+                prop_assert_eq!(groups, expected, "topic {:?}", t);
+            }
+        }
+
         #[test]
         fn shards_for_equals_brute_force(
             ops in prop::collection::vec((filter(), 0usize..6, any::<bool>()), 0..60),

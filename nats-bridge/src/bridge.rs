@@ -256,7 +256,13 @@ fn start_request(shared: &Arc<Shared>, request: Request, ticket: Option<Ticket>)
     if matches!(request, Request::Claim { .. }) {
         shared.claims_in_flight.fetch_add(1, Ordering::Relaxed);
     }
-    tokio::task::spawn_local(crate::request::handle(shared.clone(), request, ticket));
+    // Boxed: `handle`'s future is as large as its largest arm (kilobytes:
+    // an append holds two publishes with their timers), and tokio moves a
+    // task's future into its cell and overwrites it with the output when
+    // done, two copies of that size per request; boxed, each is the size
+    // of a pointer (perf: a third of the bridge thread's time in memmove
+    // at ~50k appends/s, perf/RESULTS.md 2026-12-07 session 42).
+    tokio::task::spawn_local(Box::pin(crate::request::handle(shared.clone(), request, ticket)));
 }
 
 /// How long the stop waits for requests in flight.

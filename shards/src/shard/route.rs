@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytestring::ByteString;
-use fleetmq_core::cluster::peers::PeerId;
+use fleetmq_core::cluster::peers::{PeerId, PeerSet};
 use fleetmq_core::session::{GroupPick, Message};
 
 use super::held::Delivery;
@@ -117,15 +117,29 @@ impl Shard {
         if message.from_mesh || !self.links.active() || st.remote_routes.is_empty() || message.topic.starts_with("$SYS/") {
             return message;
         }
-        let plain = st.remote_routes.peers_for(&message.topic);
+        // One walk of the remote routes: plain peers, and the groups with
+        // members elsewhere (none, most often: then nothing more to walk).
+        let mut plain = PeerSet::new();
+        let mut remote_groups: Vec<(ByteString, PeerSet)> = Vec::new();
+        st.remote_routes.for_each_route(&message.topic, |group, peers| match group {
+            None => plain = plain.union(peers),
+            Some(group) => remote_groups.push((group.clone(), peers)),
+        });
+        if remote_groups.is_empty() {
+            for peer in plain.iter() {
+                self.links.forward(peer, &message, None);
+            }
+            return message;
+        }
         // Groups: (share name, the peer picked) for those served elsewhere.
         let mut here = Vec::new();
         st.local_groups.for_each_group(&message.topic, |group, _| here.push(group.clone()));
         let mut picked: Vec<(ByteString, PeerId)> = Vec::new();
         let mut elsewhere = Vec::new();
-        st.remote_routes.for_each_group(&message.topic, |group, peers| {
+        for (group, peers) in &remote_groups {
+            let (group, peers) = (group, *peers);
             if picked.iter().any(|(g, _)| g == group) || elsewhere.contains(group) {
-                return;
+                continue;
             }
             let local = here.contains(group);
             let strategy = self.limits.shared.strategy_for(group);
@@ -135,7 +149,7 @@ impl Shard {
                     elsewhere.push(group.clone());
                 }
             }
-        });
+        }
         let mut targets = plain;
         picked.iter().for_each(|(_, p)| {
             targets.insert(*p);
