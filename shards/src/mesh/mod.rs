@@ -396,10 +396,18 @@ impl Mesh {
 
     /// Why the replica is not ready for the mesh (DESIGN.md §12): the
     /// peers it should link to and has not, from every shard, for
-    /// [`Mesh::ready_grace`]; `None` when there is none.
+    /// [`Mesh::ready_grace`], when they are more than half of the live
+    /// peers it should link to; `None` otherwise. One peer that cannot
+    /// link (a certificate of another CA, a cut to it) leaves the others
+    /// ready: it is the one cut off from most of its peers, and readiness
+    /// there takes it out of its load balancer; the others name it in
+    /// `missing` (`/api/v1/status`) and `fleetmq_mesh_peers_missing`.
+    /// Alone with one peer, a replica missing it is not ready (which of
+    /// the two is at fault cannot be told).
     pub(crate) fn not_ready(&self) -> Option<String> {
         let missing = self.missing(Instant::now());
-        if missing.is_empty() {
+        let expected = self.expected.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if missing.is_empty() || missing.len() * 2 <= expected {
             return None;
         }
         let list: Vec<String> = missing

@@ -228,10 +228,26 @@ impl ShardLinks {
     /// publisher's values keep their order at one replica; `random`;
     /// `round_robin` and `sticky` take the replicas in turn (a sticky
     /// member is chosen inside the replica), each group its own turn.
+    ///
+    /// Only peers whose link from this shard is up take part while one
+    /// of them (or this replica) has members: a peer whose link is down
+    /// (cut, or its process killed: its socket closes at once, long
+    /// before it is taken for gone) would keep every other value in its
+    /// buffer, lost if it died, while a member elsewhere was free [MQTT
+    /// 5 §4.8.2: another member SHOULD get it]. With no member reachable,
+    /// the down peers are picked as before: the buffer keeps the values
+    /// for the heal.
     pub(crate) fn pick(&self, group: &ByteString, strategy: Strategy, local: bool, peers: PeerSet, origin: u64) -> Option<PeerId> {
         let links = self.links.borrow();
-        let linked = |p: &PeerId| matches!(links.get(p.index()), Some(Some(_)));
-        let candidates: Vec<PeerId> = peers.iter().filter(linked).collect();
+        let linked: Vec<(PeerId, bool)> = peers
+            .iter()
+            .filter_map(|p| match links.get(p.index()) {
+                Some(Some(link)) => Some((p, link.version.get() != 0)),
+                _ => None,
+            })
+            .collect();
+        let up = linked.iter().filter(|(_, up)| *up).count();
+        let candidates: Vec<PeerId> = linked.iter().filter(|(_, is_up)| *is_up || (up == 0 && !local)).map(|(p, _)| *p).collect();
         if candidates.is_empty() || (local && strategy == Strategy::LocalFirst) {
             return None;
         }

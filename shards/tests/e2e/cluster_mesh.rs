@@ -406,6 +406,48 @@ fn a_replica_with_a_certificate_from_another_ca_is_refused_and_counted() {
     assert_eq!(status(&a)["cluster"]["mesh"]["peers"][0]["state"], "down");
 }
 
+/// A fourth replica deployed with another CA's certificate: it is the
+/// one not ready (cut off from all three peers); the three that link to
+/// each other stay ready and name it under `missing` (before, all four
+/// answered 503 after the grace: one bad deploy took the whole cluster
+/// out of its load balancer; a fresh-user pass found it).
+#[test]
+fn a_replica_that_no_peer_accepts_is_not_ready_and_leaves_the_others_ready() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("ma,mb,mc");
+    let other = Certs::new("md");
+    let good: Vec<Broker> = ["ma", "mb", "mc"].iter().map(|id| start(id, &nats, &certs, &[])).collect();
+    for r in &good {
+        wait_links(r, 2, Duration::from_secs(15));
+    }
+    let args = mesh_args("md", &other, None, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let d = replica("md", &nats.urls(), &args);
+    // The grace is 10 s (2 x member_ttl 5 s, at least 10 s): past it, d
+    // is not ready and names its peers.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (code, body) = loop {
+        let (code, body) = d.admin_get("/health/ready");
+        if code == 503 || Instant::now() > deadline {
+            break (code, body);
+        }
+        thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("mesh: no link to live peer ma"), "{body}");
+    // The three others see d missing for the grace too, and stay ready.
+    for r in &good {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while status(r)["cluster"]["mesh"]["missing"][0]["replica"] != "md" {
+            assert!(Instant::now() < deadline, "md never missing: {}", status(r));
+            thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(r.admin_get("/health/ready"), (200, "ready".to_owned()), "{}", status(r));
+        assert_eq!(r.metric_sum("fleetmq_mesh_peers_missing"), 1.0);
+        assert_eq!(links_up(r), 2);
+    }
+}
+
 #[test]
 fn a_replica_killed_and_restarted_links_again_and_receives() {
     let nats = NatsCluster::start(3);
@@ -501,6 +543,56 @@ fn a_shared_group_with_members_on_two_other_replicas_gets_each_value_once() {
     assert_eq!(group, (0..200).collect::<Vec<u32>>(), "b {} c {}", got[0].len(), got[1].len());
     assert!(!got[0].is_empty() && !got[1].is_empty(), "b {} c {}", got[0].len(), got[1].len());
     assert_eq!(got[2], numbers(200));
+}
+
+/// A shared group with members on B and C, the publisher on A: C's
+/// process SIGKILLed. Its links close at once; A stops picking C then,
+/// not when C is taken for gone (~15 s later): every acknowledged value
+/// published from a second after the kill reaches B's member (before,
+/// every other one went into C's buffer and was lost with it: 174 of 600
+/// in a fresh-user pass) [MQTT-4.8.2-3 and MQTT 5 §4.8.2: another member
+/// SHOULD get it].
+#[test]
+fn a_shared_group_member_replica_killed_leaves_the_values_to_the_members_still_there() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("ka,kb,kc");
+    let a = start("ka", &nats, &certs, &[]);
+    let b = start("kb", &nats, &certs, &[]);
+    let mut c = start("kc", &nats, &certs, &[]);
+    for r in [&a, &b, &c] {
+        wait_links(r, 2, Duration::from_secs(20));
+    }
+    let mut on_b = MosquittoSub::start(&b, &["-q", "1", "-t", "$share/g/kill/#"]);
+    let mut on_c = MosquittoSub::start(&c, &["-q", "1", "-t", "$share/g/kill/#"]);
+    let mut publisher = publisher(&a, "pub-kill");
+    until_group_routed(&mut publisher, "kill/x", &mut [&mut on_b, &mut on_c], 2);
+    let mut send = |i: u32| {
+        publisher.send(&build::publish("kill/x", 1, (i % 60_000 + 1) as u16, (false, false), i.to_string().as_bytes(), true));
+        match publisher.read(Duration::from_secs(10)) {
+            Incoming::Packet { header: 0x40, .. } => {}
+            other => panic!("PUBACK for {i}: {other:?}"),
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    for i in 0..50 {
+        send(i);
+    }
+    c.kill();
+    let killed = Instant::now();
+    let mut after = 50;
+    while killed.elapsed() < Duration::from_secs(1) {
+        send(after);
+        after += 1;
+    }
+    // From here on: C's links are down (its sockets closed with it).
+    let first_checked = after;
+    for i in first_checked..first_checked + 200 {
+        send(i);
+    }
+    let got: Vec<u32> = payloads(&mut on_b, Duration::from_secs(3)).iter().map(|p| p.parse().unwrap()).collect();
+    let missing: Vec<u32> = (first_checked..first_checked + 200).filter(|i| !got.contains(i)).collect();
+    assert!(missing.is_empty(), "{} of 200 acknowledged values published after the kill reached no member: {missing:?}", missing.len());
+    drop(on_c);
 }
 
 #[test]
