@@ -44,30 +44,11 @@ if [[ ${1:-} == counts ]]; then
     js_counts "$2"
     exit 0
 fi
-RUNS=${RUNS:-3}
 RESUME_VALUES=${RESUME_VALUES:-10000}
 SYSTEMS=${SYSTEMS:-"fleetmq-mesh nats"}
-BROKER_CPU=${BROKER_CPU:-0}
-LOAD_CPU=${LOAD_CPU:-1}
-FLEETMQ_SHARDS=${FLEETMQ_SHARDS:-1}
-FLEETMQ_ARGS=${FLEETMQ_ARGS:-}
-KEEP_ALIVE=${KEEP_ALIVE:-600}
-MESH_WAIT=${MESH_WAIT:-15}
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-WORK=$(mktemp -d /tmp/fleetmq-resume.XXXXXX)
-log() { printf 'resume.sh: %s\n' "$*" >&2; }
-median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-nats_bin() {
-    local b=${FLEETMQ_NATS_SERVER:-}
-    [[ -n $b ]] || { [[ -x $TARGET/nats-venv/bin/nats-server ]] && b=$TARGET/nats-venv/bin/nats-server; } ||
-        b=$(command -v nats-server) || return 1
-    [[ -x "$b" ]] && echo "$b"
-}
-# shellcheck source=bench/cluster.sh
-source "$ROOT/bench/cluster.sh"
-cleanup() { cluster_stop; rm -rf "$WORK"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+SCRIPT=resume
+# shellcheck source=bench/standalone.sh
+source "$ROOT/bench/standalone.sh"
 
 if [[ ${BUILD:-1} != 0 ]]; then
     log "building release binaries"

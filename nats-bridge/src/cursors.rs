@@ -3,17 +3,15 @@
 //! read of a session's cursor at a take-up.
 //!
 //! Shards send a session's whole cursor when it changed (at most every
-//! ~100 ms, and when its connection ends; `None` when the session ends).
-//! The writer keeps one write in flight per client identifier and writes
-//! the newest cursor when it lands, so a session's cursors land in the
-//! order they were made and a burst costs one write or two. Nobody waits
+//! ~100 ms, and when its connection ends; `None` when the session ends),
+//! written newest first, one write in flight per client identifier
+//! ([`crate::newest`]). Nobody waits
 //! for a cursor: a replica taking the session up reads the last one that
 //! landed (a value delivered after it may come again: at least once). A
 //! replica the session moved away from writes none (the shard's reader
 //! is gone by then).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,13 +27,10 @@ use crate::bridge::Shared;
 /// The first pause after a failed write; doubled up to 5 s.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
-/// The cursors on their way to the bucket (bridge thread only): per
-/// client identifier, the newest (`None`: delete) and whether a write is
-/// under way.
+/// The cursors on their way to the bucket (bridge thread only).
 pub(crate) struct Writer {
     shared: Arc<Shared>,
-    keys: HashMap<String, (Option<Bytes>, u64, bool)>,
-    next: u64,
+    keys: crate::newest::Newest,
 }
 
 /// The writer, shared by the bridge's loop and its write tasks.
@@ -44,21 +39,13 @@ pub(crate) type Writers = Rc<RefCell<Writer>>;
 impl Writer {
     /// Nothing written yet.
     pub(crate) fn new(shared: Arc<Shared>) -> Writers {
-        Rc::new(RefCell::new(Writer { shared, keys: HashMap::new(), next: 0 }))
+        Rc::new(RefCell::new(Writer { shared, keys: Default::default() }))
     }
 }
 
 /// `client_id`'s cursor is now `record` (`None`: the session ended).
 pub(crate) fn request(writers: &Writers, client_id: String, record: Option<Bytes>) {
-    let mut w = writers.borrow_mut();
-    w.next += 1;
-    let number = w.next;
-    let key = w.keys.entry(client_id.clone()).or_insert((None, 0, false));
-    key.0 = record;
-    key.1 = number;
-    let start = !key.2;
-    key.2 = true;
-    drop(w);
+    let start = writers.borrow_mut().keys.put(&client_id, record, None);
     if start {
         tokio::task::spawn_local(write_key(writers.clone(), client_id));
     }
@@ -73,17 +60,8 @@ async fn write_key(writers: Writers, client_id: String) {
     let shared = writers.borrow().shared.clone();
     let _in_flight = crate::stats::InFlight::new(&shared.status.stats);
     let mut backoff = FIRST_BACKOFF;
-    let mut landed = 0;
     loop {
-        let (record, number) = {
-            let mut w = writers.borrow_mut();
-            let Some(key) = w.keys.get(&client_id) else { return };
-            if landed >= key.1 {
-                w.keys.remove(&client_id);
-                return;
-            }
-            (key.0.clone(), key.1)
-        };
+        let Some((record, number)) = writers.borrow_mut().keys.next(&client_id, false) else { return };
         let subject = format!("$KV.{}.{}", bucket::SESSION_CURSOR, client_key(&client_id));
         let publish = match record {
             Some(record) => PublishMessage::build().payload(record),
@@ -98,11 +76,11 @@ async fn write_key(writers: Writers, client_id: String) {
         match outcome {
             Ok(()) => {
                 backoff = FIRST_BACKOFF;
-                landed = number;
+                writers.borrow_mut().keys.ended(&client_id, number, true);
             }
             Err(e) if shared.stopping.load(Ordering::Acquire) => {
                 debug!(target: "cluster", %client_id, error = %e, "cluster: cursor not written at the stop");
-                writers.borrow_mut().keys.remove(&client_id);
+                writers.borrow_mut().keys.next(&client_id, true);
                 return;
             }
             Err(e) => {

@@ -27,6 +27,7 @@ mod ingest;
 mod liveness;
 mod mailbox;
 mod membership;
+mod newest;
 mod ownership;
 mod qos2;
 mod releases;

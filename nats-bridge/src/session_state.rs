@@ -4,12 +4,10 @@
 //!
 //! Shards send each change of a session as its whole record
 //! ([`Request::SessionPut`](crate::Request::SessionPut), `None` to delete)
-//! in the order they happen. The writer keeps one write in flight per
-//! client identifier and writes the newest record when it lands, so that
-//! records of one session land in the order they were made whatever
-//! JetStream or a retry does, and a burst of changes costs one write or
-//! two. A waiter (a SUBACK, an UNSUBACK) hears `true` once a write of its
-//! record or a newer one landed; the shard bounds its wait.
+//! in the order they happen, written newest first, one write in flight
+//! per client identifier ([`crate::newest`]). A waiter (a SUBACK, an
+//! UNSUBACK) hears `true` once a write of its record or a newer one
+//! landed; the shard bounds its wait.
 //!
 //! Every write is a compare-and-set on the revision this process last
 //! wrote (none known: the key must have no entry). A conflict means
@@ -40,24 +38,11 @@ use crate::bridge::Shared;
 /// The first pause after a failed write; doubled up to 5 s.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
-/// One session's record as the writer sees it.
-struct Key {
-    /// The newest record (`None`: delete), and its number.
-    newest: (Option<Bytes>, u64),
-    /// The number of the newest record that landed.
-    landed: u64,
-    /// A write is under way.
-    busy: bool,
-    /// Waiters, each with the record number it waits for.
-    waiters: Vec<(u64, oneshot::Sender<bool>)>,
-}
-
 /// This replica's session records on their way to the bucket (bridge
 /// thread only).
 pub(crate) struct Writer {
     shared: Arc<Shared>,
-    keys: HashMap<String, Key>,
-    next: u64,
+    keys: crate::newest::Newest,
     /// The revision of each client identifier's record as this process
     /// last wrote it (or read it, owning the identifier): what its next
     /// write expects. At most [`REVISIONS_MAX`], forgotten all at once
@@ -74,7 +59,7 @@ pub(crate) type Writers = Rc<RefCell<Writer>>;
 impl Writer {
     /// Nothing written yet.
     pub(crate) fn new(shared: Arc<Shared>) -> Writers {
-        Rc::new(RefCell::new(Writer { shared, keys: HashMap::new(), next: 0, revisions: HashMap::new() }))
+        Rc::new(RefCell::new(Writer { shared, keys: Default::default(), revisions: HashMap::new() }))
     }
 }
 
@@ -82,18 +67,7 @@ impl Writer {
 /// `landed` hears `true` once it (or a newer one) is in the bucket,
 /// `false` if the bridge stops first.
 pub(crate) fn request(writers: &Writers, client_id: String, record: Option<Bytes>, landed: Option<oneshot::Sender<bool>>) {
-    let mut w = writers.borrow_mut();
-    w.next += 1;
-    let number = w.next;
-    let key = w.keys.entry(client_id.clone()).or_insert_with(|| Key { newest: (None, 0), landed: 0, busy: false, waiters: Vec::new() });
-    key.newest = (record, number);
-    if let Some(landed) = landed {
-        key.waiters.retain(|(_, w)| !w.is_closed());
-        key.waiters.push((number, landed));
-    }
-    let start = !key.busy;
-    key.busy = true;
-    drop(w);
+    let start = writers.borrow_mut().keys.put(&client_id, record, landed);
     if start {
         tokio::task::spawn_local(write_key(writers.clone(), client_id));
     }
@@ -113,15 +87,8 @@ async fn write_key(writers: Writers, client_id: String) {
         let (record, number, expected) = {
             let mut w = writers.borrow_mut();
             let expected = w.revisions.get(&client_id).copied().unwrap_or(0);
-            let Some(key) = w.keys.get_mut(&client_id) else { return };
-            if key.landed >= key.newest.1 || gave_up {
-                for (_, waiter) in key.waiters.drain(..) {
-                    let _ = waiter.send(key.landed >= key.newest.1);
-                }
-                w.keys.remove(&client_id);
-                return;
-            }
-            (key.newest.0.clone(), key.newest.1, expected)
+            let Some((record, number)) = w.keys.next(&client_id, gave_up) else { return };
+            (record, number, expected)
         };
         let started = std::time::Instant::now();
         let deleted = record.is_none();
@@ -188,15 +155,7 @@ async fn write_key(writers: Writers, client_id: String) {
         if stale {
             w.revisions.remove(&client_id);
         }
-        if let Some(key) = w.keys.get_mut(&client_id) {
-            key.landed = number;
-            let (done, waiting): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut key.waiters).into_iter().partition(|(wants, _)| *wants <= number);
-            key.waiters = waiting;
-            for (_, waiter) in done {
-                let _ = waiter.send(!stale);
-            }
-        }
+        w.keys.ended(&client_id, number, !stale);
     }
 }
 
