@@ -30,10 +30,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_nats::jetstream::kv::Operation;
-use fleetmq_core::cluster::records::{bucket, client_key, qos2_keys_of, OwnerRecord, Record as _};
+use fleetmq_core::cluster::records::{bucket, client_key, OwnerRecord, Record as _};
 use fleetmq_core::cluster::sessions::SessionRecord;
 use futures_util::StreamExt as _;
 use tracing::{debug, info};
@@ -230,68 +230,21 @@ async fn delete(shared: &Shared, subject: String, revision: u64) -> Result<Optio
     }
 }
 
-/// Entries [`end_qos2_flows`] asks for per direct get batch.
-const FLOWS_BATCH: usize = 256;
-
-/// How long a direct get batch waits for each answer.
-const FLOWS_WAIT: Duration = Duration::from_secs(5);
-
 /// Delete every open inbound QoS 2 flow of `client_id` in
-/// `mqtt-session-qos2`, each with a compare-and-set on the revision read:
-/// read with direct get batches (`next_by_subj` = [`qos2_keys_of`],
-/// paginated; one request when there is none). A flow written after its
-/// read stays (a new session's). How many were deleted.
+/// `mqtt-session-qos2` ([`crate::qos2::flows`]), each with a
+/// compare-and-set on the revision read. A flow written after its read
+/// stays (a new session's). How many were deleted.
 ///
 /// # Errors
 /// JetStream did not answer (the text of its error).
 pub(crate) async fn end_qos2_flows(shared: &Shared, client_id: &str) -> Result<usize, String> {
-    let filter = qos2_keys_of(client_id);
-    let stream = format!("KV_{}", bucket::SESSION_QOS2);
-    let client = &shared.state_client;
-    let mut from = 1u64;
     let mut deleted = 0;
-    loop {
-        let inbox = client.new_inbox();
-        let mut answers = client.subscribe(inbox.clone()).await.map_err(|e| e.to_string())?;
-        let request = serde_json::json!({ "seq": from, "next_by_subj": filter, "batch": FLOWS_BATCH });
-        client
-            .publish_with_reply(format!("$JS.API.DIRECT.GET.{stream}"), inbox, request.to_string().into())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut found = Vec::new();
-        let (mut last, mut answered) = (None, 0);
-        loop {
-            let Ok(Some(m)) = tokio::time::timeout(FLOWS_WAIT, answers.next()).await else {
-                return Err(format!("no answer from {stream} in time"));
-            };
-            match m.status.map(|s| s.as_u16()) {
-                Some(204) | Some(404) => break,
-                Some(code) => return Err(format!("direct get answered {code} {}", m.description.clone().unwrap_or_default())),
-                None => {}
-            }
-            let header = |name: &str| m.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_owned());
-            let (Some(subject), Some(seq)) = (header("Nats-Subject"), header("Nats-Sequence").and_then(|s| s.parse::<u64>().ok()))
-            else {
-                continue;
-            };
-            last = Some(seq);
-            answered += 1;
-            // Not a delete or purge marker, nor the server's expiry marker.
-            if header("KV-Operation").is_none() && header("Nats-Marker-Reason").is_none() {
-                found.push((subject, seq));
-            }
-        }
-        let _ = answers.unsubscribe().await;
-        for (subject, seq) in found {
-            if delete(shared, subject, seq).await?.is_some() {
-                deleted += 1;
-            }
-        }
-        match last {
-            Some(seq) if answered >= FLOWS_BATCH => from = seq + 1,
-            _ => return Ok(deleted),
+    for flow in crate::qos2::flows(shared, client_id).await? {
+        if delete(shared, flow.subject, flow.seq).await?.is_some() {
+            deleted += 1;
         }
     }
+    Ok(deleted)
 }
 
 #[cfg(test)]

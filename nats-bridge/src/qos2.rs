@@ -90,18 +90,30 @@ pub(crate) async fn release(shared: &Shared, client_id: &str, packet_id: u16, wa
     write(shared, &subject(client_id, packet_id), None, Instant::now() + wait).await
 }
 
-/// The packet identifiers of `client_id`'s open flows, ascending.
+/// One entry of `mqtt-session-qos2` as a direct get answered it.
+pub(crate) struct Flow {
+    /// Its subject, `$KV.mqtt-session-qos2.<key>`.
+    pub(crate) subject: String,
+    /// Its stream sequence: the revision a compare-and-set expects.
+    pub(crate) seq: u64,
+    /// Its value (a [`Qos2Record`]).
+    pub(crate) payload: Bytes,
+}
+
+/// Every open flow of `client_id` in `mqtt-session-qos2` (no delete or
+/// purge marker, nor the server's expiry marker), read with direct get
+/// batches (`next_by_subj` = the client's keys, paginated; one request
+/// when there is none), in stream order.
 ///
 /// # Errors
-/// JetStream did not answer in time.
-pub(crate) async fn list(shared: &Shared, client_id: &str) -> Result<Vec<u16>, String> {
-    let prefix = prefix(client_id);
-    let filter = format!("$KV.{}.{prefix}*", bucket::SESSION_QOS2);
+/// JetStream did not answer in time, or answered with an error.
+pub(crate) async fn flows(shared: &Shared, client_id: &str) -> Result<Vec<Flow>, String> {
+    let filter = fleetmq_core::cluster::records::qos2_keys_of(client_id);
     let stream = format!("KV_{}", bucket::SESSION_QOS2);
-    let mut open = Vec::new();
+    let client = &shared.state_client;
+    let mut found = Vec::new();
     let mut from = 1u64;
     loop {
-        let client = &shared.state_client;
         let inbox = client.new_inbox();
         let mut answers = client.subscribe(inbox.clone()).await.map_err(|e| e.to_string())?;
         let request = serde_json::json!({ "seq": from, "batch": LIST_BATCH, "next_by_subj": filter });
@@ -113,7 +125,7 @@ pub(crate) async fn list(shared: &Shared, client_id: &str) -> Result<Vec<u16>, S
         let mut end = false;
         loop {
             let Ok(Some(m)) = tokio::time::timeout(READ_WAIT, answers.next()).await else {
-                return Err("no answer from mqtt-session-qos2 in time".to_owned());
+                return Err(format!("no answer from {stream} in time"));
             };
             match m.status.map(|s| s.as_u16()) {
                 Some(204) => break,
@@ -125,27 +137,41 @@ pub(crate) async fn list(shared: &Shared, client_id: &str) -> Result<Vec<u16>, S
                 None => {}
             }
             let header = |name: &str| m.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_owned());
-            let Some(seq) = header("Nats-Sequence").and_then(|v| v.parse::<u64>().ok()) else { continue };
-            got += 1;
-            from = from.max(seq + 1);
-            if header("KV-Operation").is_some() {
-                // A released flow (delete marker) or a purge.
-                continue;
-            }
-            let Some(key) = header("Nats-Subject").and_then(|s| s.split_once(&format!("{}.", bucket::SESSION_QOS2)).map(|(_, k)| k.to_owned()))
+            let (Some(subject), Some(seq)) = (header("Nats-Subject"), header("Nats-Sequence").and_then(|v| v.parse::<u64>().ok()))
             else {
                 continue;
             };
-            let Some(packet_id) = packet_id_of_key(&prefix, &key) else { continue };
-            match Qos2Record::decode(&m.payload) {
-                Ok(r) if r.belongs_to(client_id, packet_id) => open.push(packet_id),
-                Ok(_) => warn!(target: "cluster", client_id, packet_id, "cluster: a QoS 2 flow of another client under this key; not used"),
-                Err(e) => warn!(target: "cluster", client_id, packet_id, error = %e, "cluster: QoS 2 flow not readable; not used"),
+            got += 1;
+            from = from.max(seq + 1);
+            // A released flow (delete marker), a purge, or the server's
+            // expiry marker.
+            if header("KV-Operation").is_none() && header("Nats-Marker-Reason").is_none() {
+                found.push(Flow { subject, seq, payload: m.payload.clone() });
             }
         }
         let _ = answers.unsubscribe().await;
         if end || got < LIST_BATCH {
-            break;
+            return Ok(found);
+        }
+    }
+}
+
+/// The packet identifiers of `client_id`'s open flows, ascending.
+///
+/// # Errors
+/// JetStream did not answer in time.
+pub(crate) async fn list(shared: &Shared, client_id: &str) -> Result<Vec<u16>, String> {
+    let prefix = prefix(client_id);
+    let mut open = Vec::new();
+    for flow in flows(shared, client_id).await? {
+        let Some(key) = flow.subject.split_once(&format!("{}.", bucket::SESSION_QOS2)).map(|(_, k)| k.to_owned()) else {
+            continue;
+        };
+        let Some(packet_id) = packet_id_of_key(&prefix, &key) else { continue };
+        match Qos2Record::decode(&flow.payload) {
+            Ok(r) if r.belongs_to(client_id, packet_id) => open.push(packet_id),
+            Ok(_) => warn!(target: "cluster", client_id, packet_id, "cluster: a QoS 2 flow of another client under this key; not used"),
+            Err(e) => warn!(target: "cluster", client_id, packet_id, error = %e, "cluster: QoS 2 flow not readable; not used"),
         }
     }
     open.sort_unstable();
