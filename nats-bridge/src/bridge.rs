@@ -369,8 +369,8 @@ async fn run(
                         Request::SessionPut { client_id, record, landed } => {
                             crate::session_state::request(&sessions, client_id, record, landed);
                         }
-                        Request::CursorPut { client_id, record } => {
-                            crate::cursors::request(&cursors, client_id, record);
+                        Request::CursorPut { client_id, record, landed } => {
+                            crate::cursors::request(&cursors, client_id, record, landed);
                         }
                         // Runs until the bridge stops: not counted in flight.
                         Request::LogTail { workspace } => {

@@ -5,11 +5,11 @@
 //! Shards send a session's whole cursor when it changed (at most every
 //! ~100 ms, and when its connection ends; `None` when the session ends),
 //! written newest first, one write in flight per client identifier
-//! ([`crate::newest`]). Nobody waits
-//! for a cursor: a replica taking the session up reads the last one that
-//! landed (a value delivered after it may come again: at least once). A
-//! replica the session moved away from writes none (the shard's reader
-//! is gone by then).
+//! ([`crate::newest`]). A replica taking the session up reads the last
+//! one that landed: a QoS 1 value delivered after it may come again (at
+//! least once); a QoS 2 PUBLISH or PUBREL waits until a cursor that lists
+//! it landed (exactly once). A replica the session moved away from writes
+//! none (the shard's reader is gone by then).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -43,9 +43,10 @@ impl Writer {
     }
 }
 
-/// `client_id`'s cursor is now `record` (`None`: the session ended).
-pub(crate) fn request(writers: &Writers, client_id: String, record: Option<Bytes>) {
-    let start = writers.borrow_mut().keys.put(&client_id, record, None);
+/// `client_id`'s cursor is now `record` (`None`: the session ended);
+/// `landed` hears once it (or a newer one) is in the bucket.
+pub(crate) fn request(writers: &Writers, client_id: String, record: Option<Bytes>, landed: Option<tokio::sync::oneshot::Sender<bool>>) {
+    let start = writers.borrow_mut().keys.put(&client_id, record, landed);
     if start {
         tokio::task::spawn_local(write_key(writers.clone(), client_id));
     }

@@ -194,7 +194,7 @@ pub enum Request {
     /// `client_id`'s cursor is now `record` (a [`CursorRecord`] encoded),
     /// or gone with its session (`None`), in `mqtt-session-cursor`: as
     /// [`Request::SessionPut`], one write in flight per client
-    /// identifier, the newest written next; nobody waits.
+    /// identifier, the newest written next.
     ///
     /// [`CursorRecord`]: fleetmq_core::cluster::cursor::CursorRecord
     CursorPut {
@@ -202,6 +202,10 @@ pub enum Request {
         client_id: String,
         /// The record, or `None` to delete it.
         record: Option<bytes::Bytes>,
+        /// Hears `true` once this record (or a newer one) is in the
+        /// bucket, `false` when the bridge stops first: a QoS 2 PUBLISH
+        /// or PUBREL to the session waits for it (DESIGN.md §7).
+        landed: Option<oneshot::Sender<bool>>,
     },
     /// Read `client_id`'s cursor in `mqtt-session-cursor` (to take up a
     /// session another replica served).

@@ -35,10 +35,12 @@ pub(crate) fn count_missed(n: u64) {
 
 /// Write `client_id`'s cursor (`record`: a [`CursorRecord`] encoded), or
 /// delete it (`None`), through the bridge's writer (one write in flight
-/// per session, the newest next).
-pub(crate) fn save_cursor(client_id: &str, record: Option<bytes::Bytes>) {
+/// per session, the newest next). `landed` hears `true` once it (or a
+/// newer one) is in `mqtt-session-cursor`; it is dropped unanswered when
+/// the bridge's queue is full.
+pub(crate) fn save_cursor(client_id: &str, record: Option<bytes::Bytes>, landed: Option<tokio::sync::oneshot::Sender<bool>>) {
     let Some(node) = node() else { return };
-    if node.bridge.send(Request::CursorPut { client_id: client_id.to_owned(), record }).is_err() {
+    if node.bridge.send(Request::CursorPut { client_id: client_id.to_owned(), record, landed }).is_err() {
         debug!(target: "cluster", client_id, "cluster: cursor not sent: the bridge's queue is full");
     }
 }

@@ -778,7 +778,15 @@ impl Shard {
         let mut subscriptions_changed = false;
         for output in outputs.drain(..) {
             match output {
-                Output::Send(packet) => conn.send(&packet),
+                Output::Send(packet) => {
+                    let client = &mut st.clients[slot as usize];
+                    let gated = Self::gates_packet(client, &packet);
+                    match (self.holds((&mut client.log, client.key), slot, conn, gated), &client.conn) {
+                        // Its PUBREL waits for its cursor (session logs).
+                        (Some(write), Some(conn)) => self.store.hold_packet(conn, packet, write),
+                        _ => conn.send(&packet),
+                    }
+                }
                 // Without a store, at once, in order with the other outputs.
                 Output::Acknowledge(packet) if !durable => conn.send(&packet),
                 Output::Acknowledge(packet) => acks.push(packet),
@@ -973,7 +981,7 @@ impl Shard {
         let client = &mut st.clients[slot as usize];
         if delivery.qos == QoS::AtMostOnce {
             if let Some(conn) = &client.conn {
-                if conn.pending.get() >= self.limits.max_client_writes_pending
+                if conn.pending.get() + self.store.held_len(conn) >= self.limits.max_client_writes_pending
                     || conn.out.borrow().len() >= self.limits.max_client_write_bytes
                 {
                     // A subscriber that does not read: drop, never stall
@@ -1046,6 +1054,14 @@ impl Shard {
                         continue;
                     }
                     self.metrics.messages_out.inc();
+                    let gated = Self::gates_delivery(client, &delivery, packet_id);
+                    if let Some(write) = self.holds((&mut client.log, client.key), slot, conn, gated) {
+                        // Behind its cursor, or what waits for it.
+                        let mut held = BytesMut::new();
+                        frame.append_to(packet_id, dup, &mut held);
+                        self.store.hold_publish(conn, held.freeze(), write);
+                        continue;
+                    }
                     let value = delivery.message.stored;
                     if packet_id.is_some() && value != 0 && client.session.is_logged() && self.store.publish_must_wait(conn, delivery.qos, value) {
                         let mut parked = BytesMut::new();
@@ -1057,7 +1073,13 @@ impl Shard {
                     conn.pending.set(conn.pending.get() + 1);
                     conn.wake();
                 }
-                Output::Send(packet) | Output::Acknowledge(packet) => conn.send(&packet),
+                Output::Send(packet) | Output::Acknowledge(packet) => {
+                    let gated = Self::gates_packet(client, &packet);
+                    match self.holds((&mut client.log, client.key), slot, conn, gated) {
+                        Some(write) => self.store.hold_packet(conn, packet, write),
+                        None => conn.send(&packet),
+                    }
+                }
                 _ => {}
             }
         }

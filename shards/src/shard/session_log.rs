@@ -44,19 +44,32 @@
 //! and reads the log from the position on; values dropped from the log
 //! before the session read them are counted
 //! (`fleetmq_session_log_values_missed_total`).
+//!
+//! A QoS 2 value is exactly once across a replica's death: its PUBLISH
+//! from the log, and later its PUBREL, wait in the connection's chain
+//! (`crate::store`) until a cursor listing it (with its packet
+//! identifier; released, for the PUBREL) landed, written once for every
+//! such packet of the shard's wake-up ([`Shard::cursor_gate`]). So a
+//! replica taking the session up resends that PUBLISH with DUP and the
+//! same identifier, which the client does not hand on again
+//! `[MQTT-4.3.3-10]`, or its PUBREL; never the value as a new message.
+//! Whatever else goes to that connection meanwhile (a QoS 0 value, a
+//! QoS 1 one) waits behind it, so order is kept `[MQTT-4.6.0-6]`.
 
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetmq_core::cluster::cursor::{CursorRecord, Unacked};
 use fleetmq_core::cluster::records::{Record as _, FORMAT};
-use fleetmq_core::packet::QoS;
+use fleetmq_core::packet::{Packet, PacketId, QoS};
 use fleetmq_core::session::{Delivery, Message};
 use fleetmq_core::topic::matches;
 use fleetmq_nats_bridge::{LogBatch, LogEntry, Request};
 
-use super::{Shard, Slot, State};
+use super::{Client, ConnShared, Shard, Slot, State};
+use crate::store::{Outcome, Write};
 
 /// [`Message::stored`] of a live value that went to a session log: a
 /// reading session gets it from there, not live. (A value from a session
@@ -99,6 +112,10 @@ pub(super) struct Reader {
     /// The cursor last written (position, unacknowledged).
     written: Option<(u64, Vec<Unacked>)>,
     written_at: Option<Instant>,
+    /// The write that QoS 2 packets held for this session's cursor wait
+    /// for, until the cursor write that covers them is made (see
+    /// [`Shard::cursor_gate`]).
+    gate: Option<Rc<Write>>,
 }
 
 impl Reader {
@@ -112,6 +129,7 @@ impl Reader {
             dirty: true,
             written: None,
             written_at: None,
+            gate: None,
         })
     }
 }
@@ -204,7 +222,7 @@ impl Shard {
         }
         reader.dirty = true;
         if client.saved != super::session_state::Saved::MovedAway {
-            self.write_cursor(st, slot, true);
+            self.write_cursor(st, slot, true, None);
         }
     }
 
@@ -217,7 +235,7 @@ impl Shard {
             tail.readers.remove(&slot);
         }
         if !moved {
-            crate::cluster::save_cursor(st.clients[slot as usize].session.client_id(), None);
+            crate::cluster::save_cursor(st.clients[slot as usize].session.client_id(), None, None);
         }
     }
 
@@ -451,7 +469,7 @@ impl Shard {
                 continue;
             }
             self.catch_up_log(st, slot);
-            self.write_cursor(st, slot, false);
+            self.write_cursor(st, slot, false, None);
         }
         drop(guard);
         self.try_flush();
@@ -466,14 +484,24 @@ impl Shard {
     }
 
     /// Write the cursor of the session on `slot` if it changed (and, unless
-    /// `now_anyway`, was not written within [`CURSOR_EVERY`]).
-    fn write_cursor(&self, st: &mut State, slot: Slot, now_anyway: bool) {
+    /// `now_anyway`, was not written within [`CURSOR_EVERY`]); with
+    /// `landed`, write it now whatever it was, `landed` hearing once it
+    /// is in the bucket (a starting session has no cursor yet: `true` at
+    /// once).
+    fn write_cursor(&self, st: &mut State, slot: Slot, now_anyway: bool, landed: Option<tokio::sync::oneshot::Sender<bool>>) {
         let client = &mut st.clients[slot as usize];
         let Some(reader) = client.log.as_mut() else { return };
-        if !reader.dirty || reader.mode == Mode::Starting {
+        if reader.mode == Mode::Starting {
+            if let Some(landed) = landed {
+                let _ = landed.send(true);
+            }
             return;
         }
-        if !now_anyway && reader.written_at.is_some_and(|at| at.elapsed() < CURSOR_EVERY) {
+        let forced = landed.is_some();
+        if !forced && !reader.dirty {
+            return;
+        }
+        if !forced && !now_anyway && reader.written_at.is_some_and(|at| at.elapsed() < CURSOR_EVERY) {
             return;
         }
         reader.dirty = false;
@@ -487,7 +515,7 @@ impl Shard {
             .filter(|s| s.seq != LOGGED)
             .map(|s| Unacked { seq: s.seq, packet_id: s.packet_id, qos: s.qos as u8, released: s.released })
             .collect();
-        if reader.written.as_ref().is_some_and(|(p, u)| *p == position && *u == unacked) {
+        if !forced && reader.written.as_ref().is_some_and(|(p, u)| *p == position && *u == unacked) {
             return;
         }
         reader.written = Some((position, unacked.clone()));
@@ -499,7 +527,87 @@ impl Shard {
             position,
             unacked,
         };
-        crate::cluster::save_cursor(client.session.client_id(), Some(bytes::Bytes::from(record.encode())));
+        crate::cluster::save_cursor(client.session.client_id(), Some(bytes::Bytes::from(record.encode())), landed);
+    }
+
+    /// Whether a PUBLISH of `delivery` with `packet_id` to the session of
+    /// `client` waits for its cursor: a QoS 2 value from its session log
+    /// (see the module documentation).
+    pub(super) fn gates_delivery(client: &Client, delivery: &Delivery, packet_id: Option<PacketId>) -> bool {
+        let stored = delivery.message.stored;
+        delivery.qos == QoS::ExactlyOnce
+            && packet_id.is_some()
+            && stored != 0
+            && stored != LOGGED
+            && delivery.group.is_none()
+            && client.log.as_ref().is_some_and(|r| r.mode != Mode::Starting)
+    }
+
+    /// Whether `packet` to the session of `client` waits for its cursor: a
+    /// PUBREL to a session reading its log (its cursor then lists the
+    /// delivery released).
+    pub(super) fn gates_packet(client: &Client, packet: &Packet) -> bool {
+        matches!(packet, Packet::PubRel(_)) && client.log.as_ref().is_some_and(|r| r.mode != Mode::Starting)
+    }
+
+    /// How a packet for the session of `client` (on `slot`, connected
+    /// through `conn`) goes out: `None` at once; `Some(write)` held in the
+    /// connection's chain, until `write` is done when `gated` (see
+    /// [`Shard::cursor_gate`]), else behind what is held already (a
+    /// session reading its log whose chain is not empty).
+    pub(super) fn holds(&self, (log, key): (&mut Option<Box<Reader>>, u64), slot: Slot, conn: &ConnShared, gated: bool) -> Option<Option<Rc<Write>>> {
+        let reader = log.as_mut()?;
+        if gated {
+            return Some(Some(self.cursor_gate(reader, key, slot, conn)));
+        }
+        self.store.acks_held(conn).then_some(None)
+    }
+
+    /// The write that QoS 2 packets to the session of `reader` (client key
+    /// `key`, on `slot`, connected through `conn`) made in this wake-up
+    /// wait for: once the
+    /// shard's other tasks ran, its cursor (listing them all) is written
+    /// and the write is done when it landed. Tried again every
+    /// [`CURSOR_EVERY`] while the bridge cannot take it; done at once
+    /// when the connection or the session is gone (its bytes go nowhere).
+    fn cursor_gate(&self, reader: &mut Reader, key: u64, slot: Slot, conn: &ConnShared) -> Rc<Write> {
+        if let Some(write) = &reader.gate {
+            return write.clone();
+        }
+        let write = self.store.gate(key, conn.key);
+        reader.gate = Some(write.clone());
+        let conn_key = conn.key;
+        let shard = crate::cluster::shard_weak();
+        let gate = write.clone();
+        glommio::spawn_local(async move {
+            let write = gate;
+            loop {
+                // The other packets of this wake-up join the write first.
+                futures_lite::future::yield_now().await;
+                let Some(shard) = shard.as_ref().and_then(std::rc::Weak::upgrade) else { break };
+                let (landed, answer) = tokio::sync::oneshot::channel();
+                {
+                    let mut guard = shard.state.borrow_mut();
+                    let st = &mut *guard;
+                    let Some(client) = st.clients.get_mut(slot as usize).filter(|c| c.key == key) else { break };
+                    if client.conn.as_ref().is_none_or(|c| c.key != conn_key) {
+                        break;
+                    }
+                    let Some(reader) = client.log.as_mut() else { break };
+                    if reader.gate.as_ref().is_some_and(|g| Rc::ptr_eq(g, &write)) {
+                        reader.gate = None;
+                    }
+                    shard.write_cursor(st, slot, true, Some(landed));
+                }
+                if answer.await == Ok(true) {
+                    break;
+                }
+                glommio::timer::sleep(CURSOR_EVERY).await;
+            }
+            write.resolve(Outcome::Done);
+        })
+        .detach();
+        write
     }
 
     /// The deliveries `resume` lists, made for a session of

@@ -85,6 +85,12 @@ pub(crate) struct Write {
     acks: Weak<AckQueue>,
 }
 
+impl std::fmt::Debug for Write {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Write").field("origin", &self.origin).field("outcome", &self.outcome.get()).finish_non_exhaustive()
+    }
+}
+
 impl Write {
     /// The key of the client that published.
     pub(crate) fn origin(&self) -> u64 {
@@ -333,6 +339,23 @@ impl AckQueue {
         let parked = Parked { token, write, refused, lsn: 0, conn: conn.clone(), what, answering };
         self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
         self.release_chain(conn.key);
+    }
+
+    /// Queue the encoded PUBLISH `frame` in `conn`'s chain: written once
+    /// `write` (if any) is resolved, whatever its outcome, after
+    /// everything queued for `conn` before it.
+    pub(crate) fn hold_publish(&self, conn: &Rc<ConnShared>, frame: Bytes, write: Option<Rc<Write>>) {
+        let parked = Parked { token: 0, write, refused: None, lsn: 0, conn: conn.clone(), what: Waiting::Publish(frame), answering: None };
+        self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
+        self.release_chain(conn.key);
+    }
+
+    /// How many packets wait in `conn`'s chain.
+    pub(crate) fn chain_len(&self, conn: u64) -> usize {
+        if self.chains.borrow().is_empty() {
+            return 0;
+        }
+        self.chains.borrow().get(&conn).map_or(0, VecDeque::len)
     }
 
     /// Acknowledgements parked and not yet written.
@@ -773,5 +796,48 @@ mod tests {
         q.fail(3);
         assert!(q.take_forgotten().is_empty(), "kept for the 3.1.1 resend");
         assert!(old.is_closing());
+    }
+
+    /// A QoS 2 PUBLISH held for a session's cursor (`hold_publish` with a
+    /// write), a PUBREL held for a later cursor, and what comes for the
+    /// connection meanwhile (held behind, with no write): nothing goes
+    /// before the write it waits for, everything in order
+    /// `[MQTT-4.6.0-6]`.
+    #[test]
+    fn publishes_held_for_a_cursor_go_in_order_once_it_landed() {
+        let q = Rc::new(AckQueue::default());
+        let c = conn_keyed(3, ProtocolVersion::V5);
+        let (first, second) = (q.write(10), q.write(10));
+        first.attach(c.key);
+        second.attach(c.key);
+        let frame = |pid: u16| {
+            let publish = fleetmq_core::packet::Publish {
+                dup: false,
+                qos: fleetmq_core::packet::QoS::ExactlyOnce,
+                retain: false,
+                topic: bytestring::ByteString::from_static("t"),
+                packet_id: std::num::NonZeroU16::new(pid),
+                properties: Default::default(),
+                payload: Bytes::from_static(b"v"),
+            };
+            let mut out = bytes::BytesMut::new();
+            fleetmq_core::packet::codec::encode(&Packet::Publish(publish), c.protocol, &mut out).expect("encoded");
+            out.freeze()
+        };
+        q.hold_publish(&c, frame(1), Some(first.clone()));
+        q.hold(0, &c, (puback(5), None), None, None);
+        let rel = Packet::PubRel(PubResponse::success(std::num::NonZeroU16::new(9).unwrap()));
+        q.hold(0, &c, (rel.clone(), None), Some(second.clone()), None);
+        assert_eq!(q.chain_len(c.key), 3);
+        assert!(written(&c).is_empty(), "the PUBLISH waits for its cursor, the rest behind it");
+        second.resolve(Outcome::Done);
+        assert!(written(&c).is_empty(), "a later write does not let the PUBREL overtake");
+        first.resolve(Outcome::Done);
+        let out = written(&c);
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert!(matches!(&out[0], Packet::Publish(p) if p.packet_id.map(|p| p.get()) == Some(1)));
+        assert_eq!(out[1..], [puback(5), rel]);
+        assert_eq!(q.chain_len(c.key), 0);
+        assert!(!q.waiting_for(c.key));
     }
 }

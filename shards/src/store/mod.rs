@@ -277,6 +277,33 @@ impl ShardStore {
         self.acks.is_held(conn.key)
     }
 
+    /// How many packets for `conn` wait in its chain (0: none): QoS 0
+    /// deliveries behind them are bounded as the connection's writes are.
+    pub(crate) fn held_len(&self, conn: &ConnShared) -> usize {
+        self.acks.chain_len(conn.key)
+    }
+
+    /// A write that packets for connection `conn` will wait for, resolved
+    /// by its maker (a QoS 2 PUBLISH or PUBREL to a session reading its
+    /// session log waits for the session's cursor: DESIGN.md §7, issue 24).
+    pub(crate) fn gate(&self, origin: u64, conn: u64) -> Rc<Write> {
+        let write = self.acks.write(origin);
+        write.attach(conn);
+        write
+    }
+
+    /// Write the encoded PUBLISH `frame` to `conn` once `write` (if any)
+    /// is done, after everything already held for `conn`.
+    pub(crate) fn hold_publish(&self, conn: &Rc<ConnShared>, frame: bytes::Bytes, write: Option<Rc<Write>>) {
+        self.acks.hold_publish(conn, frame, write);
+    }
+
+    /// Write `packet` to `conn` once `write` (if any) is done, after
+    /// everything already held for `conn`.
+    pub(crate) fn hold_packet(&self, conn: &Rc<ConnShared>, packet: Packet, write: Option<Rc<Write>>) {
+        self.acks.hold(0, conn, (packet, None), write, None);
+    }
+
     /// True while acknowledgements for `conn` wait for the store: a
     /// closing connection drains them before it closes, and it does not
     /// move to another shard meanwhile.
