@@ -402,12 +402,15 @@ impl Mesh {
     /// ready: it is the one cut off from most of its peers, and readiness
     /// there takes it out of its load balancer; the others name it in
     /// `missing` (`/api/v1/status`) and `fleetmq_mesh_peers_missing`.
-    /// Alone with one peer, a replica missing it is not ready (which of
-    /// the two is at fault cannot be told).
+    /// With one peer, a replica missing it stays ready and only names it:
+    /// which of the two is at fault cannot be told, and a cut between
+    /// the two would otherwise take both out of their load balancer, the
+    /// whole service, for values the buffer keeps until the link is back
+    /// (DESIGN.md §6: a mesh cut does not affect clients).
     pub(crate) fn not_ready(&self) -> Option<String> {
         let missing = self.missing(Instant::now());
         let expected = self.expected.lock().unwrap_or_else(|e| e.into_inner()).len();
-        if missing.is_empty() || missing.len() * 2 <= expected {
+        if missing.is_empty() || expected < 2 || missing.len() * 2 <= expected {
             return None;
         }
         let list: Vec<String> = missing

@@ -313,34 +313,28 @@ fn a_mesh_cut_keeps_the_values_and_delivers_them_when_it_heals() {
     assert!(log[down..].contains("mesh: link up"), "{log}");
 }
 
+/// Two replicas, A's links to B cut: after the grace A names B as
+/// missing (status, `fleetmq_mesh_peers_missing`) and stays ready: with
+/// one peer, which side is at fault cannot be told, and a cut in both
+/// directions would otherwise make both replicas unready, the whole
+/// service out of its load balancer (DESIGN.md §6: a mesh cut does not
+/// affect clients; §12 lists what makes a replica unready).
 #[test]
-fn a_replica_cut_off_from_a_live_peer_is_not_ready_after_the_grace_and_names_the_peer() {
-    let start = Instant::now();
+fn a_replica_cut_off_from_its_only_peer_names_it_missing_and_stays_ready() {
     let cut = cut("rdy", &[]);
     let b = &cut._b;
     // The grace: 2 x member_ttl (5 s here), at least 10 s.
     assert_eq!(status(&cut.a)["cluster"]["mesh"]["ready_grace_s"], 10);
     let ready = |broker: &Broker| broker.admin_get("/health/ready");
-    assert_eq!(ready(&cut.a).0, 200, "ready within the grace: {:?}", ready(&cut.a));
     let deadline = Instant::now() + Duration::from_secs(20);
-    let (code, body) = loop {
-        let (code, body) = ready(&cut.a);
-        if code == 503 || Instant::now() > deadline {
-            break (code, body);
-        }
+    while status(&cut.a)["cluster"]["mesh"]["missing"][0]["replica"] != "rdyb" {
+        assert!(Instant::now() < deadline, "rdyb never missing: {}", status(&cut.a));
+        assert_eq!(ready(&cut.a), (200, "ready".to_owned()), "ready within the grace");
         thread::sleep(Duration::from_millis(200));
-    };
-    // Not ready, naming the peer it cannot reach (DESIGN.md §12).
-    assert_eq!(code, 503, "{body}");
-    assert!(body.contains("mesh: no link to live peer rdyb"), "{body}");
-    let cut_for = start.elapsed();
-    let s = status(&cut.a);
-    assert_eq!(s["cluster"]["mesh"]["missing"][0]["replica"], "rdyb", "{s}");
-    assert_eq!(s["cluster"]["reason"].as_str().map(|r| r.contains("rdyb")), Some(true), "{s}");
+    }
     assert_eq!(cut.a.metric_sum("fleetmq_mesh_peers_missing"), 1.0);
-    // B still links to A (its links do not cross the proxy): ready.
-    assert_eq!(ready(b).0, 200, "{:?} after {cut_for:?}", ready(b));
-    assert_eq!(status(b)["cluster"]["mesh"]["missing"], serde_json::json!([]));
+    assert_eq!(ready(&cut.a), (200, "ready".to_owned()), "{}", status(&cut.a));
+    assert_eq!(ready(b), (200, "ready".to_owned()));
     cut.heal();
     wait_links(&cut.a, 1, Duration::from_secs(15));
     assert_eq!(ready(&cut.a), (200, "ready".to_owned()));
