@@ -33,12 +33,7 @@ SCRIPT=qos2
 # shellcheck source=bench/standalone.sh
 source "$ROOT/bench/standalone.sh"
 
-if [[ ${BUILD:-1} != 0 ]]; then
-    log "building release binaries"
-    cargo build --release -q -p fleetmq-shards -p fleetmq-loadgen
-fi
-FLEETMQ=${FLEETMQ:-$TARGET/release/fleetmq}
-LOADGEN=${LOADGEN:-$TARGET/release/fleetmq-loadgen}
+release_binaries
 
 printf '%-14s %12s %10s %s\n' system msg_per_s p99_us notes
 for system in $SYSTEMS; do

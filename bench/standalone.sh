@@ -23,5 +23,15 @@ nats_bin() {
 # shellcheck source=bench/cluster.sh
 source "$ROOT/bench/cluster.sh"
 cleanup() { cluster_stop; rm -rf "$WORK"; }
+# release_binaries: builds them unless BUILD=0; sets FLEETMQ and LOADGEN
+# (each kept when given).
+release_binaries() {
+    if [[ ${BUILD:-1} != 0 ]]; then
+        log "building release binaries"
+        cargo build --release -q -p fleetmq-shards -p fleetmq-loadgen
+    fi
+    FLEETMQ=${FLEETMQ:-$TARGET/release/fleetmq}
+    LOADGEN=${LOADGEN:-$TARGET/release/fleetmq-loadgen}
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM

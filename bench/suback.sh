@@ -26,12 +26,7 @@ SCRIPT=suback
 # shellcheck source=bench/standalone.sh
 source "$ROOT/bench/standalone.sh"
 
-if [[ ${BUILD:-1} != 0 ]]; then
-    log "building release binaries"
-    cargo build --release -q -p fleetmq-shards -p fleetmq-loadgen
-fi
-FLEETMQ=${FLEETMQ:-$TARGET/release/fleetmq}
-LOADGEN=${LOADGEN:-$TARGET/release/fleetmq-loadgen}
+release_binaries
 
 # start SYSTEM: sets PUB_URL and SUB_URL.
 start() {
