@@ -93,11 +93,11 @@ async fn write_key(writers: Writers, client_id: String) {
     }
 }
 
-/// `client_id`'s cursor as the bucket holds it (`None`: none, or deleted).
+/// `client_id`'s cursor as the bucket's leader holds it (`None`: none,
+/// or deleted; see [`crate::setup::leader_value`]).
 ///
 /// # Errors
 /// JetStream did not answer (the text of its error).
 pub(crate) async fn get(shared: &Shared, client_id: &str) -> Result<Option<Bytes>, String> {
-    let entry = shared.cursors.entry(client_key(client_id)).await.map_err(|e| e.to_string())?;
-    Ok(entry.filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put).map(|e| e.value))
+    crate::setup::leader_value(&shared.cursors, &client_key(client_id)).await
 }

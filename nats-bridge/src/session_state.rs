@@ -206,12 +206,11 @@ async fn owned_revision(shared: &Shared, client_id: &str) -> Result<Option<u64>,
     Ok(Some(entry.map_or(0, |e| e.revision)))
 }
 
-/// `client_id`'s record as the bucket holds it (`None`: none, or
-/// deleted).
+/// `client_id`'s record as the bucket's leader holds it (`None`: none,
+/// or deleted; see [`crate::setup::leader_value`]).
 ///
 /// # Errors
 /// JetStream did not answer (the text of its error).
 pub(crate) async fn get(shared: &Shared, client_id: &str) -> Result<Option<Bytes>, String> {
-    let entry = shared.session_state.entry(client_key(client_id)).await.map_err(|e| e.to_string())?;
-    Ok(entry.filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put).map(|e| e.value))
+    crate::setup::leader_value(&shared.session_state, &client_key(client_id)).await
 }

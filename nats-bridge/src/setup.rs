@@ -36,6 +36,32 @@ pub(crate) fn delete_marker() -> async_nats::jetstream::message::PublishMessage 
     async_nats::jetstream::message::PublishMessage::build().header("KV-Operation", "DEL").ttl(DELETED_TTL)
 }
 
+/// `key`'s newest value in the KV bucket `store`, read from its stream's
+/// leader (`$JS.API.STREAM.MSG.GET` with `last_by_subj`): not a direct
+/// get, which any replica of an R3 bucket may answer from behind. A
+/// take-up must see the last write that landed (the cursor that listed a
+/// QoS 2 PUBLISH just before its replica was SIGKILLed: DESIGN.md §7).
+/// `None`: no entry, or a delete or purge marker.
+///
+/// # Errors
+/// JetStream did not answer (the text of its error).
+pub(crate) async fn leader_value(store: &async_nats::jetstream::kv::Store, key: &str) -> Result<Option<bytes::Bytes>, String> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let subject = format!("{}{key}", store.prefix);
+    match store.stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(message) => {
+            // A delete or purge, or the server's marker of an expired
+            // or removed message (as async-nats reads KV entries).
+            let headers = &message.headers;
+            let deleted = headers.get("KV-Operation").is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))
+                || headers.get(async_nats::header::NATS_MARKER_REASON).is_some();
+            Ok((!deleted).then_some(message.payload))
+        }
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// The stream metadata key holding `member_ttl` in milliseconds on
 /// `KV_mqtt-members`: every replica must use the bucket's value.
 pub(crate) const MEMBER_TTL_KEY: &str = "fleetmq.member_ttl_ms";
