@@ -132,8 +132,17 @@ pub fn validate_topic_filter(filter: &str, limits: &TopicLimits) -> Result<(), T
         }
         None => filter,
     };
+    check_levels(filter_levels(inner)?, limits)
+}
+
+/// The levels of the plain filter `filter`.
+///
+/// # Errors
+/// [`TopicError::MisplacedWildcard`] if `#` is not alone in the last
+/// level [MQTT-4.7.1-2] or `+` is not alone in its level [MQTT-4.7.1-3].
+fn filter_levels(filter: &str) -> Result<usize, TopicError> {
     let mut levels = 0;
-    let mut parts = inner.split('/').peekable();
+    let mut parts = filter.split('/').peekable();
     while let Some(level) = parts.next() {
         levels += 1;
         let misplaced_hash = level.contains('#') && (level != "#" || parts.peek().is_some());
@@ -142,7 +151,22 @@ pub fn validate_topic_filter(filter: &str, limits: &TopicLimits) -> Result<(), T
             return Err(TopicError::MisplacedWildcard);
         }
     }
-    check_levels(levels, limits)
+    Ok(levels)
+}
+
+/// Whether `error`, found by [`validate_topic_filter`] in `filter`, makes
+/// the filter a protocol violation for an MQTT 3.1.1 client, which closes
+/// its connection (3.1.1 §4.8), rather than one refused with SUBACK 0x80:
+/// not a filter over the broker's limits, nor a `$share/...` one that is
+/// malformed as a shared subscription but a legal 3.1.1 filter (3.1.1 has
+/// no shared subscriptions: `$share//t` and `$share/g` are filters like
+/// any other there, which this broker does not serve).
+pub fn violates_3_1_1(error: &TopicError, filter: &str) -> bool {
+    match error {
+        TopicError::TooLong { .. } | TopicError::TooManyLevels { .. } => false,
+        TopicError::InvalidShare => filter_levels(filter).is_err(),
+        _ => true,
+    }
 }
 
 /// Split a shared subscription filter `$share/{group}/{filter}` (MQTT 5.0

@@ -27,7 +27,7 @@ use crate::packet::{
     Disconnect, Packet, PacketId, Props, ProtocolVersion, PubResponse, Publish, QoS,
     ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
-use crate::topic::{parse_shared, validate_topic_filter, validate_topic_name, TopicError, TopicLimits};
+use crate::topic::{parse_shared, validate_topic_filter, validate_topic_name, violates_3_1_1, TopicLimits};
 
 pub use connect::{negotiate, ConnectLimits, Negotiated, Refusal};
 
@@ -1147,11 +1147,11 @@ impl Session {
         for (filter, options) in subscribe.filters {
             let valid = validate_topic_filter(&filter, &self.limits.topic);
             let reason = if let Err(error) = valid {
-                let over_limit = matches!(error, TopicError::TooLong { .. } | TopicError::TooManyLevels { .. });
-                if !v5 && !over_limit {
+                if !v5 && violates_3_1_1(&error, &filter) {
                     // A filter the spec forbids is a protocol violation,
                     // which closes a 3.1.1 connection (3.1.1 §4.8); one
-                    // over the broker's limits gets SUBACK 0x80.
+                    // over the broker's limits, or a malformed `$share`
+                    // (a legal 3.1.1 filter), gets SUBACK 0x80.
                     self.close_with(ReasonCode::TOPIC_FILTER_INVALID, out);
                     return;
                 }
@@ -1187,11 +1187,8 @@ impl Session {
         let v5 = self.protocol.is_v5();
         let mut reasons = Vec::with_capacity(if v5 { unsubscribe.filters.len() } else { 0 });
         let mut changes = Vec::with_capacity(unsubscribe.filters.len());
-        let forbidden = |filter: &ByteString| {
-            validate_topic_filter(filter, &self.limits.topic).is_err_and(|error| {
-                !matches!(error, TopicError::TooLong { .. } | TopicError::TooManyLevels { .. })
-            })
-        };
+        let forbidden =
+            |filter: &ByteString| validate_topic_filter(filter, &self.limits.topic).is_err_and(|error| violates_3_1_1(&error, filter));
         if !v5 && unsubscribe.filters.iter().any(forbidden) {
             // A filter the spec forbids `[MQTT-4.7.1-2]` is a protocol
             // violation, which closes a 3.1.1 connection (3.1.1 §4.8), as

@@ -660,6 +660,29 @@ fn an_invalid_filter_closes_a_3_1_1_connection() {
     assert_eq!(out, vec![Output::Close { reason: None, publish_will: true }]);
 }
 
+#[test]
+fn a_malformed_share_that_is_a_legal_3_1_1_filter_gets_suback_0x80_and_a_misplaced_wildcard_closes() {
+    // 3.1.1 has no shared subscriptions: `$share//t` and `$share/g` are
+    // legal filters there, refused with 0x80 Failure [MQTT-3.9.3-2]; a
+    // `+` inside a level is a protocol violation [MQTT-4.7.1-3] (3.1.1
+    // §4.8: the connection closes), `$share` or not.
+    let t0 = Instant::now();
+    let mut s = session_with(ProtocolVersion::V3_1_1, 10, SessionLimits::default());
+    let filters = vec![
+        (ByteString::from("$share//t"), SubscriptionOptions::default()),
+        (ByteString::from("$share/g"), SubscriptionOptions::default()),
+        (ByteString::from("ok"), SubscriptionOptions::default()),
+    ];
+    let mut out = vec![];
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(1), properties: Properties::default().into(), filters }), t0, &mut out);
+    let Some(Output::Acknowledge(Packet::SubAck(ack))) = out.iter().find(|o| matches!(o, Output::Acknowledge(_))) else { panic!("{out:?}") };
+    assert_eq!(ack.reasons, vec![ReasonCode::UNSPECIFIED_ERROR, ReasonCode::UNSPECIFIED_ERROR, ReasonCode::GRANTED_QOS_0]);
+    let filters = vec![(ByteString::from("$share/g+/t"), SubscriptionOptions::default())];
+    let mut out = vec![];
+    s.handle(Packet::Subscribe(Subscribe { packet_id: pid(2), properties: Properties::default().into(), filters }), t0, &mut out);
+    assert_eq!(out, vec![Output::Close { reason: None, publish_will: true }]);
+}
+
 mod properties {
     //! Property tests: whatever the interleaving of deliveries and
     //! acknowledgements, the session never exceeds the client's Receive
