@@ -33,6 +33,7 @@ use tracing::warn;
 
 pub(crate) mod incoming;
 pub(crate) mod outgoing;
+mod queue;
 mod tls;
 
 pub(crate) use outgoing::ShardLinks;
