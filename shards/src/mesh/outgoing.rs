@@ -25,7 +25,7 @@ use rustls::pki_types::ServerName;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
-use super::queue::Queue;
+use super::queue::{Groups, Queue};
 use super::{Mesh, PeerStats, RefusedFor, KEEPALIVE_DEAD, KEEPALIVE_IDLE};
 use crate::shard::Shard;
 use crate::signal::Signal;
@@ -49,6 +49,8 @@ struct Target {
 
 /// One link of this shard to one peer replica.
 pub(crate) struct Outgoing {
+    /// The peer's id in the live list.
+    peer: PeerId,
     target: RefCell<Target>,
     /// Bumped when the peer restarted or moved (the connection is
     /// dropped and dialed again) or left.
@@ -99,15 +101,15 @@ impl ShardLinks {
 
     /// Send `message` to `peer` if this shard links to it (a peer not
     /// linked is not in the live list: nothing to keep for it), for its
-    /// plain subscriptions and the shared subscription `groups` it was
-    /// picked for.
-    pub(crate) fn forward(&self, peer: PeerId, message: &Arc<Message>, groups: Option<Arc<[ByteString]>>) {
+    /// plain subscriptions (`plain`: it has one matching) and the shared
+    /// subscription `groups` it was picked for.
+    pub(crate) fn forward(&self, peer: PeerId, message: &Arc<Message>, groups: Groups, plain: bool) {
         let links = self.links.borrow();
         let Some(mesh) = &*self.mesh.borrow() else { return };
         let Some(Some(link)) = links.get(peer.index()) else { return };
         let mut queue = link.queue.borrow_mut();
         let before = queue.bytes;
-        let dropped = queue.push(message.clone(), groups);
+        let dropped = queue.push(message.clone(), groups, plain);
         let after = queue.bytes;
         drop(queue);
         link.stats.buffer_bytes.fetch_add(after as i64 - before as i64, Ordering::Relaxed);
@@ -168,6 +170,12 @@ impl ShardLinks {
             (true, at) => Some(candidates[at - 1]),
             (false, at) => Some(candidates[at]),
         }
+    }
+
+    /// Whether the link from this shard to some peer of `peers` is up.
+    pub(crate) fn any_up(&self, peers: PeerSet) -> bool {
+        let links = self.links.borrow();
+        peers.iter().any(|p| matches!(links.get(p.index()), Some(Some(link)) if link.version.get() != 0))
     }
 
     /// Announce to every peer linked with version 3 or later now that
@@ -246,6 +254,7 @@ impl ShardLinks {
                 }
                 None => {
                     let link = Rc::new(Outgoing {
+                        peer: peer.id,
                         stats: mesh.stats.peer(&target.replica),
                         target: RefCell::new(target),
                         epoch: Cell::new(0),
@@ -307,6 +316,11 @@ async fn run_link(shard: Rc<Shard>, mesh: Arc<Mesh>, link: Rc<Outgoing>) {
         if link.removed.get() || shard.stopping.get() {
             break;
         }
+        // Down (or not up yet): the values picked for a shared group go
+        // to a member reachable now, at once and after each failed dial.
+        if give_back_groups(&shard, &mesh, &link, false) {
+            shard.flush_soon().await;
+        }
         // Woken early when the peer restarted or moved (a new epoch).
         let _ = or(async { sleep(backoff).await }, async {
             while link.epoch.get() == epoch && !link.removed.get() {
@@ -316,9 +330,65 @@ async fn run_link(shard: Rc<Shard>, mesh: Arc<Mesh>, link: Rc<Outgoing>) {
         .await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
-    // Gone: what it kept is no one's any more.
-    let bytes = std::mem::replace(&mut *link.queue.borrow_mut(), Queue::new(0)).bytes;
-    link.stats.buffer_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
+    // Gone: a shared group's values go to another member, even one
+    // whose link is down (its buffer keeps them); the rest is no one's
+    // any more: counted lost (a peer taken for gone, or this process
+    // stopping, with values unacknowledged).
+    let replica = link.target.borrow().replica.clone();
+    if !shard.stopping.get() && give_back_groups(&shard, &mesh, &link, true) {
+        shard.flush_soon().await;
+    }
+    let queue = std::mem::replace(&mut *link.queue.borrow_mut(), Queue::new(0));
+    link.stats.buffer_bytes.fetch_sub(queue.bytes as i64, Ordering::Relaxed);
+    let lost = queue.len() as u64;
+    if lost > 0 {
+        link.stats.lost.fetch_add(lost, Ordering::Relaxed);
+        mesh.stats.lost.fetch_add(lost, Ordering::Relaxed);
+        warn!(target: "mesh", peer = %replica, shard = shard.id, values = lost,
+              "mesh: link removed with values its peer never acknowledged: dropped (fleetmq_mesh_values_lost_total)");
+    }
+}
+
+/// The link is down (`gone`: removed for good): the values in its buffer
+/// that its peer was picked for shared groups for go to another member
+/// of each group ([`Shard::redispatch_groups`] says which, and why a
+/// duplicate is possible); what no group keeps for the peer any more and
+/// no plain subscription there wants becomes a gap in the numbering
+/// ([`Queue::keep_groups`]). Returns whether a value went anywhere (the
+/// shard's queues want a flush).
+fn give_back_groups(shard: &Rc<Shard>, mesh: &Mesh, link: &Outgoing, gone: bool) -> bool {
+    let picks = link.queue.borrow().group_picks();
+    if picks.is_empty() {
+        return false;
+    }
+    let values: Vec<_> = picks.iter().map(|(_, m, groups)| (m.clone(), groups.clone())).collect();
+    let (left, moved, lost) = shard.redispatch_groups(link.peer, &values, gone);
+    if moved == 0 && lost == 0 {
+        return false;
+    }
+    let mut queue = link.queue.borrow_mut();
+    let before = queue.bytes;
+    for ((seq, _, groups), left) in picks.iter().zip(left) {
+        if left.len() != groups.len() {
+            queue.keep_groups(*seq, left);
+        }
+    }
+    let after = queue.bytes;
+    drop(queue);
+    link.stats.buffer_bytes.fetch_sub(before as i64 - after as i64, Ordering::Relaxed);
+    mesh.stats.redispatched.fetch_add(moved, Ordering::Relaxed);
+    let replica = link.target.borrow().replica.clone();
+    if lost > 0 {
+        link.stats.lost.fetch_add(lost, Ordering::Relaxed);
+        mesh.stats.lost.fetch_add(lost, Ordering::Relaxed);
+        warn!(target: "mesh", peer = %replica, shard = shard.id, values = lost,
+              "mesh: shared group values kept for a peer taken for gone, and no other member: dropped (fleetmq_mesh_values_lost_total)");
+    }
+    if moved > 0 {
+        info!(target: "mesh", peer = %replica, shard = shard.id, values = moved,
+              "mesh: link down: its shared group values went to other members (fleetmq_mesh_values_redispatched_total)");
+    }
+    true
 }
 
 /// Why a connection ended.
