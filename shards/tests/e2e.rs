@@ -179,6 +179,12 @@ mod cluster_mesh;
 #[path = "e2e/cluster_mesh_ops.rs"]
 mod cluster_mesh_ops;
 
+/// A shared group's values in the mesh buffer of a member replica that
+/// was SIGKILLed go to the members still there (MQTT 5 §4.8.2): none
+/// acknowledged is lost.
+#[path = "e2e/cluster_mesh_shared.rs"]
+mod cluster_mesh_shared;
+
 /// Route announces over the mesh (version 3): a value published on
 /// another replica right after the SUBACK reaches the subscriber; a
 /// version-2 peer still links and learns routes from the watch.

@@ -18,7 +18,11 @@
 //! says what it delivered on that link and the dialer sends from there on
 //! (no loss, no duplicate while the acceptor's process lives). A link
 //! that is down keeps up to `cluster.mesh_buffer` per peer (split over
-//! the shards); past it the oldest are dropped and counted.
+//! the shards); past it the oldest are dropped and counted, as is what
+//! a peer taken for gone never acknowledged. The values in it that were
+//! sent there for a shared subscription group go to another member as
+//! soon as one is reachable (`Shard::redispatch_groups`): at least once,
+//! [MQTT 5 §4.8.2].
 
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -33,6 +37,7 @@ use tracing::warn;
 
 pub(crate) mod incoming;
 pub(crate) mod outgoing;
+mod queue;
 mod tls;
 
 pub(crate) use outgoing::ShardLinks;
@@ -193,6 +198,9 @@ pub(crate) struct MeshStats {
     pub(crate) values_in: AtomicU64,
     pub(crate) values_out: AtomicU64,
     pub(crate) lost: AtomicU64,
+    /// Shared group deliveries taken from a link that went down and given
+    /// to another member (see `Shard::redispatch_groups`).
+    pub(crate) redispatched: AtomicU64,
     refused: [AtomicU64; 5],
     /// Replica ID → its figures (peers met over the process's life).
     peers: Mutex<HashMap<String, Arc<PeerStats>>>,
@@ -504,7 +512,8 @@ impl Mesh {
             ("mesh_bytes_out", "Bytes written to mesh links (TLS payload)", &s.bytes_out),
             ("mesh_values_in", "Values received over the mesh and delivered here", &s.values_in),
             ("mesh_values_out", "Values sent over the mesh (a value sent again after a cut counts again)", &s.values_out),
-            ("mesh_values_lost", "Values for another replica dropped, oldest first, from a full mesh buffer (cluster.mesh_buffer)", &s.lost),
+            ("mesh_values_lost", "Values for another replica dropped: oldest first from a full mesh buffer (cluster.mesh_buffer), or unacknowledged in the buffer of a peer taken for gone", &s.lost),
+            ("mesh_values_redispatched", "Shared group values in the buffer of a link that went down given to another member of the group (a value the peer had delivered may come twice)", &s.redispatched),
         ] {
             let _ = writeln!(out, "# HELP fleetmq_{name} {help}\n# TYPE fleetmq_{name} counter\nfleetmq_{name}_total {}", v.load(relaxed));
         }

@@ -1,10 +1,10 @@
 //! A shard's links to the other replicas: per peer, the values this
 //! shard's publishers sent it, numbered and kept until acknowledged
-//! ([`Queue`]), and the task that dials the peer and sends them
+//! ([`super::queue::Queue`]), and the task that dials the peer and sends them
 //! ([`run_link`]).
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -15,7 +15,7 @@ use bytes::BytesMut;
 use bytestring::ByteString;
 use fleetmq_core::cluster::peers::{Peer, PeerId, PeerSet};
 use fleetmq_core::shared::Strategy;
-use fleetmq_core::mesh::{self, Frame, ValueRef};
+use fleetmq_core::mesh::{self, Frame};
 use fleetmq_core::session::Message;
 use futures_lite::future::or;
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -25,6 +25,7 @@ use rustls::pki_types::ServerName;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
+use super::queue::{Groups, Queue};
 use super::{Mesh, PeerStats, RefusedFor, KEEPALIVE_DEAD, KEEPALIVE_IDLE};
 use crate::shard::Shard;
 use crate::signal::Signal;
@@ -37,109 +38,6 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// What a value costs in a buffer beyond its topic and payload.
-const VALUE_COST: usize = 64;
-
-/// The shared subscription groups a value was sent to a peer for.
-type Groups = Option<Arc<[ByteString]>>;
-
-/// The values of one link: numbered from 1, kept from the oldest not
-/// acknowledged on.
-pub(crate) struct Queue {
-    /// Each value, and the shared groups the peer was picked for.
-    values: VecDeque<(Arc<Message>, Groups)>,
-    /// The sequence number of `values[0]` (the next one's when empty).
-    front: u64,
-    /// The highest sequence number written on the current connection.
-    sent: u64,
-    bytes: usize,
-    limit: usize,
-}
-
-impl Queue {
-    fn new(limit: usize) -> Queue {
-        Queue { values: VecDeque::new(), front: 1, sent: 0, bytes: 0, limit }
-    }
-
-    fn cost(m: &Message) -> usize {
-        m.topic.len() + m.payload.len() + VALUE_COST
-    }
-
-    /// Keep `m`; returns how many of the oldest were dropped to make room.
-    fn push(&mut self, m: Arc<Message>, groups: Option<Arc<[ByteString]>>) -> u64 {
-        self.bytes += Self::cost(&m);
-        self.values.push_back((m, groups));
-        let mut dropped = 0;
-        while self.bytes > self.limit && self.values.len() > 1 {
-            self.pop_front();
-            dropped += 1;
-        }
-        dropped
-    }
-
-    fn pop_front(&mut self) {
-        if let Some((m, _)) = self.values.pop_front() {
-            self.bytes -= Self::cost(&m);
-            self.front += 1;
-            // A value dropped before it was sent leaves a gap the
-            // receiver skips.
-            self.sent = self.sent.max(self.front - 1);
-        }
-    }
-
-    /// The receiver delivered every value up to `delivered`.
-    fn acked(&mut self, delivered: u64) {
-        while self.front <= delivered && !self.values.is_empty() {
-            self.pop_front();
-        }
-    }
-
-    /// A new connection, whose receiver delivered up to `delivered`: send
-    /// from the one after it (or the oldest kept).
-    fn restart(&mut self, delivered: u64) {
-        self.acked(delivered);
-        self.sent = delivered.max(self.front - 1);
-    }
-
-    /// The next Values frame: the kept values not sent on this connection
-    /// yet, as many as fit in `max_frame`; `None` when all were sent.
-    fn next_frame(&mut self, max_frame: usize, version: u16, now: Instant, out: &mut BytesMut) -> Option<usize> {
-        let first = self.sent + 1;
-        let skip = (first - self.front) as usize;
-        if skip >= self.values.len() {
-            return None;
-        }
-        let mut size = mesh::HEADER_BYTES + 12;
-        let mut n = 0;
-        for (m, groups) in self.values.iter().skip(skip) {
-            let bound = value_ref(m, groups, now).encoded_len_bound();
-            if n > 0 && size + bound > max_frame {
-                break;
-            }
-            size += bound;
-            n += 1;
-        }
-        let values = self.values.iter().skip(skip).take(n).map(|(m, groups)| value_ref(m, groups, now));
-        mesh::encode_values(first, version, values, out);
-        self.sent = first + n as u64 - 1;
-        Some(n)
-    }
-}
-
-fn value_ref<'a>(m: &'a Message, groups: &'a Option<Arc<[ByteString]>>, now: Instant) -> ValueRef<'a> {
-    ValueRef {
-        topic: &m.topic,
-        payload: &m.payload,
-        qos: m.qos,
-        retain: m.retain,
-        properties: &m.properties,
-        expiry_left: m.expiry_left(now),
-        origin: m.origin,
-        groups: groups.as_deref().unwrap_or(&[]),
-        logged: m.stored == crate::shard::LOGGED,
-    }
-}
-
 /// Whom a link dials.
 #[derive(Clone)]
 struct Target {
@@ -151,6 +49,8 @@ struct Target {
 
 /// One link of this shard to one peer replica.
 pub(crate) struct Outgoing {
+    /// The peer's id in the live list.
+    peer: PeerId,
     target: RefCell<Target>,
     /// Bumped when the peer restarted or moved (the connection is
     /// dropped and dialed again) or left.
@@ -201,15 +101,15 @@ impl ShardLinks {
 
     /// Send `message` to `peer` if this shard links to it (a peer not
     /// linked is not in the live list: nothing to keep for it), for its
-    /// plain subscriptions and the shared subscription `groups` it was
-    /// picked for.
-    pub(crate) fn forward(&self, peer: PeerId, message: &Arc<Message>, groups: Option<Arc<[ByteString]>>) {
+    /// plain subscriptions (`plain`: it has one matching) and the shared
+    /// subscription `groups` it was picked for.
+    pub(crate) fn forward(&self, peer: PeerId, message: &Arc<Message>, groups: Groups, plain: bool) {
         let links = self.links.borrow();
         let Some(mesh) = &*self.mesh.borrow() else { return };
         let Some(Some(link)) = links.get(peer.index()) else { return };
         let mut queue = link.queue.borrow_mut();
         let before = queue.bytes;
-        let dropped = queue.push(message.clone(), groups);
+        let dropped = queue.push(message.clone(), groups, plain);
         let after = queue.bytes;
         drop(queue);
         link.stats.buffer_bytes.fetch_add(after as i64 - before as i64, Ordering::Relaxed);
@@ -270,6 +170,12 @@ impl ShardLinks {
             (true, at) => Some(candidates[at - 1]),
             (false, at) => Some(candidates[at]),
         }
+    }
+
+    /// Whether the link from this shard to some peer of `peers` is up.
+    pub(crate) fn any_up(&self, peers: PeerSet) -> bool {
+        let links = self.links.borrow();
+        peers.iter().any(|p| matches!(links.get(p.index()), Some(Some(link)) if link.version.get() != 0))
     }
 
     /// Announce to every peer linked with version 3 or later now that
@@ -348,6 +254,7 @@ impl ShardLinks {
                 }
                 None => {
                     let link = Rc::new(Outgoing {
+                        peer: peer.id,
                         stats: mesh.stats.peer(&target.replica),
                         target: RefCell::new(target),
                         epoch: Cell::new(0),
@@ -409,6 +316,11 @@ async fn run_link(shard: Rc<Shard>, mesh: Arc<Mesh>, link: Rc<Outgoing>) {
         if link.removed.get() || shard.stopping.get() {
             break;
         }
+        // Down (or not up yet): the values picked for a shared group go
+        // to a member reachable now, at once and after each failed dial.
+        if give_back_groups(&shard, &mesh, &link, false) {
+            shard.flush_soon().await;
+        }
         // Woken early when the peer restarted or moved (a new epoch).
         let _ = or(async { sleep(backoff).await }, async {
             while link.epoch.get() == epoch && !link.removed.get() {
@@ -418,9 +330,65 @@ async fn run_link(shard: Rc<Shard>, mesh: Arc<Mesh>, link: Rc<Outgoing>) {
         .await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
-    // Gone: what it kept is no one's any more.
-    let bytes = std::mem::replace(&mut *link.queue.borrow_mut(), Queue::new(0)).bytes;
-    link.stats.buffer_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
+    // Gone: a shared group's values go to another member, even one
+    // whose link is down (its buffer keeps them); the rest is no one's
+    // any more: counted lost (a peer taken for gone, or this process
+    // stopping, with values unacknowledged).
+    let replica = link.target.borrow().replica.clone();
+    if !shard.stopping.get() && give_back_groups(&shard, &mesh, &link, true) {
+        shard.flush_soon().await;
+    }
+    let queue = std::mem::replace(&mut *link.queue.borrow_mut(), Queue::new(0));
+    link.stats.buffer_bytes.fetch_sub(queue.bytes as i64, Ordering::Relaxed);
+    let lost = queue.len() as u64;
+    if lost > 0 {
+        link.stats.lost.fetch_add(lost, Ordering::Relaxed);
+        mesh.stats.lost.fetch_add(lost, Ordering::Relaxed);
+        warn!(target: "mesh", peer = %replica, shard = shard.id, values = lost,
+              "mesh: link removed with values its peer never acknowledged: dropped (fleetmq_mesh_values_lost_total)");
+    }
+}
+
+/// The link is down (`gone`: removed for good): the values in its buffer
+/// that its peer was picked for shared groups for go to another member
+/// of each group ([`Shard::redispatch_groups`] says which, and why a
+/// duplicate is possible); what no group keeps for the peer any more and
+/// no plain subscription there wants becomes a gap in the numbering
+/// ([`Queue::keep_groups`]). Returns whether a value went anywhere (the
+/// shard's queues want a flush).
+fn give_back_groups(shard: &Rc<Shard>, mesh: &Mesh, link: &Outgoing, gone: bool) -> bool {
+    let picks = link.queue.borrow().group_picks();
+    if picks.is_empty() {
+        return false;
+    }
+    let values: Vec<_> = picks.iter().map(|(_, m, groups)| (m.clone(), groups.clone())).collect();
+    let (left, moved, lost) = shard.redispatch_groups(link.peer, &values, gone);
+    if moved == 0 && lost == 0 {
+        return false;
+    }
+    let mut queue = link.queue.borrow_mut();
+    let before = queue.bytes;
+    for ((seq, _, groups), left) in picks.iter().zip(left) {
+        if left.len() != groups.len() {
+            queue.keep_groups(*seq, left);
+        }
+    }
+    let after = queue.bytes;
+    drop(queue);
+    link.stats.buffer_bytes.fetch_sub(before as i64 - after as i64, Ordering::Relaxed);
+    mesh.stats.redispatched.fetch_add(moved, Ordering::Relaxed);
+    let replica = link.target.borrow().replica.clone();
+    if lost > 0 {
+        link.stats.lost.fetch_add(lost, Ordering::Relaxed);
+        mesh.stats.lost.fetch_add(lost, Ordering::Relaxed);
+        warn!(target: "mesh", peer = %replica, shard = shard.id, values = lost,
+              "mesh: shared group values kept for a peer taken for gone, and no other member: dropped (fleetmq_mesh_values_lost_total)");
+    }
+    if moved > 0 {
+        info!(target: "mesh", peer = %replica, shard = shard.id, values = moved,
+              "mesh: link down: its shared group values went to other members (fleetmq_mesh_values_redispatched_total)");
+    }
+    true
 }
 
 /// Why a connection ended.
@@ -667,68 +635,5 @@ async fn read_acks(
             drop(queue);
             link.stats.buffer_bytes.fetch_sub(before as i64 - after as i64, Ordering::Relaxed);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn message(n: usize) -> Arc<Message> {
-        Arc::new(Message {
-            topic: "t".into(),
-            payload: vec![0; n].into(),
-            qos: fleetmq_core::packet::QoS::AtMostOnce,
-            retain: false,
-            properties: Default::default(),
-            received_at: Instant::now(),
-            origin: 1,
-            stored: 0,
-            from_mesh: false,
-            groups: fleetmq_core::session::GroupPick::ALL,
-        })
-    }
-
-    fn firsts(q: &mut Queue) -> Vec<(u64, usize)> {
-        let mut out = BytesMut::new();
-        let mut got = Vec::new();
-        while q.next_frame(1 << 20, 2, Instant::now(), &mut out).is_some() {
-            let Some(Frame::Values { first, values }) = mesh::decode(&mut out, 1 << 20).unwrap() else { panic!() };
-            got.push((first, values.len()));
-        }
-        got
-    }
-
-    #[test]
-    fn a_reconnect_sends_from_what_the_receiver_delivered() {
-        let mut q = Queue::new(1 << 20);
-        (0..5).for_each(|_| {
-            q.push(message(10), None);
-        });
-        assert_eq!(firsts(&mut q), [(1, 5)]);
-        q.acked(2);
-        q.restart(3);
-        assert_eq!(firsts(&mut q), [(4, 2)], "4 and 5 again, not 1..3");
-        q.restart(5);
-        assert!(firsts(&mut q).is_empty() && q.values.is_empty() && q.bytes == 0);
-    }
-
-    #[test]
-    fn a_full_buffer_drops_the_oldest_and_the_receiver_sees_a_gap() {
-        let mut q = Queue::new(3 * (1 + 100 + VALUE_COST));
-        assert_eq!((0..5).map(|_| q.push(message(100), None)).sum::<u64>(), 2);
-        assert_eq!(q.front, 3);
-        q.restart(0);
-        assert_eq!(firsts(&mut q), [(3, 3)]);
-    }
-
-    #[test]
-    fn a_frame_holds_what_fits() {
-        let mut q = Queue::new(1 << 30);
-        (0..3).for_each(|_| {
-            q.push(message(400_000), None);
-        });
-        let mut out = BytesMut::new();
-        assert_eq!(q.next_frame(mesh::max_frame(1 << 20) - (1 << 16) + 1000, 2, Instant::now(), &mut out), Some(2));
     }
 }

@@ -236,6 +236,11 @@ pub(super) const HERE: fleetmq_core::cluster::peers::PeerId = fleetmq_core::clus
 pub(super) fn note_local_group(st: &mut State, key: &str, add: bool) {
     let change = fleetmq_core::cluster::peers::RouteChange { peer: HERE, filter: key.to_owned(), present: add };
     st.local_groups.apply(&change);
+    if add {
+        st.local_group_keys.insert(ByteString::from(key));
+    } else {
+        st.local_group_keys.remove(key);
+    }
 }
 
 impl Shard {

@@ -33,7 +33,7 @@ mod wills;
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
@@ -268,6 +268,10 @@ struct State {
     /// replica: which groups of a topic this replica can serve, for the
     /// mesh's pick of one member replica per group.
     local_groups: RemoteRoutes,
+    /// The keys (`$share/{group}/{filter}`) of the shared subscriptions
+    /// in `local_groups`: where a value for one group goes on this
+    /// replica when the mesh gives it back ([`Shard::redispatch_groups`]).
+    local_group_keys: HashSet<ByteString>,
     retained: Retained,
     /// Retained messages subscriptions still have to receive, by session.
     feeds: Feeds,
@@ -401,6 +405,7 @@ impl Shard {
                 remote_routes: RemoteRoutes::new(),
                 wanted: HashMap::new(),
                 local_groups: RemoteRoutes::new(),
+                local_group_keys: HashSet::new(),
                 retained: Retained::default(),
                 feeds: Feeds::default(),
                 applied: 0,

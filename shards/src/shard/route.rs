@@ -8,6 +8,7 @@ use bytestring::ByteString;
 use fleetmq_core::cluster::peers::{PeerId, PeerSet};
 use fleetmq_core::session::{GroupPick, Message};
 
+use super::groups::GroupOp;
 use super::held::Delivery;
 use super::{Shard, State};
 
@@ -127,7 +128,7 @@ impl Shard {
         });
         if remote_groups.is_empty() {
             for peer in plain.iter() {
-                self.links.forward(peer, &message, None);
+                self.links.forward(peer, &message, None, true);
             }
             return message;
         }
@@ -156,7 +157,7 @@ impl Shard {
         });
         for peer in targets.iter() {
             let groups: Vec<ByteString> = picked.iter().filter(|(_, p)| *p == peer).map(|(g, _)| g.clone()).collect();
-            self.links.forward(peer, &message, (!groups.is_empty()).then(|| groups.into()));
+            self.links.forward(peer, &message, (!groups.is_empty()).then(|| groups.into()), plain.contains(peer));
         }
         if elsewhere.is_empty() {
             return message;
@@ -164,6 +165,89 @@ impl Shard {
         let mut kept = Message::clone(&message);
         kept.groups = GroupPick::except(elsewhere);
         Arc::new(kept)
+    }
+
+    /// The values this shard sent to the peer `from` for shared groups,
+    /// each with the groups it was picked there for, now that the link to
+    /// it is down (`gone`: the peer left the live list): each group gets
+    /// the value again at another member [MQTT 5 §4.8.2: when the chosen
+    /// member's session ends before it acknowledges, the Server SHOULD
+    /// send it to another member], as [`Shard::forward_to_peers`] would
+    /// pick one without `from`: a replica whose link from this shard is
+    /// up, or this one when it has members.
+    ///
+    /// A link that is merely down (a cut) may heal and send its buffer:
+    /// its group values still go now when such a member exists, so they
+    /// do not wait for the heal (~seconds) or die with a killed peer
+    /// (whose links close at once, while it is taken for gone ~15 s
+    /// later). The peer may have delivered some already (sent, the
+    /// acknowledgement lost with the link): those come twice, at least
+    /// once as §4.8.2 implies for QoS 1. While no member is reachable a
+    /// group stays with `from` (its buffer keeps the value for the heal);
+    /// once `from` is gone, a member whose link is down takes it into its
+    /// own buffer. A replica with a plain subscription matching the value
+    /// is never picked here: it got the value for that already, and the
+    /// mesh frame cannot say "for the group only".
+    ///
+    /// Returns, per value, the groups left to `from`, and how many group
+    /// deliveries went elsewhere and how many found no member at all
+    /// (only when `gone`: lost, the caller counts them).
+    pub(crate) fn redispatch_groups(
+        &self,
+        from: PeerId,
+        values: &[(Arc<Message>, Arc<[ByteString]>)],
+        gone: bool,
+    ) -> (Vec<Vec<ByteString>>, u64, u64) {
+        let now = Instant::now();
+        let mut st = self.state.borrow_mut();
+        let (mut sent, mut lost) = (0, 0);
+        let mut left_all = Vec::with_capacity(values.len());
+        for (message, groups) in values {
+            let mut left = Vec::new();
+            let plain = st.remote_routes.peers_for(&message.topic);
+            for group in groups.iter() {
+                let mut members = PeerSet::new();
+                st.remote_routes.for_each_group(&message.topic, |g, peers| {
+                    if g == group {
+                        members = members.union(peers);
+                    }
+                });
+                members.remove(from);
+                plain.iter().for_each(|p| {
+                    members.remove(p);
+                });
+                let keys: Vec<ByteString> = st
+                    .local_group_keys
+                    .iter()
+                    .filter(|key| {
+                        fleetmq_core::topic::parse_shared(key)
+                            .is_some_and(|(g, filter)| g == &**group && fleetmq_core::topic::matches(filter, &message.topic))
+                    })
+                    .cloned()
+                    .collect();
+                let local = !keys.is_empty();
+                if !local && !gone && !self.links.any_up(members) {
+                    left.push(group.clone());
+                    continue;
+                }
+                let strategy = self.limits.shared.strategy_for(group);
+                match self.links.pick(group, strategy, local, members, message.origin) {
+                    Some(peer) => self.links.forward(peer, message, Some(Arc::from([group.clone()])), false),
+                    None if local => {
+                        for key in keys {
+                            self.group_op(&mut st, GroupOp::Return { key, messages: vec![message.clone()], refused_by: None }, now);
+                        }
+                    }
+                    None => {
+                        lost += 1;
+                        continue;
+                    }
+                }
+                sent += 1;
+            }
+            left_all.push(left);
+        }
+        (left_all, sent, lost)
     }
 
     /// Values another replica sent over the mesh: to this replica's

@@ -464,7 +464,7 @@ fn a_replica_killed_and_restarted_links_again_and_receives() {
 }
 
 /// Every payload each of `subs` receives until none comes for `quiet`.
-fn drain(subs: &mut [&mut MosquittoSub], quiet: Duration) -> Vec<Vec<String>> {
+pub(crate) fn drain(subs: &mut [&mut MosquittoSub], quiet: Duration) -> Vec<Vec<String>> {
     let mut got = vec![Vec::new(); subs.len()];
     let mut last = Instant::now();
     while last.elapsed() < quiet {
@@ -481,7 +481,7 @@ fn drain(subs: &mut [&mut MosquittoSub], quiet: Duration) -> Vec<Vec<String>> {
 /// Publishes `probe-<i>` on `topic` until `members` (one shared group)
 /// received one between them, so the group's routes reached the
 /// publisher's replica; then lets the rest arrive and forgets them.
-fn until_group_routed(publisher: &mut RawClient, topic: &str, members: &mut [&mut MosquittoSub], wanted: usize) {
+pub(crate) fn until_group_routed(publisher: &mut RawClient, topic: &str, members: &mut [&mut MosquittoSub], wanted: usize) {
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut seen = vec![false; members.len()];
     while seen.iter().filter(|s| **s).count() < wanted {
@@ -539,6 +539,40 @@ fn a_shared_group_with_members_on_two_other_replicas_gets_each_value_once() {
     assert_eq!(got[2], numbers(200));
 }
 
+/// Three linked replicas `{p}a`, `{p}b` and `{p}c`, a member of the shared
+/// group `g` on `{topic}/#` (QoS 1) on B and on C, and a publisher on A
+/// whose probes reached both (fields dropped in order: the NATS cluster
+/// last).
+pub(crate) struct GroupOnBAndC {
+    pub(crate) on_b: MosquittoSub,
+    pub(crate) on_c: MosquittoSub,
+    pub(crate) publisher: RawClient,
+    pub(crate) a: Broker,
+    pub(crate) _b: Broker,
+    pub(crate) c: Broker,
+    _certs: Certs,
+    _nats: NatsCluster,
+}
+
+impl GroupOnBAndC {
+    pub(crate) fn start(p: &str, topic: &str) -> GroupOnBAndC {
+        let nats = NatsCluster::start(3);
+        let certs = Certs::new(&format!("{p}a,{p}b,{p}c"));
+        let a = start(&format!("{p}a"), &nats, &certs, &[]);
+        let b = start(&format!("{p}b"), &nats, &certs, &[]);
+        let c = start(&format!("{p}c"), &nats, &certs, &[]);
+        for r in [&a, &b, &c] {
+            wait_links(r, 2, Duration::from_secs(20));
+        }
+        let filter = format!("$share/g/{topic}/#");
+        let mut on_b = MosquittoSub::start(&b, &["-q", "1", "-t", &filter]);
+        let mut on_c = MosquittoSub::start(&c, &["-q", "1", "-t", &filter]);
+        let mut publisher = publisher(&a, &format!("pub-{p}"));
+        until_group_routed(&mut publisher, &format!("{topic}/x"), &mut [&mut on_b, &mut on_c], 2);
+        GroupOnBAndC { on_b, on_c, publisher, a, _b: b, c, _certs: certs, _nats: nats }
+    }
+}
+
 /// A shared group with members on B and C, the publisher on A: C's
 /// process SIGKILLed. Its links close at once; A stops picking C then,
 /// not when C is taken for gone (~15 s later): every acknowledged value
@@ -548,18 +582,8 @@ fn a_shared_group_with_members_on_two_other_replicas_gets_each_value_once() {
 /// SHOULD get it].
 #[test]
 fn a_shared_group_member_replica_killed_leaves_the_values_to_the_members_still_there() {
-    let nats = NatsCluster::start(3);
-    let certs = Certs::new("ka,kb,kc");
-    let a = start("ka", &nats, &certs, &[]);
-    let b = start("kb", &nats, &certs, &[]);
-    let mut c = start("kc", &nats, &certs, &[]);
-    for r in [&a, &b, &c] {
-        wait_links(r, 2, Duration::from_secs(20));
-    }
-    let mut on_b = MosquittoSub::start(&b, &["-q", "1", "-t", "$share/g/kill/#"]);
-    let mut on_c = MosquittoSub::start(&c, &["-q", "1", "-t", "$share/g/kill/#"]);
-    let mut publisher = publisher(&a, "pub-kill");
-    until_group_routed(&mut publisher, "kill/x", &mut [&mut on_b, &mut on_c], 2);
+    let mut g = GroupOnBAndC::start("k", "kill");
+    let publisher = &mut g.publisher;
     let mut send = |i: u32| {
         publisher.send(&build::publish("kill/x", 1, (i % 60_000 + 1) as u16, (false, false), i.to_string().as_bytes(), true));
         match publisher.read(Duration::from_secs(10)) {
@@ -571,7 +595,7 @@ fn a_shared_group_member_replica_killed_leaves_the_values_to_the_members_still_t
     for i in 0..50 {
         send(i);
     }
-    c.kill();
+    g.c.kill();
     let killed = Instant::now();
     let mut after = 50;
     while killed.elapsed() < Duration::from_secs(1) {
@@ -583,10 +607,9 @@ fn a_shared_group_member_replica_killed_leaves_the_values_to_the_members_still_t
     for i in first_checked..first_checked + 200 {
         send(i);
     }
-    let got: Vec<u32> = payloads(&mut on_b, Duration::from_secs(3)).iter().map(|p| p.parse().unwrap()).collect();
+    let got: Vec<u32> = payloads(&mut g.on_b, Duration::from_secs(3)).iter().map(|p| p.parse().unwrap()).collect();
     let missing: Vec<u32> = (first_checked..first_checked + 200).filter(|i| !got.contains(i)).collect();
     assert!(missing.is_empty(), "{} of 200 acknowledged values published after the kill reached no member: {missing:?}", missing.len());
-    drop(on_c);
 }
 
 #[test]
