@@ -141,10 +141,13 @@ async fn append(shared: &Shared, message: &StreamMessage, id: &str, deadline: In
 /// same ID, stored once; so is one sent before the state connection was
 /// forced away from a silent server (see `liveness.rs`).
 async fn attempt(shared: &Shared, message: &StreamMessage, id: &str, deadline: Instant) -> Fate {
-    let mut publish = PublishMessage::build().payload(message.payload.clone()).message_id(id);
+    // Appended, never inserted: a user property may come more than once
+    // (MQTT 5 §3.3.2.3.7), each its own header.
+    let mut headers = async_nats::HeaderMap::new();
     for (name, value) in &message.headers {
-        publish = publish.header(name.as_str(), value.as_str());
+        headers.append(name.as_str(), value.as_str());
     }
+    let publish = PublishMessage::build().payload(message.payload.clone()).headers(headers).message_id(id);
     let mut moved = shared.state_moved.subscribe();
     let ack = match shared.publish_by(&message.subject, publish, deadline).await {
         Ok(ack) => ack,

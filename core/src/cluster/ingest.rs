@@ -118,9 +118,11 @@ fn push_text(out: &mut Vec<(String, String)>, name: &str, value: &str) {
 /// (`Mqtt-Content-Type`, `Mqtt-Response-Topic`, `Mqtt-Correlation-Data`
 /// in base64, `Mqtt-Payload-Format` `1` for UTF-8, and
 /// `Mqtt-User-<name>` per user property whose name is
-/// `[A-Za-z0-9._-]+` and whose value is [`header_safe`]; others are left
-/// out). A text that is not [`header_safe`] goes base64 under the name
-/// with [`B64_SUFFIX`]. Header names may repeat (user properties).
+/// `[A-Za-z0-9._-]+` and whose value is [`header_safe`], [`USER_B64`]
+/// for any other, each in order: MQTT 5 §3.3.2.3.7 lets a name come more
+/// than once). A text that is not [`header_safe`] goes base64 under the
+/// name with [`B64_SUFFIX`]. Header names may repeat (user properties):
+/// the bridge appends each, never replaces.
 pub fn headers(value: &IngestValue) -> Vec<(String, String)> {
     let mut out = Vec::with_capacity(4);
     push_text(&mut out, TOPIC, &value.topic);
@@ -148,10 +150,19 @@ pub fn headers(value: &IngestValue) -> Vec<(String, String)> {
     for (name, v) in &p.user_properties {
         if user_name_safe(name) && header_safe(v) {
             out.push((format!("Mqtt-User-{name}"), v.to_string()));
+        } else {
+            let b64 = &base64::engine::general_purpose::STANDARD;
+            out.push((USER_B64.to_owned(), format!("{}:{}", b64.encode(name.as_bytes()), b64.encode(v.as_bytes()))));
         }
     }
     out
 }
+
+/// The header of a user property whose name cannot be a header name's
+/// end (`[A-Za-z0-9._-]+`) or whose value is not [`header_safe`]:
+/// `<name in base64>:<value in base64>` (standard alphabet, so the `:` is
+/// unambiguous), one header per such property, in order.
+pub const USER_B64: &str = "Mqtt-User-B64";
 
 #[cfg(test)]
 mod tests {
@@ -213,7 +224,9 @@ mod tests {
         assert_eq!(read(&h, "Mqtt-Correlation-Data").as_deref(), Some("AAE="));
         assert_eq!(read(&h, "Mqtt-Payload-Format").as_deref(), Some("1"));
         assert_eq!(read(&h, "Mqtt-User-site").as_deref(), Some("north"));
-        assert!(!h.iter().any(|(n, _)| n.contains("bad")), "a user property whose name cannot be a header is left out");
+        assert!(!h.iter().any(|(n, _)| n.contains("bad")), "a user property whose name cannot be a header is not a header of its name");
+        let b64 = &base64::engine::general_purpose::STANDARD;
+        assert_eq!(read(&h, USER_B64), Some(format!("{}:{}", b64.encode("bad name"), b64.encode("x"))), "it goes base64, name and value");
     }
 
     proptest! {

@@ -32,22 +32,33 @@ impl Ingested {
 }
 
 /// Every message of `mqtt-ingest` now, in stream order (any server that
-/// answers).
+/// answers). Read with `$JS.API.STREAM.MSG.GET` and its header block
+/// parsed here: async-nats' reader of that answer keeps only the last
+/// value of a header given twice (a user property may be).
 pub(crate) fn ingested(nats: &NatsCluster) -> Vec<Ingested> {
+    use base64::Engine as _;
     let urls = nats.urls();
     crate::nats::block_on(async move {
-        let js = async_nats::jetstream::new(crate::nats::connect(&urls).await);
+        let client = crate::nats::connect(&urls).await;
+        let js = async_nats::jetstream::new(client.clone());
         let mut stream = js.get_stream("mqtt-ingest").await.expect("the ingest stream exists");
         let state = stream.info().await.expect("stream info").state.clone();
+        let b64 = &base64::engine::general_purpose::STANDARD;
         let mut out = Vec::new();
         for seq in state.first_sequence..=state.last_sequence {
-            let Some(m) = crate::nats::stream_message(&stream, seq).await else { continue };
-            let mut headers = BTreeMap::new();
-            for (name, values) in m.headers.iter() {
-                let values: Vec<String> = values.iter().map(|v| v.as_str().to_owned()).collect();
-                headers.insert(name.to_string(), values);
+            let request = serde_json::json!({ "seq": seq }).to_string();
+            let answer = client.request("$JS.API.STREAM.MSG.GET.mqtt-ingest", request.into()).await.expect("MSG.GET answered");
+            let answer: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
+            let Some(m) = answer.get("message") else { continue };
+            let text = |key: &str| b64.decode(m[key].as_str().unwrap_or_default()).expect("base64");
+            let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for line in String::from_utf8(text("hdrs")).expect("UTF-8 headers").split("\r\n").skip(1) {
+                if let Some((name, value)) = line.split_once(':') {
+                    headers.entry(name.to_owned()).or_default().push(value.trim().to_owned());
+                }
             }
-            out.push(Ingested { subject: m.subject.to_string(), headers, payload: m.payload.to_vec() });
+            let subject = m["subject"].as_str().unwrap_or_default().to_owned();
+            out.push(Ingested { subject, headers, payload: text("data") });
         }
         out
     })
@@ -132,6 +143,31 @@ fn qos1_and_qos2_publishes_are_in_the_ingest_stream_before_their_acknowledgement
     // The gauge and the counter are served.
     assert_eq!(a.metric_sum("fleetmq_session_log_appends_total"), 5.0);
     assert_eq!(a.metric_sum("fleetmq_session_log_appends_held"), 0.0);
+    // User properties: a name given twice is two headers, in order (MQTT 5
+    // §3.3.2.3.7: a name may appear more than once); one whose name cannot
+    // be a header's goes base64, name and value.
+    let mut body = Vec::new();
+    body.extend_from_slice(&(b"plant/up".len() as u16).to_be_bytes());
+    body.extend_from_slice(b"plant/up");
+    body.extend_from_slice(&4u16.to_be_bytes());
+    let mut props = Vec::new();
+    for (name, value) in [("k", "v1"), ("k", "v2"), ("bad name", "x")] {
+        props.push(0x26);
+        for text in [name, value] {
+            props.extend_from_slice(&(text.len() as u16).to_be_bytes());
+            props.extend_from_slice(text.as_bytes());
+        }
+    }
+    body.push(u8::try_from(props.len()).expect("short properties"));
+    body.extend_from_slice(&props);
+    body.extend_from_slice(b"up");
+    c.send(&build::packet(0x32, &body));
+    expect(&mut c, 0x40, Duration::from_secs(10));
+    let now = ingested(&nats);
+    let m = now.last().expect("the value with user properties");
+    assert_eq!(m.payload, b"up");
+    assert_eq!(m.headers.get("Mqtt-User-k"), Some(&vec!["v1".to_owned(), "v2".to_owned()]), "{m:?}");
+    assert_eq!(m.headers.get("Mqtt-User-B64"), Some(&vec!["YmFkIG5hbWU=:eA==".to_owned()]), "{m:?}");
 }
 
 #[test]
