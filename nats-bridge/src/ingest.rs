@@ -48,9 +48,9 @@ const WARN_EVERY: Duration = Duration::from_secs(1);
 
 /// What one attempt came to.
 enum Fate {
-    /// Stored, at this stream sequence (or found a duplicate of an
-    /// earlier attempt).
-    Stored(u64),
+    /// Stored, at this stream sequence; `true`: found a duplicate (an
+    /// earlier attempt, or an earlier append of the same ID).
+    Stored(u64, bool),
     /// The stream is full: no retry helps.
     Full(String),
     /// Not stored, or not known to be: try again while the wait lasts.
@@ -67,9 +67,19 @@ pub(crate) fn size(subject: &str, headers: &[(String, String)], payload: &Bytes)
 /// workspace's session log (either may be absent), at once, within
 /// `wait`; both messages carry one `Nats-Msg-Id` (see the module
 /// documentation: each stream keeps its own duplicate window). A refusal
-/// of either refuses the value. With `qos2`, the flow is recorded in
-/// `mqtt-session-qos2` once both landed (`qos2.rs`), within the same
-/// wait: not recorded refuses the value too.
+/// of either refuses the value.
+///
+/// With `qos2`, the flow is recorded in `mqtt-session-qos2` with that
+/// message ID *before* the appends, within the same wait (not recorded
+/// refuses the value too): a replica that takes the session up after
+/// this one died at any point of the appends finds the flow, and the
+/// PUBLISH its client sends again is appended again under the same ID
+/// ([`Qos2Flow::message_id`]), stored once whether the first append
+/// landed or not (DESIGN.md §7: exactly once whichever replica dies). A
+/// refused value's flow is deleted again (best effort, also one appended
+/// again for a take-up), so that its packet identifier, free once the
+/// refusing PUBREC went out (MQTT 5 §4.3.3), is not taken up as that
+/// flow.
 ///
 /// # Errors
 /// As [`append`]; the session log's stream not created or not as the
@@ -81,24 +91,56 @@ pub(crate) async fn append_both(
     qos2: Option<Box<Qos2Flow>>,
     wait: Duration,
 ) -> Result<Appended, IngestError> {
-    let id = format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed));
+    let reopened = qos2.as_ref().and_then(|flow| flow.message_id.clone()).filter(|id| !id.is_empty());
+    let id = reopened.clone().unwrap_or_else(|| format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed)));
     let deadline = Instant::now() + wait;
+    if let Some(flow) = &qos2 {
+        // Before the value is stored (see above), and before its PUBREC
+        // (DESIGN.md §7).
+        let recorded = if ingest.is_some() || session_log.is_some() { id.as_str() } else { "" };
+        crate::qos2::open(shared, &flow.client_id, flow.packet_id, recorded, deadline).await.map_err(IngestError::Unavailable)?;
+    }
+    let appended = append_stored(shared, ingest.as_deref(), session_log.as_deref(), &id, deadline).await;
+    if let (Err(_), Some(flow)) = (&appended, &qos2) {
+        // Refused: the flow goes again. Its identifier is free (MQTT 5
+        // §4.3.3): a new value under it must not be taken for this one
+        // (stored under this ID, it could be dropped as a duplicate and
+        // lost). A 3.1.1 client sends the value again after its
+        // connection closed: a new flow, possibly a second copy if the
+        // refused append landed late (at least once, never lost).
+        let _ = crate::qos2::release(shared, &flow.client_id, flow.packet_id, FLOW_UNDO_WAIT).await;
+    }
+    appended
+}
+
+/// How long a refused value's flow record is tried to be deleted.
+const FLOW_UNDO_WAIT: Duration = Duration::from_secs(2);
+
+/// The appends of [`append_both`] under `id` by `deadline`, counted.
+async fn append_stored(
+    shared: &Arc<Shared>,
+    ingest: Option<&StreamMessage>,
+    session_log: Option<&LogAppend>,
+    id: &str,
+    deadline: Instant,
+) -> Result<Appended, IngestError> {
     let to_ingest = async {
-        let Some(message) = &ingest else { return Ok(None) };
-        append(shared, message, &id, deadline).await.map(Some)
+        let Some(message) = ingest else { return Ok(None) };
+        append(shared, message, id, deadline).await.map(Some)
     };
     let to_log = async {
-        let Some(log) = &session_log else { return Ok(None) };
+        let Some(log) = session_log else { return Ok(None) };
         crate::session_log::ensure(shared, &log.workspace, deadline).await.map_err(IngestError::Unavailable)?;
-        append(shared, &log.message, &id, deadline).await.map(Some)
+        append(shared, &log.message, id, deadline).await.map(Some)
     };
     let (ingest_seq, log_seq) = tokio::join!(to_ingest, to_log);
-    let appended = Appended { ingest: ingest_seq?, session_log: log_seq? };
-    if let Some(flow) = qos2 {
-        // After the value is stored, before its PUBREC (DESIGN.md §7).
-        let id = if ingest.is_some() || session_log.is_some() { id.as_str() } else { "" };
-        crate::qos2::open(shared, &flow.client_id, flow.packet_id, id, deadline).await.map_err(IngestError::Unavailable)?;
-    }
+    let (ingest_seq, log_seq) = (ingest_seq?, log_seq?);
+    // Stored before under this ID in every stream it went to: whoever
+    // appended it first handed it on (or will) once its appends landed.
+    // One stream new means that one never completed: handed on now.
+    let ran: Vec<bool> = [ingest_seq, log_seq].into_iter().flatten().map(|(_, d)| d).collect();
+    let duplicate = !ran.is_empty() && ran.iter().all(|d| *d);
+    let appended = Appended { ingest: ingest_seq.map(|(s, _)| s), session_log: log_seq.map(|(s, _)| s), duplicate };
     let stats = &shared.status.stats;
     if appended.ingest.is_some() {
         stats.ingest_appended.fetch_add(1, Ordering::Relaxed);
@@ -110,18 +152,22 @@ pub(crate) async fn append_both(
 }
 
 /// Append `message` with the ID `id` by `deadline`; returns the stream
-/// sequence.
+/// sequence, and whether JetStream had a message of that ID already.
 ///
 /// # Errors
 /// [`IngestError::Full`] when JetStream answered that the stream is full
 /// (`store.max_bytes` reached: discard new); [`IngestError::Unavailable`]
 /// when it did not take it by the deadline (it may still land; the client
 /// is refused and sends it again: at least once).
-async fn append(shared: &Shared, message: &StreamMessage, id: &str, deadline: Instant) -> Result<u64, IngestError> {
+async fn append(shared: &Shared, message: &StreamMessage, id: &str, deadline: Instant) -> Result<(u64, bool), IngestError> {
     let mut why = String::new();
+    let mut attempts = 0u32;
     while Instant::now() < deadline && !shared.stopping.load(Ordering::Acquire) {
+        attempts += 1;
         match attempt(shared, message, id, deadline).await {
-            Fate::Stored(sequence) => return Ok(sequence),
+            // A duplicate of this process's own earlier attempt is no
+            // sign of an earlier store by another replica.
+            Fate::Stored(sequence, duplicate) => return Ok((sequence, duplicate && attempts == 1)),
             Fate::Full(e) => return Err(IngestError::Full(e)),
             Fate::Retry(e) => why = e,
         }
@@ -155,7 +201,7 @@ async fn attempt(shared: &Shared, message: &StreamMessage, id: &str, deadline: I
     };
     tokio::select! {
         acked = tokio::time::timeout_at(deadline, ack.into_future()) => match acked {
-            Ok(Ok(ack)) => Fate::Stored(ack.sequence),
+            Ok(Ok(ack)) => Fate::Stored(ack.sequence, ack.duplicate),
             Ok(Err(e)) if e.kind() == PublishErrorKind::Other && is_full(&e.to_string()) => Fate::Full(e.to_string()),
             Ok(Err(e)) => Fate::Retry(e.to_string()),
             Err(_) => Fate::Retry("no acknowledgement from JetStream in time".to_owned()),

@@ -156,28 +156,30 @@ pub(crate) async fn flows(shared: &Shared, client_id: &str) -> Result<Vec<Flow>,
     }
 }
 
-/// The packet identifiers of `client_id`'s open flows, ascending.
+/// The packet identifiers of `client_id`'s open flows, ascending, each
+/// with the message ID its value was (or was to be) appended under.
 ///
 /// # Errors
 /// JetStream did not answer in time.
-pub(crate) async fn list(shared: &Shared, client_id: &str) -> Result<Vec<u16>, String> {
+pub(crate) async fn list(shared: &Shared, client_id: &str) -> Result<Vec<(u16, String)>, String> {
     let prefix = prefix(client_id);
-    let mut open = Vec::new();
+    // The newest record of a key wins (stream order).
+    let mut open = std::collections::BTreeMap::new();
     for flow in flows(shared, client_id).await? {
         let Some(key) = flow.subject.split_once(&format!("{}.", bucket::SESSION_QOS2)).map(|(_, k)| k.to_owned()) else {
             continue;
         };
         let Some(packet_id) = packet_id_of_key(&prefix, &key) else { continue };
         match Qos2Record::decode(&flow.payload) {
-            Ok(r) if r.belongs_to(client_id, packet_id) => open.push(packet_id),
+            Ok(r) if r.belongs_to(client_id, packet_id) => {
+                open.insert(packet_id, r.message_id);
+            }
             Ok(_) => warn!(target: "cluster", client_id, packet_id, "cluster: a QoS 2 flow of another client under this key; not used"),
             Err(e) => warn!(target: "cluster", client_id, packet_id, error = %e, "cluster: QoS 2 flow not readable; not used"),
         }
     }
-    open.sort_unstable();
-    open.dedup();
     debug!(target: "cluster", client_id, open = open.len(), "cluster: open QoS 2 flows read");
-    Ok(open)
+    Ok(open.into_iter().collect())
 }
 
 /// Remove every flow of `client_id` (its session ended), trying for at

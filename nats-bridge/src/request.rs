@@ -68,8 +68,8 @@ pub enum Request {
         /// The session log's message, or `None`.
         session_log: Option<Box<LogAppend>>,
         /// A QoS 2 value of a persistent session: its flow, recorded in
-        /// `mqtt-session-qos2` once the appends landed (before the PUBREC
-        /// that waits for this answer; see `qos2.rs`), or `None`.
+        /// `mqtt-session-qos2` with the value's message ID before the
+        /// appends (the PUBREC waits for all; see `qos2.rs`), or `None`.
         qos2: Option<Box<Qos2Flow>>,
         /// `cluster.session_log_append_wait`.
         wait: Duration,
@@ -93,8 +93,9 @@ pub enum Request {
     Qos2List {
         /// The client identifier.
         client_id: String,
-        /// The identifiers, or why JetStream did not answer.
-        reply: oneshot::Sender<Result<Vec<u16>, String>>,
+        /// The identifiers, each with the message ID of its value (empty:
+        /// nothing was appended for it), or why JetStream did not answer.
+        reply: oneshot::Sender<Result<Vec<(u16, String)>, String>>,
     },
     /// Remove every inbound QoS 2 flow of `client_id` from
     /// `mqtt-session-qos2`: its session ended. Nobody waits.
@@ -256,6 +257,11 @@ pub struct Qos2Flow {
     pub client_id: String,
     /// The PUBLISH's packet identifier, 1..=65,535.
     pub packet_id: u16,
+    /// The message ID the flow was recorded with at the replica the
+    /// session left (`Qos2List`): the PUBLISH sent again there is
+    /// appended again under that ID, which JetStream drops when the first
+    /// append landed ([`Appended::duplicate`]); `None` for a new flow.
+    pub message_id: Option<String>,
 }
 
 /// One message to append to a stream: `Nats-Msg-Id` is the bridge's.
@@ -317,6 +323,12 @@ pub struct Appended {
     pub ingest: Option<u64>,
     /// In the session log.
     pub session_log: Option<u64>,
+    /// JetStream had a message of this ID already in every stream it went
+    /// to (an append of a flow another replica recorded,
+    /// [`Qos2Flow::message_id`], that landed there; or one of another
+    /// connection of the same ID that landed first): the value was
+    /// stored, and is handed on, by whoever appended it first.
+    pub duplicate: bool,
 }
 
 /// Why a retained write was refused (see [`Request::RetainedPut`]).

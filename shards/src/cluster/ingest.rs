@@ -87,14 +87,18 @@ pub(crate) fn append_ingest(
     let (reply, outcome) = tokio::sync::oneshot::channel();
     let request = Request::IngestAppend { ingest, session_log, qos2, wait: node.append_wait, reply };
     let write = store.expect_write(message.origin);
+    // Not handed on when JetStream had it already: a flow another replica
+    // recorded and stored (see `qos2.rs`), which handed it on then.
+    let hand_on = std::rc::Rc::new(std::cell::Cell::new(true));
     let write_no = match held {
         Some(write_no) => write_no,
         None => {
             let write_no = next_write();
             let origin = message.origin;
+            let hand_on = hand_on.clone();
             write.then(move |stored| {
                 if let Some(shard) = shard.upgrade() {
-                    shard.written(origin, write_no, stored);
+                    shard.written(origin, write_no, stored && hand_on.get());
                 }
             });
             write_no
@@ -111,7 +115,10 @@ pub(crate) fn append_ingest(
             Outcome::Refused(ReasonCode::QUOTA_EXCEEDED)
         } else {
             match outcome.await {
-                Ok(Ok(_)) => Outcome::Done,
+                Ok(Ok(appended)) => {
+                    hand_on.set(!appended.duplicate);
+                    Outcome::Done
+                }
                 Ok(Err(IngestError::Unavailable(_))) | Err(_) => Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR),
                 Ok(Err(_)) => Outcome::Refused(ReasonCode::QUOTA_EXCEEDED),
             }

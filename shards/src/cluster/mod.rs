@@ -344,8 +344,9 @@ pub(crate) struct Claim {
     /// `session_log`).
     pub(crate) resume: Option<Box<crate::shard::Resume>>,
     /// With `taken_up`: the packet identifiers of its open inbound QoS 2
-    /// flows in `mqtt-session-qos2` (see `qos2`).
-    pub(crate) inbound_qos2: Vec<u16>,
+    /// flows in `mqtt-session-qos2`, each with its value's message ID
+    /// (see `qos2`).
+    pub(crate) inbound_qos2: Vec<(u16, String)>,
 }
 
 impl Drop for Claim {

@@ -5,8 +5,9 @@
 //! forwarded a second time.
 //!
 //! - Opened with the value's appends ([`super::append_ingest`] with a
-//!   [`Qos2Flow`]): recorded after the value is stored, before the PUBREC,
-//!   which waits for both.
+//!   [`Qos2Flow`]): recorded with the value's message ID before it is
+//!   stored, and the PUBREC waits for both; a refused value's flow is
+//!   deleted again.
 //! - Released by the PUBREL ([`release`]): its PUBCOMP waits for the
 //!   delete; not deleted within `cluster.session_log_append_wait`, the
 //!   PUBCOMP is not sent and the connection closes (MQTT 5: DISCONNECT
@@ -14,9 +15,12 @@
 //!   rather than reuse a packet identifier another replica would still
 //!   find open.
 //! - Read at a take-up ([`super::Node::qos2_of`]) and opened in the session
-//!   (`Session::restore`): a resent PUBLISH (DUP) of one gets PUBREC and
-//!   is not forwarded `[MQTT-4.3.3-10]`, its PUBREL gets PUBCOMP
-//!   `[MQTT-4.3.3-12]`.
+//!   (`Session::restore`): the first PUBLISH of one its client sends
+//!   again is appended again under the recorded message ID, which
+//!   JetStream drops if the replica the session left had stored it
+//!   (then it is not handed on again either `[MQTT-4.3.3-10]`; else it
+//!   is stored and handed on now: that replica died before); later ones
+//!   get PUBREC only; its PUBREL gets PUBCOMP `[MQTT-4.3.3-12]`.
 //! - Purged when the session ends ([`purge`]).
 
 use std::time::Duration;
@@ -31,7 +35,7 @@ use crate::store::Outcome;
 /// The flow of `client_id`'s QoS 2 PUBLISH `packet_id`, when the session
 /// is persistent (`session_expiry` above 0) in cluster mode.
 pub(crate) fn flow(clustered: bool, session_expiry: u32, client_id: &str, packet_id: u16) -> Option<Box<Qos2Flow>> {
-    (clustered && session_expiry > 0).then(|| Box::new(Qos2Flow { client_id: client_id.to_owned(), packet_id }))
+    (clustered && session_expiry > 0).then(|| Box::new(Qos2Flow { client_id: client_id.to_owned(), packet_id, message_id: None }))
 }
 
 /// Delete `flow` (its PUBREL came), the acknowledgement of the packet
@@ -73,12 +77,13 @@ pub(crate) fn purge(client_id: &str) {
 
 impl Node {
     /// The packet identifiers of the open inbound QoS 2 flows of
-    /// `client_id`'s session (taken up from another replica), read within
-    /// `budget`.
+    /// `client_id`'s session (taken up from another replica), each with
+    /// the message ID of its value (empty: nothing to append), read
+    /// within `budget`.
     ///
     /// # Errors
     /// JetStream did not answer within `budget`.
-    pub(super) async fn qos2_of(&self, client_id: &str, budget: Duration) -> Result<Vec<u16>, Refused> {
+    pub(super) async fn qos2_of(&self, client_id: &str, budget: Duration) -> Result<Vec<(u16, String)>, Refused> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         if self.bridge.send(Request::Qos2List { client_id: client_id.to_owned(), reply }).is_err() {
             return Err(unavailable("cluster bridge queue full"));

@@ -199,6 +199,11 @@ struct Client {
     /// Its place in its workspace's session log (a persistent session in
     /// cluster mode, see [`session_log`]).
     log: Option<Box<session_log::Reader>>,
+    /// Inbound QoS 2 flows another replica recorded (taken up): packet
+    /// identifier → the message ID its value was appended under there,
+    /// until the client sends that PUBLISH again (appended again under
+    /// it, see `Shard::handle_packet`) or its PUBREL.
+    reopened: Option<Box<std::collections::HashMap<u16, Box<str>>>>,
 }
 
 /// Limits the shard applies, derived once from the settings.
@@ -575,6 +580,7 @@ impl Shard {
                 offline_since: None,
                 saved: session_state::Saved::No,
                 log: None,
+                reopened: None,
             });
             st.by_id.insert(&st.clients, slot as Slot);
             slot as Slot
@@ -865,6 +871,7 @@ mod tests {
             offline_since: None,
             saved: session_state::Saved::No,
             log: None,
+            reopened: None,
         }
     }
 

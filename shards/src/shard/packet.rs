@@ -32,6 +32,13 @@ impl Shard {
         let is_publish = matches!(packet, Packet::Publish(_));
         let since = self.store.begin_packet();
         let mut outputs = std::mem::take(&mut st.outputs);
+        // A flow another replica recorded (taken up): the first PUBLISH
+        // its client sends again is a new one to the session, appended
+        // again under the recorded message ID (see `take_reopened`).
+        let reopened = take_reopened(&mut st.clients[slot as usize], &packet);
+        if let Some((packet_id, _)) = &reopened {
+            st.clients[slot as usize].session.forget_inbound_qos2(*packet_id, &mut outputs);
+        }
         let session = &mut st.clients[slot as usize].session;
         // A persistent session's inbound QoS 2 flow in the cluster
         // (`mqtt-session-qos2`): opened with its value, released by its
@@ -45,6 +52,9 @@ impl Shard {
             crate::cluster::qos2_flow(self.store.clustered(), session.session_expiry(), session.client_id(), id.get())
         };
         let (mut flow, released) = (flow.and_then(flow_of), released.and_then(flow_of));
+        if let (Some((_, id)), Some(flow)) = (reopened, flow.as_mut()) {
+            flow.message_id = Some(id.into());
+        }
         if let Some(released) = released {
             // Before the PUBCOMP the session returns: it waits for this.
             crate::cluster::release_qos2(released, &self.store, st.clients[slot as usize].key);
@@ -187,4 +197,26 @@ impl Shard {
             self.start_feed(st, slot, filter, subscription);
         }
     }
+}
+
+/// The packet identifier and recorded message ID of the flow another
+/// replica opened (taken up, `Client::reopened`) that `packet`, a QoS 2
+/// PUBLISH sent again, belongs to. That replica recorded the flow before
+/// it stored the value and may have died before the store landed: the
+/// value is appended again under the same ID, which JetStream drops when
+/// the first append landed (and then it is not handed on again either).
+/// Once per flow: later copies are duplicates as usual `[MQTT-4.3.3-10]`.
+/// A PUBREL ends it too (its PUBREC came, so the value was stored).
+fn take_reopened(client: &mut Client, packet: &Packet) -> Option<(u16, Box<str>)> {
+    let reopened = client.reopened.as_mut()?;
+    let (packet_id, republished) = match packet {
+        Packet::Publish(p) if p.qos == QoS::ExactlyOnce => (p.packet_id?.get(), true),
+        Packet::PubRel(rel) => (rel.packet_id.get(), false),
+        _ => return None,
+    };
+    let id = reopened.remove(&packet_id);
+    if reopened.is_empty() {
+        client.reopened = None;
+    }
+    id.filter(|_| republished).map(|id| (packet_id, id))
 }

@@ -149,15 +149,17 @@ impl Shard {
     /// log from there, and the deliveries it lists as unacknowledged are
     /// sent again with DUP (or PUBREL) by the attach `[MQTT-4.4.0-1]`.
     /// `inbound_qos2`: the packet identifiers of its open inbound QoS 2
-    /// flows (`mqtt-session-qos2`), open in the session again: a PUBLISH
-    /// its client sends again gets PUBREC and is not forwarded
-    /// `[MQTT-4.3.3-10]`.
+    /// flows (`mqtt-session-qos2`), open in the session again, each with
+    /// its value's message ID: the first PUBLISH of one its client sends
+    /// again is appended again under that ID (stored once whether or not
+    /// the replica it left stored it), later ones get PUBREC and are not
+    /// forwarded `[MQTT-4.3.3-10]` (see `Shard::handle_packet`).
     pub(crate) fn take_up(
         &self,
         record: &SessionRecord,
         own: bool,
         resume: Option<&super::Resume>,
-        inbound_qos2: &[u16],
+        inbound_qos2: &[(u16, String)],
         now: Instant,
     ) -> super::wanted::RouteWaits {
         let mut waits = Vec::new();
@@ -201,12 +203,15 @@ impl Shard {
             Some(resume) => Self::resumed_deliveries(resume, key, &subscriptions),
             None => Vec::new(),
         };
-        session.restore(subscriptions.clone(), inbound_qos2.iter().copied(), sent, Vec::new());
+        session.restore(subscriptions.clone(), inbound_qos2.iter().map(|(id, _)| *id), sent, Vec::new());
         let owner = (record.username.as_deref().map(Arc::from), Arc::from(record.workspace.as_str()));
         let slot = self.insert_client(st, session, owner);
         let client = &mut st.clients[slot as usize];
         client.saved = Saved::Yes;
         client.offline_since = Some(now);
+        let reopened: std::collections::HashMap<u16, Box<str>> =
+            inbound_qos2.iter().filter(|(_, id)| !id.is_empty()).map(|(pid, id)| (*pid, Box::from(id.as_str()))).collect();
+        client.reopened = (!reopened.is_empty()).then(|| Box::new(reopened));
         if let Some(resume) = resume.filter(|_| self.reads_logs()) {
             let workspace = client.owner.1.clone();
             let mode = super::session_log::Mode::Offline;
