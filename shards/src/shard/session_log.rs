@@ -571,7 +571,7 @@ impl Shard {
     /// [`CURSOR_EVERY`] while the bridge cannot take it; done at once
     /// when the connection or the session is gone (its bytes go nowhere).
     fn cursor_gate(&self, reader: &mut Reader, key: u64, slot: Slot, conn: &ConnShared) -> Rc<Write> {
-        if let Some(write) = &reader.gate {
+        if let Some(write) = reader.gate.as_ref().filter(|w| !w.is_resolved()) {
             return write.clone();
         }
         let write = self.store.gate(key, conn.key);
@@ -590,12 +590,14 @@ impl Shard {
                     let mut guard = shard.state.borrow_mut();
                     let st = &mut *guard;
                     let Some(client) = st.clients.get_mut(slot as usize).filter(|c| c.key == key) else { break };
-                    if client.conn.as_ref().is_none_or(|c| c.key != conn_key) {
-                        break;
-                    }
-                    let Some(reader) = client.log.as_mut() else { break };
-                    if reader.gate.as_ref().is_some_and(|g| Rc::ptr_eq(g, &write)) {
+                    // Later packets wait for a write of their own (this
+                    // one's cursor is made now, or never: the connection
+                    // is gone).
+                    if let Some(reader) = client.log.as_mut().filter(|r| r.gate.as_ref().is_some_and(|g| Rc::ptr_eq(g, &write))) {
                         reader.gate = None;
+                    }
+                    if client.conn.as_ref().is_none_or(|c| c.key != conn_key) || client.log.is_none() {
+                        break;
                     }
                     shard.write_cursor(st, slot, true, Some(landed));
                 }
