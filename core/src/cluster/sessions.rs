@@ -144,8 +144,8 @@ impl StoredSubscription {
 
 impl SessionRecord {
     /// The record of a session; `subscriptions` as the session keeps them
-    /// (shared ones are left out), in filter order so that equal sessions
-    /// give equal bytes.
+    /// (shared ones too: a take-up joins their groups again), in filter
+    /// order so that equal sessions give equal bytes.
     #[allow(clippy::too_many_arguments)]
     pub fn new<'a>(
         client_id: &str,
@@ -157,11 +157,7 @@ impl SessionRecord {
         offline_since_ms: Option<u64>,
         subscriptions: impl IntoIterator<Item = (&'a str, &'a Subscription)>,
     ) -> SessionRecord {
-        let mut subscriptions: Vec<_> = subscriptions
-            .into_iter()
-            .filter(|(f, _)| crate::topic::parse_shared(f).is_none())
-            .map(|(f, s)| StoredSubscription::new(f, s))
-            .collect();
+        let mut subscriptions: Vec<_> = subscriptions.into_iter().map(|(f, s)| StoredSubscription::new(f, s)).collect();
         subscriptions.sort_by(|a, b| a.filter.cmp(&b.filter));
         SessionRecord {
             format: FORMAT,
@@ -194,14 +190,11 @@ impl SessionRecord {
         (self.expiry_s != u32::MAX).then(|| ended_ms.saturating_add(u64::from(self.expiry_s) * 1000))
     }
 
-    /// The subscriptions to restore, by filter; `None` when one is out of
-    /// range (the whole record is then not taken up).
+    /// The subscriptions to restore, by filter, shared ones included (MQTT
+    /// 5 §4.1: the session state holds the client's subscriptions); `None`
+    /// when one is out of range (the whole record is then not taken up).
     pub fn restored_subscriptions(&self) -> Option<HashMap<ByteString, Subscription>> {
-        self.subscriptions
-            .iter()
-            .filter(|s| crate::topic::parse_shared(&s.filter).is_none())
-            .map(|s| Some((ByteString::from(s.filter.as_str()), s.subscription()?)))
-            .collect()
+        self.subscriptions.iter().map(|s| Some((ByteString::from(s.filter.as_str()), s.subscription()?))).collect()
     }
 
     /// Whether `protocol` is a level this build speaks (3, 4, 5).
@@ -228,7 +221,7 @@ mod tests {
     }
 
     #[test]
-    fn a_record_keeps_every_subscription_but_the_shared_ones() {
+    fn a_record_keeps_every_subscription_the_shared_ones_too() {
         let a = sub(QoS::AtLeastOnce, Some(7));
         let b = sub(QoS::ExactlyOnce, None);
         let subs = [("w/b/#", &b), ("$share/g/x", &a), ("w/a", &a)];
@@ -236,10 +229,11 @@ mod tests {
         let back = SessionRecord::decode(&r.encode()).unwrap();
         assert_eq!(back, r);
         let restored = back.restored_subscriptions().unwrap();
-        assert_eq!(restored.len(), 2);
+        assert_eq!(restored.len(), 3);
+        assert_eq!(restored[&ByteString::from("$share/g/x")], a);
         assert_eq!(restored[&ByteString::from("w/a")], a);
         assert_eq!(restored[&ByteString::from("w/b/#")], b);
-        assert_eq!(r.subscriptions[0].filter, "w/a", "in filter order");
+        assert_eq!(r.subscriptions[0].filter, "$share/g/x", "in filter order");
     }
 
     #[test]

@@ -109,6 +109,8 @@ impl Shard {
                     if self.store.clustered() {
                         self.want_route(st, &filter, !existed, &mut route_waits);
                     }
+                    // In the session's record too, shared ones included.
+                    subscriptions_changed = true;
                     if parse_shared(&filter).is_some() {
                         let client_id = st.clients[slot as usize].session.client_id().clone();
                         let member = fleetmq_core::shared::Member {
@@ -126,13 +128,12 @@ impl Shard {
                             now,
                         );
                     } else {
-                        subscriptions_changed = true;
                         self.log_subscription(st, slot, &filter, Some(subscription));
                         self.subscribe(st, slot, filter, subscription, existed);
                     }
                 }
                 Output::Unsubscribed { filter } => {
-                    subscriptions_changed |= parse_shared(&filter).is_none();
+                    subscriptions_changed = true;
                     self.log_subscription(st, slot, &filter, None);
                     let client_id = st.clients[slot as usize].session.client_id().clone();
                     self.unsubscribe(st, &filter, slot, &client_id);

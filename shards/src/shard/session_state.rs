@@ -218,9 +218,16 @@ impl Shard {
             client.log = Some(super::session_log::Reader::new(workspace, Some(resume.position), mode));
         }
         self.global.offline_sessions.fetch_add(1, Ordering::Relaxed);
+        let client_id = st.clients[slot as usize].session.client_id().clone();
         for (filter, subscription) in subscriptions {
-            debug_assert!(parse_shared(&filter).is_none());
             self.want_route(st, &filter, true, &mut waits);
+            if parse_shared(&filter).is_some() {
+                // A member again here, offline until its CONNACK (the
+                // attach turns it online: `shared_presence`).
+                let member = fleetmq_core::shared::Member { client_id: client_id.clone(), shard: self.id, subscription, online: false };
+                self.group_op(st, super::groups::GroupOp::Join { key: filter, member }, now);
+                continue;
+            }
             if !st.trie.has_filter(&filter) {
                 self.route_change(st, &filter, true);
             }

@@ -153,6 +153,31 @@ async fn a_persistent_session_goes_on_at_another_replica_with_its_subscriptions(
     assert_eq!(c.next_publish().await.payload, Bytes::from("four"), "the subscription made at B");
 }
 
+/// A persistent session's shared subscription is part of it (MQTT 5
+/// §4.1: the Session State holds the client's subscriptions): taken up at
+/// another replica, the session is a member of its group there again and
+/// gets the group's values without a new SUBSCRIBE. (Before, the take-up
+/// dropped it: the values went to no one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_sessions_shared_subscription_goes_on_at_another_replica() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", TTL]);
+    let b = replica("rb", &nats.urls(), &["--set", TTL]);
+    let id = unique("member");
+    let (mut c, _) = v5::Client::connect_with(persistent(&a, &id, true, 300)).await;
+    c.subscribe("$share/g/sh/x", v5::QoS::AtLeastOnce).await;
+    publish(&a, "sh/x", "at A").await;
+    assert_eq!(c.next_publish().await.payload, Bytes::from("at A"));
+    c.client.disconnect().await.expect("disconnect");
+    record_until(&nats, &id, "offline", |r| r.as_ref().is_some_and(|r| r["offline_since_ms"].as_u64().is_some())).await;
+
+    let (mut c, connack) = v5::Client::connect_with(persistent(&b, &id, false, 300)).await;
+    assert!(session_present(&connack), "taken up at B: {connack:?}");
+    publish(&b, "sh/x", "at B").await;
+    let got = c.next_publish().await;
+    assert_eq!((got.payload, got.qos), (Bytes::from("at B"), v5::QoS::AtLeastOnce), "the group's value, at the member's QoS");
+}
+
 /// Clean Start at another replica ends the session everywhere: no
 /// Session Present [MQTT-3.2.2-1], the record deleted once the new
 /// connection (Session Expiry 0) ends, and the client back at the first
