@@ -114,16 +114,21 @@ pub enum DropReason {
     NotAuthorized,
     /// The bounded channel to another shard was full.
     ShardChannelFull,
+    /// A shared subscription group's value kept for its members here when
+    /// the last of them left, with no member on another replica to take
+    /// it (MQTT 5 §4.8.2).
+    NoMember,
 }
 
 impl DropReason {
     /// Every reason, in label order.
-    pub const ALL: [DropReason; 5] = [
+    pub const ALL: [DropReason; 6] = [
         DropReason::QueueFull,
         DropReason::PacketTooLarge,
         DropReason::Expired,
         DropReason::NotAuthorized,
         DropReason::ShardChannelFull,
+        DropReason::NoMember,
     ];
 
     /// The `reason` label value, snake_case, e.g. `"queue_full"`.
@@ -134,6 +139,7 @@ impl DropReason {
             DropReason::Expired => "expired",
             DropReason::NotAuthorized => "not_authorized",
             DropReason::ShardChannelFull => "shard_channel_full",
+            DropReason::NoMember => "no_member",
         }
     }
 

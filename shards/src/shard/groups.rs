@@ -104,13 +104,18 @@ impl Shard {
             GroupOp::Leave { key, client_id } => {
                 let Some(&gid) = st.group_ids.get(&key) else { return };
                 if st.groups[gid as usize].group.leave(&client_id) {
-                    let entry = st.groups.remove(gid as usize);
+                    let mut entry = st.groups.remove(gid as usize);
                     st.group_ids.remove(&key);
                     note_local_group(st, &key, false);
                     self.broadcast(Control::Shared { key: key.clone(), add: false });
                     self.trie_remove(st, &entry.group.filter, Subscriber::Group(gid));
-                    for _ in 0..entry.group.queued() {
-                        self.metrics.dropped(DropReason::QueueFull);
+                    // What it kept (returned by the member that left, or
+                    // waiting for one) goes to a member elsewhere.
+                    let group = parse_shared(&key).map(|(g, _)| ByteString::from(g)).unwrap_or_default();
+                    for message in entry.group.take_queue() {
+                        if !self.forward_group_away(st, group.clone(), &message) {
+                            self.metrics.dropped(DropReason::NoMember);
+                        }
                     }
                 }
             }

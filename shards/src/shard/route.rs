@@ -204,18 +204,8 @@ impl Shard {
         let mut left_all = Vec::with_capacity(values.len());
         for (message, groups) in values {
             let mut left = Vec::new();
-            let plain = st.remote_routes.peers_for(&message.topic);
             for group in groups.iter() {
-                let mut members = PeerSet::new();
-                st.remote_routes.for_each_group(&message.topic, |g, peers| {
-                    if g == group {
-                        members = members.union(peers);
-                    }
-                });
-                members.remove(from);
-                plain.iter().for_each(|p| {
-                    members.remove(p);
-                });
+                let members = remote_group_members(&st, group, &message.topic, Some(from));
                 let keys: Vec<ByteString> = st
                     .local_group_keys
                     .iter()
@@ -250,6 +240,28 @@ impl Shard {
         (left_all, sent, lost)
     }
 
+    /// Send `message` for the shared subscription group `group`, which has
+    /// no member on this replica any more (its last one left: a clean
+    /// session's connection ended, or the session moved to another
+    /// replica; or a peer picked this replica for it just before it heard
+    /// of that), to a member of the same group on another replica instead
+    /// [MQTT 5 §4.8.2: another member SHOULD get it], picked as
+    /// [`Shard::forward_to_peers`] would (a replica with a plain
+    /// subscription matching it is never picked: the mesh frame cannot
+    /// say "for the group only"). Returns whether it went; the caller
+    /// counts it dropped otherwise.
+    pub(super) fn forward_group_away(&self, st: &State, group: ByteString, message: &Arc<Message>) -> bool {
+        let members = remote_group_members(st, &group, &message.topic, None);
+        let strategy = self.limits.shared.strategy_for(&group);
+        match self.links.pick(&group, strategy, false, members, message.origin) {
+            Some(peer) => {
+                self.links.forward(peer, message, Some(Arc::from([group])), false);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Values another replica sent over the mesh: to this replica's
     /// subscribers, on every shard, like a publish, but not to the
     /// retained store (the publishing replica stored a retained one in
@@ -261,6 +273,10 @@ impl Shard {
         }
         let now = Instant::now();
         let mut st = self.state.borrow_mut();
+        if self.shards > 1 {
+            // The groups other shards own, as they stand now.
+            self.catch_up(&mut st);
+        }
         for v in values {
             let message = Message {
                 topic: v.topic,
@@ -273,9 +289,46 @@ impl Shard {
                 // A reading session skips it when the sender logged it.
                 stored: if v.logged { super::session_log::LOGGED } else { 0 },
                 from_mesh: true,
-                groups: GroupPick::only(v.groups),
+                groups: GroupPick::only(v.groups.clone()),
             };
-            self.dispatch(&mut st, Arc::new(message), now);
+            let message = Arc::new(message);
+            // A group the sender picked this replica for that has no
+            // member here any more (it left moments ago).
+            for group in v.groups.iter().filter(|g| !has_local_group(&st, g, &message.topic)) {
+                if !self.forward_group_away(&st, group.clone(), &message) {
+                    self.metrics.dropped(crate::metrics::DropReason::NoMember);
+                }
+            }
+            self.dispatch(&mut st, message, now);
         }
     }
+}
+
+/// The peers with members of the shared group `group` whose filter
+/// matches `topic`, `from` excepted, and none with a plain subscription
+/// matching it (it would get the value for that too: the mesh frame
+/// cannot say "for the group only").
+fn remote_group_members(st: &State, group: &ByteString, topic: &str, from: Option<PeerId>) -> PeerSet {
+    let plain = st.remote_routes.peers_for(topic);
+    let mut members = PeerSet::new();
+    st.remote_routes.for_each_group(topic, |g, peers| {
+        if g == group {
+            members = members.union(peers);
+        }
+    });
+    if let Some(from) = from {
+        members.remove(from);
+    }
+    plain.iter().for_each(|p| {
+        members.remove(p);
+    });
+    members
+}
+
+/// Whether this replica has members of the shared group `group` whose
+/// filter matches `topic`.
+fn has_local_group(st: &State, group: &str, topic: &str) -> bool {
+    st.local_group_keys
+        .iter()
+        .any(|key| fleetmq_core::topic::parse_shared(key).is_some_and(|(g, filter)| g == group && fleetmq_core::topic::matches(filter, topic)))
 }
