@@ -28,7 +28,17 @@ fn entries(nats: &NatsCluster, replica: &str) -> Vec<(String, serde_json::Value)
         use futures_util::StreamExt;
         let js = async_nats::jetstream::new(crate::nats::connect(&urls).await);
         let kv = js.get_key_value("mqtt-routes").await.expect("the bucket");
-        let keys: Vec<String> = kv.keys().await.expect("keys").filter_map(|k| async { k.ok() }).collect().await;
+        // JetStream may answer an error for a moment after NATS came back
+        // (a stream leader being elected): asked again, for up to 10 s.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listing = loop {
+            match kv.keys().await {
+                Ok(listing) => break listing,
+                Err(e) => assert!(Instant::now() < deadline, "keys of mqtt-routes: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let keys: Vec<String> = listing.filter_map(|k| async { k.ok() }).collect().await;
         let mut out = Vec::new();
         for key in keys.into_iter().filter(|k| k.starts_with(&prefix) && k[prefix.len()..].find('.').is_none()) {
             if let Ok(Some(value)) = kv.get(&key).await {

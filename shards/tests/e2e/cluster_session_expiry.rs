@@ -46,7 +46,13 @@ async fn entries(nats: &NatsCluster, client_id: &str) -> [bool; 3] {
 async fn open_qos2_flow(nats: &NatsCluster, client_id: &str) {
     let js = async_nats::jetstream::new(crate::nats::connect(&nats.urls()).await);
     let kv = js.get_key_value("mqtt-session-qos2").await.expect("the bucket");
-    kv.put(qos2_key(client_id, 7), "a message ID".into()).await.expect("written");
+    // JetStream may refuse a write for a moment under load (its stream
+    // leader being elected: "stream not found"): tried again, up to 10 s.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = kv.put(qos2_key(client_id, 7), "a message ID".into()).await {
+        assert!(Instant::now() < deadline, "written: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Waits until `client_id`'s record is gone, at most `within`; how long
