@@ -91,8 +91,9 @@ pub(crate) async fn append_both(
     qos2: Option<Box<Qos2Flow>>,
     wait: Duration,
 ) -> Result<Appended, IngestError> {
+    // A flow another replica recorded keeps its ID (see above).
     let reopened = qos2.as_ref().and_then(|flow| flow.message_id.clone()).filter(|id| !id.is_empty());
-    let id = reopened.clone().unwrap_or_else(|| format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed)));
+    let id = reopened.unwrap_or_else(|| format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed)));
     let deadline = Instant::now() + wait;
     if let Some(flow) = &qos2 {
         // Before the value is stored (see above), and before its PUBREC
@@ -138,8 +139,7 @@ async fn append_stored(
     // Stored before under this ID in every stream it went to: whoever
     // appended it first handed it on (or will) once its appends landed.
     // One stream new means that one never completed: handed on now.
-    let ran: Vec<bool> = [ingest_seq, log_seq].into_iter().flatten().map(|(_, d)| d).collect();
-    let duplicate = !ran.is_empty() && ran.iter().all(|d| *d);
+    let duplicate = (ingest_seq.is_some() || log_seq.is_some()) && [ingest_seq, log_seq].into_iter().flatten().all(|(_, d)| d);
     let appended = Appended { ingest: ingest_seq.map(|(s, _)| s), session_log: log_seq.map(|(s, _)| s), duplicate };
     let stats = &shared.status.stats;
     if appended.ingest.is_some() {

@@ -180,11 +180,7 @@ impl Shard {
                     conn.wake();
                 }
                 Output::Send(packet) | Output::Acknowledge(packet) => {
-                    let gated = Self::gates_packet(client, &packet);
-                    match self.holds((&mut client.log, client.key), slot, conn, gated) {
-                        Some(write) => self.store.hold_packet(conn, packet, write),
-                        None => conn.send(&packet),
-                    }
+                    self.send_or_hold((&mut client.log, client.key), slot, conn, packet)
                 }
                 _ => {}
             }

@@ -77,11 +77,10 @@ impl Shard {
             match output {
                 Output::Send(packet) => {
                     let client = &mut st.clients[slot as usize];
-                    let gated = Self::gates_packet(client, &packet);
-                    match (self.holds((&mut client.log, client.key), slot, conn, gated), &client.conn) {
-                        // Its PUBREL waits for its cursor (session logs).
-                        (Some(write), Some(conn)) => self.store.hold_packet(conn, packet, write),
-                        _ => conn.send(&packet),
+                    match &client.conn {
+                        // A PUBREL may wait for its cursor (session logs).
+                        Some(attached) => self.send_or_hold((&mut client.log, client.key), slot, attached, packet),
+                        None => conn.send(&packet),
                     }
                 }
                 // Without a store, at once, in order with the other outputs.

@@ -206,34 +206,22 @@ impl Shard {
             let mut left = Vec::new();
             for group in groups.iter() {
                 let members = remote_group_members(&st, group, &message.topic, Some(from));
-                let keys: Vec<ByteString> = st
-                    .local_group_keys
-                    .iter()
-                    .filter(|key| {
-                        fleetmq_core::topic::parse_shared(key)
-                            .is_some_and(|(g, filter)| g == &**group && fleetmq_core::topic::matches(filter, &message.topic))
-                    })
-                    .cloned()
-                    .collect();
+                let keys: Vec<ByteString> = local_group_keys(&st, group, &message.topic).cloned().collect();
                 let local = !keys.is_empty();
                 if !local && !gone && !self.links.any_up(members) {
                     left.push(group.clone());
                     continue;
                 }
-                let strategy = self.limits.shared.strategy_for(group);
-                match self.links.pick(group, strategy, local, members, message.origin) {
-                    Some(peer) => self.links.forward(peer, message, Some(Arc::from([group.clone()])), false),
-                    None if local => {
-                        for key in keys {
-                            self.group_op(&mut st, GroupOp::Return { key, messages: vec![message.clone()], refused_by: None }, now);
-                        }
+                if self.forward_to_member(group, message, members, local) {
+                    sent += 1;
+                } else if local {
+                    for key in keys {
+                        self.group_op(&mut st, GroupOp::Return { key, messages: vec![message.clone()], refused_by: None }, now);
                     }
-                    None => {
-                        lost += 1;
-                        continue;
-                    }
+                    sent += 1;
+                } else {
+                    lost += 1;
                 }
-                sent += 1;
             }
             left_all.push(left);
         }
@@ -250,16 +238,19 @@ impl Shard {
     /// subscription matching it is never picked: the mesh frame cannot
     /// say "for the group only"). Returns whether it went; the caller
     /// counts it dropped otherwise.
-    pub(super) fn forward_group_away(&self, st: &State, group: ByteString, message: &Arc<Message>) -> bool {
-        let members = remote_group_members(st, &group, &message.topic, None);
-        let strategy = self.limits.shared.strategy_for(&group);
-        match self.links.pick(&group, strategy, false, members, message.origin) {
-            Some(peer) => {
-                self.links.forward(peer, message, Some(Arc::from([group])), false);
-                true
-            }
-            None => false,
-        }
+    pub(super) fn forward_group_away(&self, st: &State, group: &ByteString, message: &Arc<Message>) -> bool {
+        self.forward_to_member(group, message, remote_group_members(st, group, &message.topic, None), false)
+    }
+
+    /// Forward `message` to the member replica of `group` that
+    /// `shared.strategy` picks among `members` (and this replica too when
+    /// `local`), for that group only; false when none was picked, or this
+    /// replica was.
+    fn forward_to_member(&self, group: &ByteString, message: &Arc<Message>, members: PeerSet, local: bool) -> bool {
+        let strategy = self.limits.shared.strategy_for(group);
+        let Some(peer) = self.links.pick(group, strategy, local, members, message.origin) else { return false };
+        self.links.forward(peer, message, Some(Arc::from([group.clone()])), false);
+        true
     }
 
     /// Values another replica sent over the mesh: to this replica's
@@ -294,8 +285,8 @@ impl Shard {
             let message = Arc::new(message);
             // A group the sender picked this replica for that has no
             // member here any more (it left moments ago).
-            for group in v.groups.iter().filter(|g| !has_local_group(&st, g, &message.topic)) {
-                if !self.forward_group_away(&st, group.clone(), &message) {
+            for group in v.groups.iter().filter(|g| local_group_keys(&st, g, &message.topic).next().is_none()) {
+                if !self.forward_group_away(&st, group, &message) {
                     self.metrics.dropped(crate::metrics::DropReason::NoMember);
                 }
             }
@@ -325,10 +316,10 @@ fn remote_group_members(st: &State, group: &ByteString, topic: &str, from: Optio
     members
 }
 
-/// Whether this replica has members of the shared group `group` whose
-/// filter matches `topic`.
-fn has_local_group(st: &State, group: &str, topic: &str) -> bool {
+/// The shared subscriptions (`$share/<group>/<filter>`) of `group` with
+/// members on this replica whose filter matches `topic`.
+fn local_group_keys<'a>(st: &'a State, group: &'a str, topic: &'a str) -> impl Iterator<Item = &'a ByteString> {
     st.local_group_keys
         .iter()
-        .any(|key| fleetmq_core::topic::parse_shared(key).is_some_and(|(g, filter)| g == group && fleetmq_core::topic::matches(filter, topic)))
+        .filter(move |key| fleetmq_core::topic::parse_shared(key).is_some_and(|(g, filter)| g == group && fleetmq_core::topic::matches(filter, topic)))
 }

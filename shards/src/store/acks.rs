@@ -302,8 +302,7 @@ impl AckQueue {
     fn push(&self, token: Token, lsn: u64, conn: &Rc<ConnShared>, what: Waiting, answering: Option<Answering>) {
         let parked = Parked { token, write: None, refused: None, lsn, conn: conn.clone(), what, answering };
         if self.is_held(conn.key) {
-            self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
-            return self.release_chain(conn.key);
+            return self.chain(parked);
         }
         let mut queue = self.parked.borrow_mut();
         debug_assert!(queue.back().is_none_or(|p| p.token <= token));
@@ -336,18 +335,22 @@ impl AckQueue {
         refused: Option<ReasonCode>,
     ) {
         let what = Waiting::Ack(packet);
-        let parked = Parked { token, write, refused, lsn: 0, conn: conn.clone(), what, answering };
-        self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
-        self.release_chain(conn.key);
+        self.chain(Parked { token, write, refused, lsn: 0, conn: conn.clone(), what, answering });
+    }
+
+    /// Queue `parked` at the end of its connection's chain and write what
+    /// no longer waits.
+    fn chain(&self, parked: Parked) {
+        let key = parked.conn.key;
+        self.chains.borrow_mut().entry(key).or_default().push_back(parked);
+        self.release_chain(key);
     }
 
     /// Queue the encoded PUBLISH `frame` in `conn`'s chain: written once
     /// `write` (if any) is resolved, whatever its outcome, after
     /// everything queued for `conn` before it.
     pub(crate) fn hold_publish(&self, conn: &Rc<ConnShared>, frame: Bytes, write: Option<Rc<Write>>) {
-        let parked = Parked { token: 0, write, refused: None, lsn: 0, conn: conn.clone(), what: Waiting::Publish(frame), answering: None };
-        self.chains.borrow_mut().entry(conn.key).or_default().push_back(parked);
-        self.release_chain(conn.key);
+        self.chain(Parked { token: 0, write, refused: None, lsn: 0, conn: conn.clone(), what: Waiting::Publish(frame), answering: None });
     }
 
     /// How many packets wait in `conn`'s chain.
