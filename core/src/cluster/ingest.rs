@@ -96,9 +96,13 @@ pub fn header_safe(value: &str) -> bool {
 }
 
 /// A header name a user property may take: `Mqtt-User-<name>` with
-/// `<name>` of ASCII letters, digits, `-`, `_` and `.` only.
+/// `<name>` of ASCII letters, digits, `-`, `_` and `.` only, and not
+/// `B64` in any case (that header is [`USER_B64`]'s: a property of that
+/// name goes base64 too, so it cannot pass for an escaped one).
 fn user_name_safe(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    !name.is_empty()
+        && !name.eq_ignore_ascii_case("B64")
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// Push header `name` with `value`: as it is when [`header_safe`], else
@@ -227,6 +231,7 @@ mod tests {
         assert!(!h.iter().any(|(n, _)| n.contains("bad")), "a user property whose name cannot be a header is not a header of its name");
         let b64 = &base64::engine::general_purpose::STANDARD;
         assert_eq!(read(&h, USER_B64), Some(format!("{}:{}", b64.encode("bad name"), b64.encode("x"))), "it goes base64, name and value");
+        assert!(!user_name_safe("b64") && !user_name_safe("B64"), "a property named B64 cannot pass for an escaped one");
     }
 
     proptest! {
