@@ -27,13 +27,17 @@ fn entries(nats: &NatsCluster, replica: &str) -> Vec<(String, serde_json::Value)
     crate::nats::block_on(async move {
         use futures_util::StreamExt;
         let js = async_nats::jetstream::new(crate::nats::connect(&urls).await);
-        let kv = js.get_key_value("mqtt-routes").await.expect("the bucket");
-        // JetStream may answer an error for a moment after NATS came back
-        // (a stream leader being elected): asked again, for up to 10 s.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listing = loop {
-            match kv.keys().await {
-                Ok(listing) => break listing,
+        // JetStream may answer an error, or nothing, for a moment after
+        // NATS came back (a stream leader being elected): asked again,
+        // for up to 15 s.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let (kv, listing) = loop {
+            let got = match js.get_key_value("mqtt-routes").await {
+                Ok(kv) => kv.keys().await.map(|listing| (kv, listing)).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match got {
+                Ok(got) => break got,
                 Err(e) => assert!(Instant::now() < deadline, "keys of mqtt-routes: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
