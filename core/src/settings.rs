@@ -423,6 +423,24 @@ impl Shared {
     pub fn strategy_for(&self, group: &str) -> crate::shared::Strategy {
         self.groups.get(group).copied().unwrap_or(self.strategy)
     }
+
+    /// Each name of `[shared.groups]` must be a ShareName a client can
+    /// subscribe with: at least one character, none of `/`, `+`, `#`
+    /// [MQTT-4.8.2-1] [MQTT-4.8.2-2] (a name no group can have would set
+    /// nothing, silently).
+    ///
+    /// # Errors
+    /// [`SettingsError::Invalid`] naming `shared.groups` and the name.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        match self.groups.keys().find(|name| name.is_empty() || name.contains(['/', '+', '#'])) {
+            Some(name) => Err(SettingsError::Invalid {
+                key: "shared.groups",
+                value: name.clone(),
+                allowed: "a share name has at least one character and none of '/', '+', '#' [MQTT-4.8.2-1] [MQTT-4.8.2-2]".into(),
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 pub use crate::store::settings::{Fsync, IngestRetention, Store, StoreKind};
@@ -619,6 +637,7 @@ impl Settings {
     /// is set.
     pub fn validate(&self) -> Result<(), SettingsError> {
         self.validate_ranges()?;
+        self.shared.validate()?;
         if let Some(cluster) = &self.cluster {
             cluster.validate()?;
         }
@@ -1073,6 +1092,19 @@ mod tests {
         assert!(s.anonymous_allowed());
         assert_eq!(s.limits.max_packet_size, 1024 * 1024);
         assert_eq!(s.store.kind, StoreKind::Local);
+    }
+
+    #[test]
+    fn a_shared_group_name_no_client_can_subscribe_with_is_refused() {
+        for name in ["a/b", "a+", "#", ""] {
+            let mut s = Settings::default();
+            s.shared.groups.insert(name.into(), crate::shared::Strategy::Random);
+            let e = err(&s);
+            assert!(e.starts_with(&format!("shared.groups = {name:?} is not valid")), "{e}");
+        }
+        let mut s = Settings::default();
+        s.shared.groups.insert("billing-1".into(), crate::shared::Strategy::Random);
+        s.validate().unwrap();
     }
 
     #[test]
