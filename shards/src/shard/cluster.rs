@@ -57,6 +57,8 @@ impl Shard {
         for change in changes {
             st.remote_routes.apply(change);
         }
+        // A group's member may have just appeared elsewhere.
+        self.retry_strays(&mut st, Instant::now());
     }
 
     /// Ask every connection of this shard to close with `reason` (MQTT 5:

@@ -113,9 +113,7 @@ impl Shard {
                     // waiting for one) goes to a member elsewhere.
                     let group = parse_shared(&key).map(|(g, _)| ByteString::from(g)).unwrap_or_default();
                     for message in entry.group.take_queue() {
-                        if !self.forward_group_away(st, &group, &message) {
-                            self.metrics.dropped(DropReason::NoMember);
-                        }
+                        self.forward_or_hold(st, &group, &message, now);
                     }
                 }
             }

@@ -28,6 +28,7 @@ mod index;
 mod restore;
 mod session_log;
 mod session_state;
+mod strays;
 mod timers;
 mod placement;
 mod route;
@@ -312,6 +313,9 @@ struct State {
     held: held::Held,
     /// The session logs this shard's sessions read (see [`session_log`]).
     tails: session_log::Tails,
+    /// Shared group values waiting for a member to appear (see
+    /// [`strays`]).
+    strays: strays::Strays,
 }
 
 /// Why [`Shard::attach`] did not attach a connection.
@@ -432,6 +436,7 @@ impl Shard {
                 restored_wills: Vec::new(),
                 held: held::Held::default(),
                 tails: session_log::Tails::default(),
+                strays: strays::Strays::new(),
             }),
         }
     }

@@ -285,9 +285,9 @@ impl Shard {
             let message = Arc::new(message);
             // A group the sender picked this replica for that has no
             // member here any more (it left moments ago).
-            for group in v.groups.iter().filter(|g| local_group_keys(&st, g, &message.topic).next().is_none()) {
-                if !self.forward_group_away(&st, group, &message) {
-                    self.metrics.dropped(crate::metrics::DropReason::NoMember);
+            for group in v.groups.iter() {
+                if local_group_keys(&st, group, &message.topic).next().is_none() {
+                    self.forward_or_hold(&mut st, group, &message, now);
                 }
             }
             self.dispatch(&mut st, message, now);
@@ -318,7 +318,7 @@ fn remote_group_members(st: &State, group: &ByteString, topic: &str, from: Optio
 
 /// The shared subscriptions (`$share/<group>/<filter>`) of `group` with
 /// members on this replica whose filter matches `topic`.
-fn local_group_keys<'a>(st: &'a State, group: &'a str, topic: &'a str) -> impl Iterator<Item = &'a ByteString> {
+pub(super) fn local_group_keys<'a>(st: &'a State, group: &'a str, topic: &'a str) -> impl Iterator<Item = &'a ByteString> {
     st.local_group_keys
         .iter()
         .filter(move |key| fleetmq_core::topic::parse_shared(key).is_some_and(|(g, filter)| g == group && fleetmq_core::topic::matches(filter, topic)))

@@ -1,0 +1,80 @@
+//! Shared subscription values with nowhere to go yet (cluster mode).
+//!
+//! When the last member of a group on this replica leaves, what the group
+//! kept goes to a member on another replica ([`Shard::forward_group_away`]).
+//! A persistent session moving to another replica leaves here before this
+//! replica hears (through `mqtt-routes`) that the new one has the member
+//! again: a value with no member anywhere *yet* is held, at most
+//! [`STRAY_WAIT`], and goes on as soon as a route of the group arrives
+//! ([`Shard::apply_routes`]) or a member joins here again (the shard's
+//! tick); past the wait it is dropped and counted (`no_member`). QoS 0
+//! is never held (MQTT 5 §4.8.2 lets the server drop it when no member
+//! can take it).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytestring::ByteString;
+use fleetmq_core::session::Message;
+
+use super::groups::GroupOp;
+use super::{Shard, State};
+use crate::metrics::DropReason;
+
+/// How long a group value waits for a member to appear: the new
+/// replica writes its route within [`super::ROUTE_WAIT`] of the take-up,
+/// and the watch brings it here within moments; twice that leaves room.
+pub(crate) const STRAY_WAIT: Duration = Duration::from_secs(4);
+
+/// A group's value waiting for a member, until `until`.
+pub(super) struct Stray {
+    group: ByteString,
+    message: Arc<Message>,
+    until: Instant,
+}
+
+/// The values held, oldest first.
+pub(super) type Strays = VecDeque<Stray>;
+
+impl Shard {
+    /// Send `message` for `group` (which has no member here) to a member
+    /// on another replica, or hold it until one appears (see the module).
+    pub(super) fn forward_or_hold(&self, st: &mut State, group: &ByteString, message: &Arc<Message>, now: Instant) {
+        if self.forward_group_away(st, group, message) {
+            return;
+        }
+        if message.qos == fleetmq_core::packet::QoS::AtMostOnce || !self.links.active() {
+            self.metrics.dropped(DropReason::NoMember);
+            return;
+        }
+        // Bounded as one group's queue: past it the oldest go.
+        if st.strays.len() >= self.limits.session.max_queue.max(1) {
+            st.strays.pop_front();
+            self.metrics.dropped(DropReason::NoMember);
+        }
+        st.strays.push_back(Stray { group: group.clone(), message: message.clone(), until: now + STRAY_WAIT });
+    }
+
+    /// Give each held value to a member here or on another replica, if one
+    /// appeared; drop those whose wait ran out. Cheap with none held.
+    pub(super) fn retry_strays(&self, st: &mut State, now: Instant) {
+        if st.strays.is_empty() {
+            return;
+        }
+        for stray in std::mem::take(&mut st.strays) {
+            let keys: Vec<ByteString> = super::route::local_group_keys(st, &stray.group, &stray.message.topic).cloned().collect();
+            if !keys.is_empty() {
+                for key in keys {
+                    self.group_op(st, GroupOp::Return { key, messages: vec![stray.message.clone()], refused_by: None }, now);
+                }
+            } else if !self.forward_group_away(st, &stray.group, &stray.message) {
+                if stray.until <= now {
+                    self.metrics.dropped(DropReason::NoMember);
+                } else {
+                    st.strays.push_back(stray);
+                }
+            }
+        }
+    }
+}
