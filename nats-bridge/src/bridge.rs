@@ -340,6 +340,7 @@ async fn run(
             let sessions = crate::session_state::Writer::new(shared.clone());
             let cursors = crate::cursors::Writer::new(shared.clone());
             let mut releases = crate::releases::HeldReleases::default();
+            let appender = crate::appender::Appender::start(shared.clone());
             loop {
                 tokio::select! {
                     () = wake.notified() => {}
@@ -375,6 +376,10 @@ async fn run(
                         // Runs until the bridge stops: not counted in flight.
                         Request::LogTail { workspace } => {
                             tokio::task::spawn_local(crate::session_log::tail(shared.clone(), workspace));
+                        }
+                        // The common case, pipelined as one (see `appender.rs`).
+                        Request::IngestAppend { ingest: Some(message), session_log: None, qos2: None, wait, reply } => {
+                            appender.push(*message, wait, reply, ticket);
                         }
                         request => start_request(&shared, request, ticket),
                     }

@@ -4,8 +4,11 @@
 //! in each that takes it, whose PUBACK/PUBREC waits for JetStream's
 //! acknowledgements.
 //!
-//! Pipelined: every append is a task of its own on the bridge thread
-//! (taken in batches each wake-up, see `bridge.rs`), so thousands of
+//! Pipelined: an append that goes to the ingest stream only (no
+//! persistent session wants the value, no QoS 2 flow to record: the
+//! common case) goes through one pipeline for all (`appender.rs`); any
+//! other is a task of its own on the bridge thread (taken in batches
+//! each wake-up, see `bridge.rs`). Either way thousands of
 //! publish acknowledgements are in flight at once (async-nats' window is
 //! 5,000) rather than one round trip at a time (notes/jetstream.md §3:
 //! ~100–170k/s pipelined against ~10k/s awaited). What waits is bounded
@@ -47,7 +50,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 const WARN_EVERY: Duration = Duration::from_secs(1);
 
 /// What one attempt came to.
-enum Fate {
+pub(crate) enum Fate {
     /// Stored, at this stream sequence; `true`: found a duplicate (an
     /// earlier attempt, or an earlier append of the same ID).
     Stored(u64, bool),
@@ -93,7 +96,7 @@ pub(crate) async fn append_both(
 ) -> Result<Appended, IngestError> {
     // A flow another replica recorded keeps its ID (see above).
     let reopened = qos2.as_ref().and_then(|flow| flow.message_id.clone()).filter(|id| !id.is_empty());
-    let id = reopened.unwrap_or_else(|| format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed)));
+    let id = reopened.unwrap_or_else(|| message_id(shared));
     let deadline = Instant::now() + wait;
     if let Some(flow) = &qos2 {
         // Before the value is stored (see above), and before its PUBREC
@@ -112,6 +115,11 @@ pub(crate) async fn append_both(
         let _ = crate::qos2::release(shared, &flow.client_id, flow.packet_id, FLOW_UNDO_WAIT).await;
     }
     appended
+}
+
+/// A new append's `Nats-Msg-Id` (see the module documentation).
+pub(crate) fn message_id(shared: &Shared) -> String {
+    format!("{}.i{}", shared.status.instance, shared.writes.fetch_add(1, Ordering::Relaxed))
 }
 
 /// How long a refused value's flow record is tried to be deleted.
@@ -212,6 +220,47 @@ async fn attempt(shared: &Shared, message: &StreamMessage, id: &str, deadline: I
     }
 }
 
+/// What JetStream's answer `answer` to a publish says (as async-nats
+/// reads a publish acknowledgement: [`Fate::Retry`] for no responders, an
+/// error answer other than the stream full, or one that is no answer).
+pub(crate) fn fate_of(answer: &async_nats::Message) -> Fate {
+    use async_nats::jetstream::{publish::PublishAck, response::Response};
+    if answer.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+        return Fate::Retry("no responders: the stream has no leader".to_owned());
+    }
+    if let Some(fate) = plain_ack(&answer.payload) {
+        return fate;
+    }
+    match serde_json::from_slice::<Response<PublishAck>>(&answer.payload) {
+        Ok(Response::Ok(ack)) => Fate::Stored(ack.sequence, ack.duplicate),
+        Ok(Response::Err { error }) if is_full(&error.to_string()) => Fate::Full(error.to_string()),
+        Ok(Response::Err { error }) => Fate::Retry(error.to_string()),
+        Err(e) => Fate::Retry(format!("not a publish acknowledgement: {e}")),
+    }
+}
+
+/// The common answer, `{"stream":"<name>","seq":<n>}` with maybe
+/// `"duplicate":true` (and a domain), read without a JSON parser (a
+/// tenth of the bridge's time at ~50k appends/s, perf/RESULTS.md session
+/// 44); `None` for anything else (an error, another shape), which
+/// [`fate_of`] parses.
+fn plain_ack(payload: &[u8]) -> Option<Fate> {
+    const SEQ: &[u8] = b"\",\"seq\":";
+    if !payload.starts_with(b"{\"stream\":\"") || !payload.ends_with(b"}") || find(payload, b"\"error\"").is_some() {
+        return None;
+    }
+    let at = find(payload, SEQ)? + SEQ.len();
+    let digits = payload[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let sequence = std::str::from_utf8(&payload[at..at + digits]).ok()?.parse().ok()?;
+    let duplicate = find(payload, b"\"duplicate\":true").is_some();
+    Some(Fate::Stored(sequence, duplicate))
+}
+
+/// Where `needle` starts in `haystack` first.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
 /// Whether a JetStream publish error says the stream is full: with
 /// discard new, nats-server answers "maximum bytes exceeded" (or
 /// "maximum messages exceeded") as error 10077.
@@ -242,6 +291,62 @@ pub(crate) fn refused(shared: &Shared, error: &IngestError) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answer(payload: &str, status: Option<async_nats::StatusCode>) -> async_nats::Message {
+        async_nats::Message {
+            subject: "_INBOX.x.1".into(),
+            reply: None,
+            payload: Bytes::from(payload.to_owned()),
+            headers: None,
+            status,
+            description: None,
+            length: payload.len(),
+        }
+    }
+
+    #[test]
+    fn a_publish_answer_reads_as_stored_full_or_try_again() {
+        let stored = answer(r#"{"stream":"mqtt-ingest","seq":42,"duplicate":true}"#, None);
+        assert!(matches!(fate_of(&stored), Fate::Stored(42, true)));
+        let fresh = answer(r#"{"stream":"mqtt-ingest","seq":7}"#, None);
+        assert!(matches!(fate_of(&fresh), Fate::Stored(7, false)));
+        let domain = answer(r#"{"stream":"mqtt-ingest","domain":"hub","seq":9,"duplicate":true}"#, None);
+        assert!(matches!(fate_of(&domain), Fate::Stored(9, true)));
+        let spaced = answer(r#"{ "stream": "mqtt-ingest", "seq": 11 }"#, None);
+        assert!(matches!(fate_of(&spaced), Fate::Stored(11, false)), "another shape: parsed as JSON");
+        let full = answer(r#"{"error":{"code":400,"err_code":10077,"description":"maximum bytes exceeded"}}"#, None);
+        assert!(matches!(fate_of(&full), Fate::Full(e) if e.contains("maximum bytes exceeded")));
+        let no_leader = answer(r#"{"error":{"code":503,"err_code":10008,"description":"JetStream system temporarily unavailable"}}"#, None);
+        assert!(matches!(fate_of(&no_leader), Fate::Retry(e) if e.contains("temporarily unavailable")));
+        assert!(matches!(fate_of(&answer("", Some(async_nats::StatusCode::NO_RESPONDERS))), Fate::Retry(e) if e.contains("no responders")));
+        assert!(matches!(fate_of(&answer("not json", None)), Fate::Retry(e) if e.contains("not a publish acknowledgement")));
+    }
+
+    proptest::proptest! {
+        /// The fast read of an acknowledgement agrees with async-nats'
+        /// JSON parse on every shape nats-server writes, and leaves any
+        /// other bytes to it.
+        #[test]
+        fn the_fast_read_of_an_acknowledgement_agrees_with_the_json_parse(
+            seq in proptest::prelude::any::<u64>(),
+            duplicate in proptest::prelude::any::<bool>(),
+            domain in proptest::option::of("[a-z]{1,8}"),
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            use async_nats::jetstream::{publish::PublishAck, response::Response};
+            let domain = domain.map(|d| format!(",\"domain\":\"{d}\"")).unwrap_or_default();
+            let dup = if duplicate { ",\"duplicate\":true" } else { "" };
+            let json = format!("{{\"stream\":\"mqtt-ingest\"{domain},\"seq\":{seq}{dup}}}");
+            let Some(Fate::Stored(fast_seq, fast_dup)) = plain_ack(json.as_bytes()) else { panic!("{json}: not read") };
+            let Ok(Response::Ok(ack)) = serde_json::from_str::<Response<PublishAck>>(&json) else { panic!("{json}: not JSON") };
+            proptest::prop_assert_eq!((fast_seq, fast_dup), (ack.sequence, ack.duplicate));
+            // Anything: no panic; read only when it is the plain shape.
+            if let Some(Fate::Stored(..)) = plain_ack(&noise) {
+                let plain = noise.starts_with(br#"{"stream":""#);
+                proptest::prop_assert!(plain);
+            }
+        }
+    }
 
     #[test]
     fn the_stream_full_answers_of_nats_server_are_recognised() {

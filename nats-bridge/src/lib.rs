@@ -17,6 +17,7 @@
 //!
 //! Only this crate imports async-nats.
 
+mod appender;
 mod bridge;
 mod budget;
 mod config;
