@@ -240,6 +240,7 @@ pub(super) fn note_local_group(st: &mut State, key: &str, add: bool) {
     let change = fleetmq_core::cluster::peers::RouteChange { peer: HERE, filter: key.to_owned(), present: add };
     st.local_groups.apply(&change);
     if add {
+        st.strays.joined = true;
         st.local_group_keys.insert(ByteString::from(key));
     } else {
         st.local_group_keys.remove(key);

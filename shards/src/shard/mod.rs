@@ -436,7 +436,7 @@ impl Shard {
                 restored_wills: Vec::new(),
                 held: held::Held::default(),
                 tails: session_log::Tails::default(),
-                strays: strays::Strays::new(),
+                strays: strays::Strays::default(),
             }),
         }
     }

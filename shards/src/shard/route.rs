@@ -318,7 +318,7 @@ fn remote_group_members(st: &State, group: &ByteString, topic: &str, from: Optio
 
 /// The shared subscriptions (`$share/<group>/<filter>`) of `group` with
 /// members on this replica whose filter matches `topic`.
-pub(super) fn local_group_keys<'a>(st: &'a State, group: &'a str, topic: &'a str) -> impl Iterator<Item = &'a ByteString> {
+fn local_group_keys<'a>(st: &'a State, group: &'a str, topic: &'a str) -> impl Iterator<Item = &'a ByteString> {
     st.local_group_keys
         .iter()
         .filter(move |key| fleetmq_core::topic::parse_shared(key).is_some_and(|(g, filter)| g == group && fleetmq_core::topic::matches(filter, topic)))

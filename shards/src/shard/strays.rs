@@ -7,11 +7,11 @@
 //! again: a value with no member anywhere *yet* is held, at most
 //! [`STRAY_WAIT`], and goes on as soon as a route of the group arrives
 //! ([`Shard::apply_routes`]) or a member joins here again (the shard's
-//! tick); past the wait it is dropped and counted (`no_member`). QoS 0
+//! next tick); past the wait it is dropped and counted (`no_member`). QoS 0
 //! is never held (MQTT 5 §4.8.2 lets the server drop it when no member
 //! can take it).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,8 +34,13 @@ pub(super) struct Stray {
     until: Instant,
 }
 
-/// The values held, oldest first.
-pub(super) type Strays = VecDeque<Stray>;
+/// The values held, oldest first (so also by `until`).
+#[derive(Default)]
+pub(super) struct Strays {
+    held: VecDeque<Stray>,
+    /// A group got a member on this replica since the last look.
+    pub(super) joined: bool,
+}
 
 impl Shard {
     /// Send `message` for `group` (which has no member here) to a member
@@ -49,31 +54,59 @@ impl Shard {
             return;
         }
         // Bounded as one group's queue: past it the oldest go.
-        if st.strays.len() >= self.limits.session.max_queue.max(1) {
-            st.strays.pop_front();
+        let held = &mut st.strays.held;
+        if held.len() >= self.limits.session.max_queue.max(1) {
+            held.pop_front();
             self.metrics.dropped(DropReason::NoMember);
         }
-        st.strays.push_back(Stray { group: group.clone(), message: message.clone(), until: now + STRAY_WAIT });
+        held.push_back(Stray { group: group.clone(), message: message.clone(), until: now + STRAY_WAIT });
+    }
+
+    /// The shard's tick: after a group got a member here, give the held
+    /// values another try; else only drop those whose wait ran out.
+    pub(super) fn tick_strays(&self, st: &mut State, now: Instant) {
+        if std::mem::take(&mut st.strays.joined) {
+            self.retry_strays(st, now);
+        }
+        while st.strays.held.front().is_some_and(|stray| stray.until <= now) {
+            st.strays.held.pop_front();
+            self.metrics.dropped(DropReason::NoMember);
+        }
     }
 
     /// Give each held value to a member here or on another replica, if one
     /// appeared; drop those whose wait ran out. Cheap with none held.
     pub(super) fn retry_strays(&self, st: &mut State, now: Instant) {
-        if st.strays.is_empty() {
+        if st.strays.held.is_empty() {
             return;
         }
-        for stray in std::mem::take(&mut st.strays) {
-            let keys: Vec<ByteString> = super::route::local_group_keys(st, &stray.group, &stray.message.topic).cloned().collect();
-            if !keys.is_empty() {
-                for key in keys {
-                    self.group_op(st, GroupOp::Return { key, messages: vec![stray.message.clone()], refused_by: None }, now);
+        // This replica's shared subscriptions of the groups held, once.
+        let mut here: HashMap<ByteString, Vec<(ByteString, ByteString)>> = HashMap::new();
+        for stray in &st.strays.held {
+            here.entry(stray.group.clone()).or_default();
+        }
+        for key in &st.local_group_keys {
+            if let Some((group, filter)) = fleetmq_core::topic::parse_shared(key) {
+                if let Some(keys) = here.get_mut(group) {
+                    keys.push((key.clone(), ByteString::from(filter)));
                 }
-            } else if !self.forward_group_away(st, &stray.group, &stray.message) {
-                if stray.until <= now {
-                    self.metrics.dropped(DropReason::NoMember);
-                } else {
-                    st.strays.push_back(stray);
-                }
+            }
+        }
+        for stray in std::mem::take(&mut st.strays.held) {
+            let topic = &stray.message.topic;
+            let keys = here.get(&stray.group).into_iter().flatten().filter(|(_, filter)| fleetmq_core::topic::matches(filter, topic));
+            let mut given = false;
+            for (key, _) in keys {
+                self.group_op(st, GroupOp::Return { key: key.clone(), messages: vec![stray.message.clone()], refused_by: None }, now);
+                given = true;
+            }
+            if given || self.forward_group_away(st, &stray.group, &stray.message) {
+                continue;
+            }
+            if stray.until <= now {
+                self.metrics.dropped(DropReason::NoMember);
+            } else {
+                st.strays.held.push_back(stray);
             }
         }
     }

@@ -14,7 +14,7 @@ impl Shard {
     pub(crate) fn check_deadlines(&self, now: Instant) {
         let mut st = self.state.borrow_mut();
         let st = &mut *st;
-        self.retry_strays(st, now);
+        self.tick_strays(st, now);
         while let Some(&Reverse((at, slot, key))) = st.deadlines.peek() {
             if at > now {
                 break;

@@ -265,3 +265,52 @@ fn a_persistent_member_that_moves_to_another_replica_gets_the_values_queued_whil
         (member, home) = (moved, away);
     }
 }
+
+/// The only member of a group anywhere (a clean MQTT 5 session on A that
+/// never acknowledges: what the group gives it stays in flight) leaves
+/// with 30 values unacknowledged; a new member subscribes on A 1 s
+/// later: the values waited for it (up to 4 s, README) and it gets them
+/// [MQTT 5 §4.8.2: another member SHOULD get them]. Values nobody comes
+/// for within the wait are counted `no_member`.
+#[test]
+fn the_values_of_a_groups_last_member_wait_briefly_for_a_new_member() {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new("wa,wb");
+    let (a, b) = (start("wa", &nats, &certs, &[]), start("wb", &nats, &certs, &[]));
+    for r in [&a, &b] {
+        wait_links(r, 1, Duration::from_secs(20));
+    }
+    let join = |id: &str| {
+        let mut member = RawClient::connect(a.mqtt);
+        assert_eq!(member.handshake(&build::Connect::v5(id).encode()).1, 0);
+        member.send(&build::subscribe(1, "$share/g/wait/#", 1, true));
+        assert!(matches!(member.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
+        member
+    };
+    let mut first = join("first");
+    let mut p = publisher(&a, "pub-wait");
+    assert_eq!(publish_acked(&mut p, "wait/x", 0..30).len(), 30);
+    let held = unacked_reads(&mut first, Duration::from_millis(500));
+    assert_eq!(held.len(), 30, "in flight at the first member: {held:?}");
+    drop(first);
+    thread::sleep(Duration::from_secs(1));
+    let mut second = join("second");
+    let got = unacked_reads(&mut second, Duration::from_secs(2));
+    let missing: Vec<u32> = (0..30).filter(|i| !got.contains(&i.to_string())).collect();
+    assert!(missing.is_empty(), "values the new member never got: {missing:?}; no_member: {}", no_member(&a));
+    assert_eq!(no_member(&a), 0.0, "none dropped");
+
+    // Nobody comes: counted after the wait.
+    drop(second);
+    thread::sleep(Duration::from_secs(6));
+    assert_eq!(no_member(&a), 30.0, "the 30 values of the member that left, counted no_member after the wait");
+}
+
+/// `fleetmq_messages_dropped_total{reason="no_member"}` of `broker`.
+fn no_member(broker: &Broker) -> f64 {
+    let (_, body) = broker.admin_get("/metrics");
+    body.lines()
+        .filter(|l| l.starts_with("fleetmq_messages_dropped_total{") && l.contains(r#"reason="no_member""#))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
