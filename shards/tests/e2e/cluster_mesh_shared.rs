@@ -227,12 +227,7 @@ fn the_values_a_member_held_when_it_left_go_to_a_member_on_another_replica() {
 /// `no_member`.)
 #[test]
 fn a_persistent_member_that_moves_to_another_replica_gets_the_values_queued_while_it_was_away() {
-    let nats = NatsCluster::start(3);
-    let certs = Certs::new("ma,mb");
-    let (a, b) = (start("ma", &nats, &certs, &[]), start("mb", &nats, &certs, &[]));
-    for r in [&a, &b] {
-        wait_links(r, 1, Duration::from_secs(20));
-    }
+    let (a, b, _cluster) = two_replicas("m");
     let connect = |broker: &Broker, clean: bool| {
         let mut member = RawClient::connect(broker.mqtt);
         let connect = build::Connect { clean, session_expiry: Some(300), ..build::Connect::v5("mover") };
@@ -274,17 +269,13 @@ fn a_persistent_member_that_moves_to_another_replica_gets_the_values_queued_whil
 /// for within the wait are counted `no_member`.
 #[test]
 fn the_values_of_a_groups_last_member_wait_briefly_for_a_new_member() {
-    let nats = NatsCluster::start(3);
-    let certs = Certs::new("wa,wb");
-    let (a, b) = (start("wa", &nats, &certs, &[]), start("wb", &nats, &certs, &[]));
-    for r in [&a, &b] {
-        wait_links(r, 1, Duration::from_secs(20));
-    }
+    let (a, _b, _cluster) = two_replicas("w");
     let join = |id: &str| {
         let mut member = RawClient::connect(a.mqtt);
         assert_eq!(member.handshake(&build::Connect::v5(id).encode()).1, 0);
         member.send(&build::subscribe(1, "$share/g/wait/#", 1, true));
-        assert!(matches!(member.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
+        let suback = member.read(Duration::from_secs(5));
+        assert!(matches!(suback, Incoming::Packet { header: 0x90, .. }), "SUBACK: {suback:02x?}");
         member
     };
     let mut first = join("first");
@@ -313,4 +304,16 @@ fn no_member(broker: &Broker) -> f64 {
         .filter(|l| l.starts_with("fleetmq_messages_dropped_total{") && l.contains(r#"reason="no_member""#))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// Replicas `<p>a` and `<p>b` with their mesh link up, on a 3-server NATS
+/// cluster (kept alive by the third value).
+fn two_replicas(p: &str) -> (Broker, Broker, (NatsCluster, Certs)) {
+    let nats = NatsCluster::start(3);
+    let certs = Certs::new(&format!("{p}a,{p}b"));
+    let (a, b) = (start(&format!("{p}a"), &nats, &certs, &[]), start(&format!("{p}b"), &nats, &certs, &[]));
+    for r in [&a, &b] {
+        wait_links(r, 1, Duration::from_secs(20));
+    }
+    (a, b, (nats, certs))
 }
