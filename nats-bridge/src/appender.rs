@@ -162,9 +162,14 @@ impl Appender {
     /// Append `message` to the ingest stream within `wait`, answering
     /// `reply`; counted in flight until answered.
     pub(crate) fn push(&self, message: StreamMessage, wait: Duration, reply: oneshot::Sender<Result<Appended, IngestError>>, ticket: Option<Ticket>) {
+        let id = crate::ingest::message_id(&self.shared);
+        if let Err(e) = crate::ingest::too_large(&self.shared, &message, &id) {
+            crate::ingest::refused(&self.shared, &e);
+            let _ = reply.send(Err(e));
+            return;
+        }
         self.shared.status.stats.started();
         let StreamMessage { subject, headers: properties, payload } = message;
-        let id = crate::ingest::message_id(&self.shared);
         let deadline = Instant::now() + wait;
         let mut inner = self.inner.borrow_mut();
         let key = inner.next;

@@ -98,6 +98,10 @@ pub(crate) async fn append_both(
     let reopened = qos2.as_ref().and_then(|flow| flow.message_id.clone()).filter(|id| !id.is_empty());
     let id = reopened.unwrap_or_else(|| message_id(shared));
     let deadline = Instant::now() + wait;
+    // Would be refused by every attempt until the deadline.
+    for message in ingest.as_deref().into_iter().chain(session_log.as_deref().map(|l| &l.message)) {
+        too_large(shared, message, &id)?;
+    }
     if let Some(flow) = &qos2 {
         // Before the value is stored (see above), and before its PUBREC
         // (DESIGN.md §7).
@@ -115,6 +119,28 @@ pub(crate) async fn append_both(
         let _ = crate::qos2::release(shared, &flow.client_id, flow.packet_id, FLOW_UNDO_WAIT).await;
     }
     appended
+}
+
+/// The size NATS counts for `message` published with the
+/// `Nats-Msg-Id` `id`: its header block (`NATS/1.0\r\n`, a
+/// `name: value\r\n` line each, `\r\n`) and its payload, bytes.
+pub(crate) fn wire_size(message: &StreamMessage, id: &str) -> usize {
+    let line = |name: &str, value: &str| name.len() + value.len() + 4;
+    let headers = 12 + line("Nats-Msg-Id", id) + message.headers.iter().map(|(n, v)| line(n, v)).sum::<usize>();
+    headers + message.payload.len()
+}
+
+/// Refuse `message` when it cannot be one NATS message (the server's
+/// `max_payload`): no attempt would ever be taken.
+///
+/// # Errors
+/// [`IngestError::TooLarge`].
+pub(crate) fn too_large(shared: &Shared, message: &StreamMessage, id: &str) -> Result<(), IngestError> {
+    let (size, limit) = (wire_size(message, id), shared.state_client.max_payload());
+    if size > limit {
+        return Err(IngestError::TooLarge { size, limit });
+    }
+    Ok(())
 }
 
 /// A new append's `Nats-Msg-Id` (see the module documentation).
@@ -276,6 +302,7 @@ pub(crate) fn refused(shared: &Shared, error: &IngestError) {
         IngestError::Full(_) => stats.ingest_refused_full.fetch_add(1, Ordering::Relaxed),
         IngestError::Unavailable(_) => stats.ingest_refused_unavailable.fetch_add(1, Ordering::Relaxed),
         IngestError::Queue(_) => stats.ingest_refused_queue.fetch_add(1, Ordering::Relaxed),
+        IngestError::TooLarge { .. } => stats.ingest_refused_too_large.fetch_add(1, Ordering::Relaxed),
     };
     let Ok(mut warned) = shared.ingest_warned.lock() else { return };
     let now = std::time::Instant::now();

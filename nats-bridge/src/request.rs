@@ -369,6 +369,16 @@ pub enum IngestError {
     /// bridge's queue is full (MQTT 5: 0x97 Quota exceeded).
     #[error("not queued for NATS: {0}")]
     Queue(String),
+    /// The value with its headers does not fit one NATS message (the
+    /// server's `max_payload`), so no stream can take it (MQTT 5: 0x97
+    /// Quota exceeded), at once.
+    #[error("a value of {size} bytes with its headers does not fit the NATS max_payload of {limit} bytes")]
+    TooLarge {
+        /// The message's size as NATS counts it (headers and payload), bytes.
+        size: usize,
+        /// The server's `max_payload`, bytes.
+        limit: usize,
+    },
 }
 
 /// A claim that landed.

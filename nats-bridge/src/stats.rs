@@ -136,6 +136,9 @@ pub struct BridgeStats {
     /// appends or [`crate::INGEST_WAITING_BYTES`] already waited, or the
     /// bridge's queue was full (MQTT 5: 0x97).
     pub ingest_refused_queue: AtomicU64,
+    /// Ingest appends refused because the value with its headers does not
+    /// fit one NATS message (`max_payload`; MQTT 5: 0x97).
+    pub ingest_refused_too_large: AtomicU64,
     /// Values appended to a session log (acknowledged by JetStream).
     pub log_appended: AtomicU64,
     /// Values a persistent session had not read when its session log
@@ -173,6 +176,7 @@ impl Default for BridgeStats {
             ingest_appended: AtomicU64::new(0),
             ingest_refused_unavailable: AtomicU64::new(0),
             ingest_refused_full: AtomicU64::new(0),
+            ingest_refused_too_large: AtomicU64::new(0),
             ingest_refused_queue: AtomicU64::new(0),
             log_appended: AtomicU64::new(0),
             log_missed: AtomicU64::new(0),

@@ -402,3 +402,33 @@ fn a_3_1_1_client_whose_publish_is_not_taken_in_time_is_closed_after_what_came_b
     device.send(&build::publish("line/count", 1, 2, (true, false), b"2", false));
     expect(&mut device, 0x40, Duration::from_secs(10));
 }
+
+/// A QoS 1 value too large for one NATS message (the payload fits MQTT's
+/// 1 MiB `limits.max_packet_size` but, with the ingest headers, not NATS'
+/// 1 MiB `max_payload`) cannot be stored: refused at once with 0x97
+/// Quota exceeded (MQTT 5 §3.4.2.1), not after the whole
+/// `cluster.session_log_append_wait` while every later acknowledgement of
+/// the client waits behind it; the next value is stored and acknowledged,
+/// the refused one is in neither the stream nor a subscriber.
+#[test]
+fn a_value_too_large_for_a_nats_message_is_refused_at_once_and_the_next_one_goes_on() {
+    let nats = NatsCluster::start(3);
+    let a = replica("ra", &nats.urls(), &["--set", "cluster.session_log_append_wait=20s"]);
+    let mut device = client(&a, "big-device", false, None);
+    // 1 MiB as MQTT counts it (fixed header 5, topic 2 + 200, packet
+    // identifier 2, properties 1), and more with the NATS headers
+    // (`Mqtt-Topic` repeats the topic).
+    let topic = format!("big/{}", "t".repeat(196));
+    let big = vec![b'x'; 1_048_576 - 5 - 202 - 2 - 1];
+    let started = Instant::now();
+    device.send(&build::publish(&topic, 1, 1, (false, false), &big, true));
+    device.send(&build::publish("big/two", 1, 2, (false, false), b"small", true));
+    let first = expect(&mut device, 0x40, Duration::from_secs(25));
+    assert_eq!((first[..2].to_vec(), first.get(2).copied()), (vec![0, 1], Some(0x97)), "PUBACK 0x97 for the large one: {first:02x?}");
+    let second = expect(&mut device, 0x40, Duration::from_secs(25));
+    assert_eq!((second[..2].to_vec(), second.get(2).copied().unwrap_or(0)), (vec![0, 2], 0), "the next one acknowledged: {second:02x?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "refused at once, not after the wait: {:?}", started.elapsed());
+    let stored: Vec<Vec<u8>> = ingested(&nats).into_iter().map(|m| m.payload).collect();
+    assert_eq!(stored, vec![b"small".to_vec()], "only the small one in mqtt-ingest");
+    assert_eq!(a.metric_sum("fleetmq_session_log_appends_refused_total"), 1.0);
+}
