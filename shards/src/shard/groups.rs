@@ -125,7 +125,15 @@ impl Shard {
                 }
             }
             GroupOp::Return { key, messages, refused_by } => {
-                let Some(&gid) = st.group_ids.get(&key) else { return };
+                let Some(&gid) = st.group_ids.get(&key) else {
+                    // The group left this replica meanwhile: as its queue
+                    // did, elsewhere.
+                    let group = parse_shared(&key).map(|(g, _)| ByteString::from(g)).unwrap_or_default();
+                    for message in messages {
+                        self.forward_or_hold(st, &group, &message, now);
+                    }
+                    return;
+                };
                 if let Some(client_id) = refused_by {
                     // Never hand these back to the member that just refused
                     // them: it is away, whatever the group last heard.

@@ -269,6 +269,13 @@ impl Shard {
             self.catch_up(&mut st);
         }
         for v in values {
+            // A group the sender picked this replica for that has no member
+            // here (as this shard knows: it left moments ago, or joins
+            // moments from now) goes on elsewhere, and only there: handed
+            // to the shards too, it could reach a member joining here
+            // as well, twice.
+            let (here, away): (Vec<ByteString>, Vec<ByteString>) =
+                v.groups.iter().cloned().partition(|group| local_group_keys(&st, group, &v.topic).next().is_some());
             let message = Message {
                 topic: v.topic,
                 payload: v.payload,
@@ -280,15 +287,11 @@ impl Shard {
                 // A reading session skips it when the sender logged it.
                 stored: if v.logged { super::session_log::LOGGED } else { 0 },
                 from_mesh: true,
-                groups: GroupPick::only(v.groups.clone()),
+                groups: if away.is_empty() { GroupPick::only(v.groups) } else { GroupPick::only(here) },
             };
             let message = Arc::new(message);
-            // A group the sender picked this replica for that has no
-            // member here any more (it left moments ago).
-            for group in v.groups.iter() {
-                if local_group_keys(&st, group, &message.topic).next().is_none() {
-                    self.forward_or_hold(&mut st, group, &message, now);
-                }
+            for group in &away {
+                self.forward_or_hold(&mut st, group, &message, now);
             }
             self.dispatch(&mut st, message, now);
         }

@@ -217,16 +217,18 @@ fn the_values_a_member_held_when_it_left_go_to_a_member_on_another_replica() {
 
 /// A persistent session (MQTT 5, Session Expiry 300 s) whose only
 /// subscription is shared leaves replica A cleanly; 50 QoS 1 values
-/// published on A meanwhile wait in its group there (MQTT 5 §4.8.2: the
-/// server keeps them for the offline member). It comes back at B, which
-/// takes the session up and joins the group again: A's group loses its
-/// last member before A has heard B's route for it, and holds the values
-/// until it has, then sends them to B. Then back to A the same way. Each
-/// move, the member gets all 50. (Before, A forwarded them at once to
-/// no one: a fresh-user pass lost the 50 in 5 of 8 moves, counted
-/// `no_member`.)
+/// published meanwhile (on A, or on the replica it is about to move to)
+/// wait in its group at A (MQTT 5 §4.8.2: the server keeps them for the
+/// offline member). It comes back at B, which takes the session up and
+/// joins the group again: A's group loses its last member before A has
+/// heard B's route for it, and holds the values until it has, then sends
+/// them to B. Then back to A, and so on, the publisher on either side.
+/// Each move, the member gets each of the 50 once, acknowledging each.
+/// (Before, A forwarded them at once to no one: a fresh-user pass lost
+/// the 50 in 5 of 8 moves, counted `no_member`; another got each twice
+/// when the publisher was on the replica the member moved to.)
 #[test]
-fn a_persistent_member_that_moves_to_another_replica_gets_the_values_queued_while_it_was_away() {
+fn a_persistent_member_that_moves_to_another_replica_gets_the_values_queued_while_it_was_away_once() {
     let (a, b, _cluster) = two_replicas("m");
     let connect = |broker: &Broker, clean: bool| {
         let mut member = RawClient::connect(broker.mqtt);
@@ -239,26 +241,48 @@ fn a_persistent_member_that_moves_to_another_replica_gets_the_values_queued_whil
     member.send(&build::subscribe(1, "$share/g/mv/#", 1, true));
     assert!(matches!(member.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
     let mut home = &a;
-    for (round, away) in [&b, &a].into_iter().enumerate() {
+    for (round, (away, publish_at_away)) in [(&b, false), (&a, true), (&b, true), (&a, false)].into_iter().enumerate() {
         member.send(&build::disconnect_v5(0));
         drop(member);
         thread::sleep(Duration::from_millis(300));
-        let mut p = publisher(home, &format!("pub-mv{round}"));
+        let mut p = publisher(if publish_at_away { away } else { home }, &format!("pub-mv{round}"));
         let values = round as u32 * 100..round as u32 * 100 + 50;
         let acked = publish_acked(&mut p, "mv/x", values.clone());
         assert_eq!(acked.len(), 50, "every value acknowledged");
         let (mut moved, session_present) = connect(away, false);
         assert!(session_present, "the session taken up at the other replica [MQTT-3.2.2-3]");
-        let got = unacked_reads(&mut moved, Duration::from_secs(6));
-        let missing: Vec<u32> = values.filter(|i| !got.contains(&i.to_string())).collect();
+        let got = acked_reads(&mut moved, Duration::from_secs(6));
+        let missing: Vec<u32> = values.clone().filter(|i| !got.contains(&i.to_string())).collect();
         assert!(
             missing.is_empty(),
             "round {round}: {} of 50 values queued for the member never reached it after its move: {missing:?}; dropped at the replica it left: {:?}",
             missing.len(),
             home.metric_sum("fleetmq_messages_dropped_total")
         );
+        let twice: Vec<u32> = values.filter(|i| got.iter().filter(|v| **v == i.to_string()).count() > 1).collect();
+        assert!(twice.is_empty(), "round {round} (publisher on the replica moved to: {publish_at_away}): values delivered twice: {twice:?}");
         (member, home) = (moved, away);
     }
+}
+
+/// The payloads of the PUBLISHes `member` receives until it has been
+/// quiet for `quiet`, each QoS 1 one acknowledged (MQTT 5).
+fn acked_reads(member: &mut RawClient, quiet: Duration) -> Vec<String> {
+    let mut got = Vec::new();
+    while let Incoming::Packet { header, body } = member.read(quiet) {
+        if header >> 4 == 3 {
+            let topic_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+            let qos = (header >> 1) & 3;
+            let id_at = 2 + topic_len;
+            let props_at = id_at + if qos == 0 { 0 } else { 2 };
+            let props = usize::from(body[props_at]);
+            got.push(String::from_utf8_lossy(&body[props_at + 1 + props..]).into_owned());
+            if qos == 1 {
+                member.send(&[0x40, 2, body[id_at], body[id_at + 1]]);
+            }
+        }
+    }
+    got
 }
 
 /// The only member of a group anywhere (a clean MQTT 5 session on A that
@@ -306,14 +330,16 @@ fn no_member(broker: &Broker) -> f64 {
         .sum()
 }
 
-/// Replicas `<p>a` and `<p>b` with their mesh link up, on a 3-server NATS
-/// cluster (kept alive by the third value).
+/// Replicas `<p>a` and `<p>b` of two shards each (a value from the mesh
+/// lands on one shard, a group may live on the other) with their mesh
+/// links up, on a 3-server NATS cluster (kept alive by the third value).
 fn two_replicas(p: &str) -> (Broker, Broker, (NatsCluster, Certs)) {
     let nats = NatsCluster::start(3);
     let certs = Certs::new(&format!("{p}a,{p}b"));
-    let (a, b) = (start(&format!("{p}a"), &nats, &certs, &[]), start(&format!("{p}b"), &nats, &certs, &[]));
+    let two = ["--shards", "2"];
+    let (a, b) = (start(&format!("{p}a"), &nats, &certs, &two), start(&format!("{p}b"), &nats, &certs, &two));
     for r in [&a, &b] {
-        wait_links(r, 1, Duration::from_secs(20));
+        wait_links(r, 2, Duration::from_secs(20)); // one per shard
     }
     (a, b, (nats, certs))
 }
