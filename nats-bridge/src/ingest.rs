@@ -125,13 +125,25 @@ pub(crate) async fn append_both(
 /// `Nats-Msg-Id` `id`: its header block (`NATS/1.0\r\n`, a
 /// `name: value\r\n` line each, `\r\n`) and its payload, bytes.
 pub(crate) fn wire_size(message: &StreamMessage, id: &str) -> usize {
-    let line = |name: &str, value: &str| name.len() + value.len() + 4;
-    let headers = 12 + line("Nats-Msg-Id", id) + message.headers.iter().map(|(n, v)| line(n, v)).sum::<usize>();
-    headers + message.payload.len()
+    header_size(message, id) + message.payload.len()
 }
 
-/// Refuse `message` when it cannot be one NATS message (the server's
-/// `max_payload`): no attempt would ever be taken.
+/// The size of `message`'s header block with the `Nats-Msg-Id` `id`
+/// (see [`wire_size`]), bytes.
+fn header_size(message: &StreamMessage, id: &str) -> usize {
+    let line = |name: &str, value: &str| name.len() + value.len() + 4;
+    12 + line("Nats-Msg-Id", id) + message.headers.iter().map(|(n, v)| line(n, v)).sum::<usize>()
+}
+
+/// The most header bytes JetStream stores with a message (nats-server
+/// answers a larger block with error 10097, "header size exceeds maximum
+/// allowed of 64k", to every attempt).
+const STREAM_HEADERS_MAX: usize = 65_535;
+
+/// Refuse `message` when no attempt would ever be taken: it cannot be one
+/// NATS message (the server's `max_payload`), or its headers (MQTT 5
+/// user properties, mostly) exceed what a stream stores
+/// ([`STREAM_HEADERS_MAX`]).
 ///
 /// # Errors
 /// [`IngestError::TooLarge`].
@@ -139,6 +151,10 @@ pub(crate) fn too_large(shared: &Shared, message: &StreamMessage, id: &str) -> R
     let (size, limit) = (wire_size(message, id), shared.state_client.max_payload());
     if size > limit {
         return Err(IngestError::TooLarge { size, limit });
+    }
+    let headers = header_size(message, id);
+    if headers > STREAM_HEADERS_MAX {
+        return Err(IngestError::HeadersTooLarge { size: headers, limit: STREAM_HEADERS_MAX });
     }
     Ok(())
 }
@@ -302,7 +318,7 @@ pub(crate) fn refused(shared: &Shared, error: &IngestError) {
         IngestError::Full(_) => stats.ingest_refused_full.fetch_add(1, Ordering::Relaxed),
         IngestError::Unavailable(_) => stats.ingest_refused_unavailable.fetch_add(1, Ordering::Relaxed),
         IngestError::Queue(_) => stats.ingest_refused_queue.fetch_add(1, Ordering::Relaxed),
-        IngestError::TooLarge { .. } => stats.ingest_refused_too_large.fetch_add(1, Ordering::Relaxed),
+        IngestError::TooLarge { .. } | IngestError::HeadersTooLarge { .. } => stats.ingest_refused_too_large.fetch_add(1, Ordering::Relaxed),
     };
     let Ok(mut warned) = shared.ingest_warned.lock() else { return };
     let now = std::time::Instant::now();

@@ -379,6 +379,16 @@ pub enum IngestError {
         /// The server's `max_payload`, bytes.
         limit: usize,
     },
+    /// Its headers (the MQTT 5 user properties, mostly) exceed what a
+    /// JetStream stream stores with a message (MQTT 5: 0x97 Quota
+    /// exceeded), at once.
+    #[error("the value's headers take {size} bytes, more than the {limit} JetStream stores with a message")]
+    HeadersTooLarge {
+        /// The header block's size, bytes.
+        size: usize,
+        /// JetStream's limit, bytes.
+        limit: usize,
+    },
 }
 
 /// A claim that landed.

@@ -103,7 +103,7 @@ impl Node {
         );
         let _ = writeln!(
             out,
-            "# HELP fleetmq_session_log_appends_refused QoS 1/2 publishes refused because the ingest stream or the session log did not take them: unavailable (not within session_log_append_wait, 0x80), full (store.max_bytes, 0x97), queue (65,536 appends or 256 MiB already waiting for NATS, 0x97), too_large (the value with its headers does not fit NATS max_payload, 0x97)\n# TYPE fleetmq_session_log_appends_refused counter"
+            "# HELP fleetmq_session_log_appends_refused QoS 1/2 publishes refused because the ingest stream or the session log did not take them: unavailable (not within session_log_append_wait, 0x80), full (store.max_bytes, 0x97), queue (65,536 appends or 256 MiB already waiting for NATS, 0x97), too_large (the value with its headers does not fit NATS max_payload, or its headers exceed 64 KiB, 0x97)\n# TYPE fleetmq_session_log_appends_refused counter"
         );
         for (reason, value) in [
             ("unavailable", &stats.ingest_refused_unavailable),

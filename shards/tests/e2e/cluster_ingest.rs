@@ -405,13 +405,14 @@ fn a_3_1_1_client_whose_publish_is_not_taken_in_time_is_closed_after_what_came_b
 
 /// A QoS 1 value too large for one NATS message (the payload fits MQTT's
 /// 1 MiB `limits.max_packet_size` but, with the ingest headers, not NATS'
-/// 1 MiB `max_payload`) cannot be stored: refused at once with 0x97
+/// 1 MiB `max_payload`), or whose headers exceed the 64 KiB JetStream
+/// stores with a message, cannot be stored: refused at once with 0x97
 /// Quota exceeded (MQTT 5 §3.4.2.1), not after the whole
 /// `cluster.session_log_append_wait` while every later acknowledgement of
 /// the client waits behind it; the next value is stored and acknowledged,
 /// the refused one is in neither the stream nor a subscriber.
 #[test]
-fn a_value_too_large_for_a_nats_message_is_refused_at_once_and_the_next_one_goes_on() {
+fn a_value_too_large_for_a_nats_message_or_a_stream_is_refused_at_once_and_the_next_one_goes_on() {
     let nats = NatsCluster::start(3);
     let a = replica("ra", &nats.urls(), &["--set", "cluster.session_log_append_wait=20s"]);
     let mut device = client(&a, "big-device", false, None);
@@ -420,15 +421,38 @@ fn a_value_too_large_for_a_nats_message_is_refused_at_once_and_the_next_one_goes
     // (`Mqtt-Topic` repeats the topic).
     let topic = format!("big/{}", "t".repeat(196));
     let big = vec![b'x'; 1_048_576 - 5 - 202 - 2 - 1];
-    let started = Instant::now();
-    device.send(&build::publish(&topic, 1, 1, (false, false), &big, true));
-    device.send(&build::publish("big/two", 1, 2, (false, false), b"small", true));
-    let first = expect(&mut device, 0x40, Duration::from_secs(25));
-    assert_eq!((first[..2].to_vec(), first.get(2).copied()), (vec![0, 1], Some(0x97)), "PUBACK 0x97 for the large one: {first:02x?}");
-    let second = expect(&mut device, 0x40, Duration::from_secs(25));
-    assert_eq!((second[..2].to_vec(), second.get(2).copied().unwrap_or(0)), (vec![0, 2], 0), "the next one acknowledged: {second:02x?}");
-    assert!(started.elapsed() < Duration::from_secs(5), "refused at once, not after the wait: {:?}", started.elapsed());
+    refused_at_once_then_next(&mut device, &build::publish(&topic, 1, 1, (false, false), &big, true), 1, b"small");
+
+    // Headers JetStream does not store with a message (over 64 KiB: two
+    // user properties of 40 KB, MQTT 5 §3.3.2.3.7), in a 80 KB packet.
+    let mut body = build::string(b"big/props");
+    body.extend(3u16.to_be_bytes());
+    let mut props = Vec::new();
+    for name in ["first", "second"] {
+        props.push(0x26);
+        props.extend(build::string(name.as_bytes()));
+        props.extend(build::string(&vec![b'v'; 40_000]));
+    }
+    body.extend(build::varint(props.len()));
+    body.extend(props);
+    body.extend(b"propped");
+    refused_at_once_then_next(&mut device, &build::packet(0x32, &body), 3, b"after");
+
     let stored: Vec<Vec<u8>> = ingested(&nats).into_iter().map(|m| m.payload).collect();
-    assert_eq!(stored, vec![b"small".to_vec()], "only the small one in mqtt-ingest");
-    assert_eq!(a.metric_sum("fleetmq_session_log_appends_refused_total"), 1.0);
+    assert_eq!(stored, vec![b"small".to_vec(), b"after".to_vec()], "only the small ones in mqtt-ingest");
+    assert_eq!(a.metric_sum("fleetmq_session_log_appends_refused_total"), 2.0);
+}
+
+/// Sends `publish` (QoS 1, packet identifier `id`) and then a QoS 1
+/// `next` (identifier `id + 1`): the first gets PUBACK 0x97, the second
+/// success, both within 5 s.
+fn refused_at_once_then_next(device: &mut RawClient, publish: &[u8], id: u16, next: &[u8]) {
+    let started = Instant::now();
+    device.send(publish);
+    device.send(&build::publish("big/next", 1, id + 1, (false, false), next, true));
+    let refused = expect(device, 0x40, Duration::from_secs(25));
+    assert_eq!((refused[..2].to_vec(), refused.get(2).copied()), (id.to_be_bytes().to_vec(), Some(0x97)), "PUBACK 0x97: {refused:02x?}");
+    let acked = expect(device, 0x40, Duration::from_secs(25));
+    assert_eq!((acked[..2].to_vec(), acked.get(2).copied().unwrap_or(0)), ((id + 1).to_be_bytes().to_vec(), 0), "the next one acknowledged: {acked:02x?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "refused at once, not after the wait: {:?}", started.elapsed());
 }
