@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::{HeaderMap, Subject};
+use async_nats::Subject;
 use futures_util::{FutureExt as _, StreamExt as _};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
@@ -242,18 +242,6 @@ impl Appender {
     }
 }
 
-/// The headers of an attempt of `pending`: `Nats-Msg-Id` and the
-/// message's, appended, never inserted: a user property may come more
-/// than once (MQTT 5 §3.3.2.3.7), each its own header.
-fn headers(pending: &Pending) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert(async_nats::header::NATS_MESSAGE_ID, pending.id.as_str());
-    for (name, value) in &pending.properties {
-        headers.append(name.as_str(), value.as_str());
-    }
-    headers
-}
-
 /// `<inbox>.<key>`.
 fn reply_subject(inbox: &str, key: u64) -> String {
     use std::fmt::Write as _;
@@ -285,7 +273,7 @@ async fn run_sender(appender: Appender, inbox: String) {
                     let attempt = pending.attempts;
                     inner.in_flight += 1;
                     inner.sent.push_back((Instant::now(), key, attempt));
-                    found = Some((key, pending.subject.clone(), headers(pending), pending.payload.clone()));
+                    found = Some((key, pending.subject.clone(), crate::ingest::header_map(&pending.id, &pending.properties), pending.payload.clone()));
                     break;
                 }
                 found

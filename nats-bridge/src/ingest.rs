@@ -121,6 +121,18 @@ pub(crate) async fn append_both(
     appended
 }
 
+/// The headers of an append: `Nats-Msg-Id` `id` (the duplicate window's
+/// key) and `properties`, appended, never inserted: a user property may
+/// come more than once (MQTT 5 §3.3.2.3.7), each its own header.
+pub(crate) fn header_map(id: &str, properties: &[(String, String)]) -> async_nats::HeaderMap {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+    for (name, value) in properties {
+        headers.append(name.as_str(), value.as_str());
+    }
+    headers
+}
+
 /// The size NATS counts for `message` published with the
 /// `Nats-Msg-Id` `id`: its header block (`NATS/1.0\r\n`, a
 /// `name: value\r\n` line each, `\r\n`) and its payload, bytes.
@@ -237,13 +249,7 @@ async fn append(shared: &Shared, message: &StreamMessage, id: &str, deadline: In
 /// same ID, stored once; so is one sent before the state connection was
 /// forced away from a silent server (see `liveness.rs`).
 async fn attempt(shared: &Shared, message: &StreamMessage, id: &str, deadline: Instant) -> Fate {
-    // Appended, never inserted: a user property may come more than once
-    // (MQTT 5 §3.3.2.3.7), each its own header.
-    let mut headers = async_nats::HeaderMap::new();
-    for (name, value) in &message.headers {
-        headers.append(name.as_str(), value.as_str());
-    }
-    let publish = PublishMessage::build().payload(message.payload.clone()).headers(headers).message_id(id);
+    let publish = PublishMessage::build().payload(message.payload.clone()).headers(header_map(id, &message.headers));
     let mut moved = shared.state_moved.subscribe();
     let ack = match shared.publish_by(&message.subject, publish, deadline).await {
         Ok(ack) => ack,
