@@ -315,11 +315,29 @@ fn literal(text: &str) -> Value {
     }
 }
 
-/// Sets `table[a][b]...[z] = value` for the dotted key `a.b...z`, creating
-/// tables on the way.
+/// The parts of the dotted key `key`, read as TOML reads one, so a part
+/// may be quoted to hold a dot (`shared.groups."eu.west"`, a share name
+/// with a dot); a key TOML does not read is split at its dots as it is.
+fn key_parts(key: &str) -> Vec<String> {
+    if let Ok(mut table) = format!("{key} = 0").parse::<Table>() {
+        let mut parts = Vec::new();
+        while table.len() == 1 {
+            let (part, value) = table.into_iter().next().expect("one entry");
+            parts.push(part);
+            match value {
+                Value::Table(inner) => table = inner,
+                _ => return parts,
+            }
+        }
+    }
+    key.split('.').map(|p| p.trim().to_owned()).collect()
+}
+
+/// Sets `table[a][b]...[z] = value` for the dotted key `a.b...z` (see
+/// [`key_parts`]), creating tables on the way.
 fn set_path(table: &mut Table, key: &str, value: Value) -> anyhow::Result<()> {
-    let parts: Vec<&str> = key.split('.').map(str::trim).collect();
-    if parts.iter().any(|p| p.is_empty()) {
+    let parts = key_parts(key);
+    if parts.iter().any(String::is_empty) {
         bail!("bad key {key:?}: expected section.key, e.g. limits.max_clients");
     }
     let (last, sections) = parts.split_last().expect("split yields at least one part");
@@ -462,6 +480,21 @@ mod tests {
         a.set = vec!["server.shards=1e3".into()];
         let e = load_from(&a, Vec::new()).unwrap_err().to_string();
         assert!(e.contains("server.shards: floating point") && e.contains("expected one in range"), "{e}");
+    }
+
+    #[test]
+    fn a_set_key_part_may_be_quoted_to_hold_a_dot() {
+        use fleetmq_core::shared::Strategy;
+        let mut a = args();
+        a.set = vec![r#"shared.groups."eu.west"=random"#.into(), "shared.groups.plain = sticky".into()];
+        let settings = load_from(&a, Vec::new()).expect("quoted and plain group names");
+        assert_eq!(settings.shared.strategy_for("eu.west"), Strategy::Random);
+        assert_eq!(settings.shared.strategy_for("plain"), Strategy::Sticky);
+        assert_eq!(key_parts("limits . max_clients"), ["limits", "max_clients"]);
+        assert_eq!(key_parts("bad key.x"), ["bad key", "x"], "not TOML: split at its dots");
+        a.set = vec![r#"shared.groups."a/b"=random"#.into()];
+        let e = load_from(&a, Vec::new()).unwrap_err().to_string();
+        assert!(e.contains(r#"shared.groups = "a/b" is not valid"#), "{e}");
     }
 
     use super::*;
