@@ -41,6 +41,14 @@
 //!   SUBACK is not missed. From a version-1 to 3 peer every value counts
 //!   as logged (the rule before: a reading session skipped every QoS 1/2
 //!   value from the mesh).
+//! - **5** (session 44): version 4 plus each value's *groups only* flag
+//!   ([`Value::groups_only`]): the value is for the shared subscription
+//!   groups it names and not for the receiver's plain subscriptions (a
+//!   group's value sent on to a member elsewhere after its member here
+//!   left). Before, a peer with a plain subscription matching such a
+//!   value could not be sent it (its plain subscribers would get it
+//!   again), so its members did not get the group's values; a version-1
+//!   to 4 peer is still not sent them.
 //!
 //! A link, from the dialing replica (the sender of values) to the
 //! accepting one:
@@ -79,9 +87,13 @@ pub const ANNOUNCE_VERSION: u16 = 3;
 /// documentation).
 pub const LOGGED_VERSION: u16 = 4;
 
+/// The first version with the groups-only flag on values (see the
+/// module documentation).
+pub const GROUPS_ONLY_VERSION: u16 = 5;
+
 /// Every mesh protocol version this build speaks, lowest first (a
 /// process may offer fewer: the shards' `mesh::spoken`).
-pub const VERSIONS: &[u16] = &[1, 2, 3, 4];
+pub const VERSIONS: &[u16] = &[1, 2, 3, 4, 5];
 
 /// Bytes a frame may hold beyond the largest allowed packet: the frame
 /// and value headers, and the batch around the values.
@@ -169,6 +181,10 @@ pub struct Value {
     /// persistent session wanted it). Sent from version
     /// [`LOGGED_VERSION`]; read as `true` from frames of earlier versions.
     pub logged: bool,
+    /// For the `groups` only, not for the receiver's plain subscriptions
+    /// (with `groups` only). Sent from version [`GROUPS_ONLY_VERSION`];
+    /// read as `false` from frames of earlier versions.
+    pub groups_only: bool,
 }
 
 /// One frame, decoded.
@@ -268,6 +284,8 @@ const FLAG_EXPIRY: u8 = 8;
 const FLAG_GROUPS: u8 = 16;
 /// From [`LOGGED_VERSION`]: [`Value::logged`].
 const FLAG_LOGGED: u8 = 32;
+/// From [`GROUPS_ONLY_VERSION`]: [`Value::groups_only`].
+const FLAG_GROUPS_ONLY: u8 = 64;
 
 /// Take the next frame from the front of `buf`: `Ok(None)` when `buf`
 /// does not hold a whole frame yet (read more and call again).
@@ -417,6 +435,8 @@ pub struct ValueRef<'a> {
     pub groups: &'a [ByteString],
     /// See [`Value::logged`].
     pub logged: bool,
+    /// See [`Value::groups_only`].
+    pub groups_only: bool,
 }
 
 impl<'a> From<&'a Value> for ValueRef<'a> {
@@ -431,6 +451,7 @@ impl<'a> From<&'a Value> for ValueRef<'a> {
             origin: v.origin,
             groups: &v.groups,
             logged: v.logged,
+            groups_only: v.groups_only,
         }
     }
 }
@@ -516,6 +537,9 @@ fn put_value(out: &mut BytesMut, v: &ValueRef<'_>, version: u16) {
     if v.logged && version >= LOGGED_VERSION {
         flags |= FLAG_LOGGED;
     }
+    if v.groups_only && !groups.is_empty() && version >= GROUPS_ONLY_VERSION {
+        flags |= FLAG_GROUPS_ONLY;
+    }
     out.put_u8(flags);
     put_str(out, v.topic);
     out.put_u64(v.origin);
@@ -568,11 +592,18 @@ impl Reader {
     /// A value of a frame written in `version`.
     fn value(&mut self, version: u16) -> Result<Value, FrameError> {
         let flags = self.u8()?;
-        let known = if version >= LOGGED_VERSION { FLAG_LOGGED } else { 0 };
+        let mut known = if version >= LOGGED_VERSION { FLAG_LOGGED } else { 0 };
+        if version >= GROUPS_ONLY_VERSION {
+            known |= FLAG_GROUPS_ONLY;
+        }
         if flags & !(3 | FLAG_RETAIN | FLAG_EXPIRY | FLAG_GROUPS | known) != 0 {
             return Err(FrameError::Malformed("value flags"));
         }
+        if flags & FLAG_GROUPS_ONLY != 0 && flags & FLAG_GROUPS == 0 {
+            return Err(FrameError::Malformed("a value for its groups only without groups"));
+        }
         let logged = version < LOGGED_VERSION || flags & FLAG_LOGGED != 0;
+        let groups_only = flags & FLAG_GROUPS_ONLY != 0;
         let qos = QoS::from_u8(flags & 3).ok_or(FrameError::Malformed("QoS 3"))?;
         let topic = self.string()?;
         let origin = self.u64()?;
@@ -598,7 +629,7 @@ impl Reader {
         let n = self.u32()? as usize;
         self.need(n)?;
         let payload = self.0.split_to(n);
-        Ok(Value { topic, payload, qos, retain: flags & FLAG_RETAIN != 0, properties, origin, groups, logged })
+        Ok(Value { topic, payload, qos, retain: flags & FLAG_RETAIN != 0, properties, origin, groups, logged, groups_only })
     }
 }
 
@@ -622,9 +653,9 @@ mod tests {
             prop::option::of(any::<u32>()),
             any::<u64>(),
             prop::collection::vec(text(), 0..3),
-            (prop::option::of(text()), any::<bool>()),
+            (prop::option::of(text()), any::<bool>(), any::<bool>()),
         )
-            .prop_map(|(topic, payload, qos, retain, expiry, origin, groups, (content_type, logged))| Value {
+            .prop_map(|(topic, payload, qos, retain, expiry, origin, groups, (content_type, logged, only))| Value {
                 topic,
                 payload: payload.into(),
                 qos: QoS::from_u8(qos).unwrap(),
@@ -635,6 +666,7 @@ mod tests {
                     ..Properties::default()
                 }),
                 origin,
+                groups_only: only && !groups.is_empty(),
                 groups,
                 logged,
             })
@@ -662,7 +694,7 @@ mod tests {
         #[test]
         fn frames_read_back_as_written(frames in prop::collection::vec(frame(), 1..4)) {
             let mut buf = BytesMut::new();
-            frames.iter().for_each(|f| encode(f, LOGGED_VERSION, &mut buf));
+            frames.iter().for_each(|f| encode(f, GROUPS_ONLY_VERSION, &mut buf));
             for f in &frames {
                 let got = decode(&mut buf, 1 << 20).unwrap();
                 prop_assert_eq!(got.as_ref(), Some(f));
@@ -705,6 +737,39 @@ mod tests {
     }
 
     #[test]
+    fn the_groups_only_flag_travels_from_version_5_and_earlier_versions_read_it_as_unset() {
+        let groups = [ByteString::from("g")];
+        let v = ValueRef {
+            topic: "a/b",
+            payload: b"x",
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: &Props::default(),
+            expiry_left: None,
+            origin: 1,
+            groups: &groups,
+            logged: true,
+            groups_only: true,
+        };
+        for (version, read) in [(GROUPS_ONLY_VERSION, true), (LOGGED_VERSION, false)] {
+            let mut buf = BytesMut::new();
+            encode_values(1, version, [v].into_iter(), &mut buf);
+            let Some(Frame::Values { values, .. }) = decode(&mut buf, 1 << 10).unwrap() else { panic!() };
+            assert_eq!(values[0].groups_only, read, "version {version}");
+        }
+        // Without groups it is not written, and a frame saying so is malformed.
+        let mut buf = BytesMut::new();
+        encode_values(1, GROUPS_ONLY_VERSION, [ValueRef { groups: &[], ..v }].into_iter(), &mut buf);
+        let Some(Frame::Values { values, .. }) = decode(&mut buf, 1 << 10).unwrap() else { panic!() };
+        assert!(!values[0].groups_only);
+        let mut buf = BytesMut::new();
+        encode_values(1, GROUPS_ONLY_VERSION, [ValueRef { groups: &[], ..v }].into_iter(), &mut buf);
+        let flags_at = HEADER_BYTES + 8 + 4;
+        buf[flags_at] |= FLAG_GROUPS_ONLY;
+        assert_eq!(decode(&mut buf, 1 << 10), Err(FrameError::Malformed("a value for its groups only without groups")));
+    }
+
+    #[test]
     fn the_expiry_sent_is_the_time_left_not_the_interval() {
         let properties = Props::from(Properties { message_expiry_interval: Some(60), ..Properties::default() });
         let v = ValueRef {
@@ -717,6 +782,7 @@ mod tests {
             origin: 5,
             groups: &[],
             logged: false,
+            groups_only: false,
         };
         let mut buf = BytesMut::new();
         encode_values(3, 2, [v].into_iter(), &mut buf);
@@ -735,8 +801,8 @@ mod tests {
             assert_eq!(decode(&mut buf, 100), Ok(Some(Frame::Ack { delivered: 7 })));
         }
         let mut buf = BytesMut::new();
-        encode(&Frame::Ack { delivered: 7 }, 5, &mut buf);
-        assert_eq!(decode(&mut buf, 100), Err(FrameError::Version(5)));
+        encode(&Frame::Ack { delivered: 7 }, 6, &mut buf);
+        assert_eq!(decode(&mut buf, 100), Err(FrameError::Version(6)));
         // A route announce is a version-3 frame: in an earlier version it
         // is malformed (a peer that agreed version 2 never sends one).
         let route = Frame::Route { id: 1, revision: 9, present: true, instance: "i".into(), filter: "a/#".into() };
@@ -765,6 +831,7 @@ mod tests {
             origin: 1,
             groups: &[],
             logged,
+            groups_only: false,
         };
         for (version, logged, read) in [(LOGGED_VERSION, false, false), (LOGGED_VERSION, true, true), (ANNOUNCE_VERSION, false, true)] {
             let mut buf = BytesMut::new();
@@ -784,7 +851,8 @@ mod tests {
         assert_eq!(choose_version(VERSIONS, &[1]), Some(1), "a version-1 peer links without the keepalive");
         assert_eq!(choose_version(VERSIONS, &[1, 2]), Some(2), "a version-2 peer links without announces");
         assert_eq!(choose_version(VERSIONS, &[1, 2, 3]), Some(3), "a version-3 peer links without the logged flag");
-        assert_eq!(choose_version(VERSIONS, &[1, 2, 3, 4]), Some(4));
+        assert_eq!(choose_version(VERSIONS, &[1, 2, 3, 4]), Some(4), "a version-4 peer links without the groups-only flag");
+        assert_eq!(choose_version(VERSIONS, &[1, 2, 3, 4, 5]), Some(5));
         assert_eq!(choose_version(&[1, 2], &[2, 3]), Some(2));
         assert_eq!(choose_version(&[1], &[2]), None);
     }

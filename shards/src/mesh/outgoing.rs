@@ -172,6 +172,21 @@ impl ShardLinks {
         }
     }
 
+    /// The peers of `peers` a value can be sent to for a shared group
+    /// only: those whose link from this shard is up in a version that
+    /// says so ([`mesh::GROUPS_ONLY_VERSION`]); an older one would hand it
+    /// to its plain subscribers as well.
+    pub(crate) fn groups_only(&self, peers: PeerSet) -> PeerSet {
+        let links = self.links.borrow();
+        let mut able = PeerSet::new();
+        for p in peers.iter() {
+            if matches!(links.get(p.index()), Some(Some(link)) if link.version.get() >= mesh::GROUPS_ONLY_VERSION) {
+                able.insert(p);
+            }
+        }
+        able
+    }
+
     /// Whether the link from this shard to some peer of `peers` is up.
     pub(crate) fn any_up(&self, peers: PeerSet) -> bool {
         let links = self.links.borrow();

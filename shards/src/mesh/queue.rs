@@ -146,7 +146,7 @@ impl Queue {
         let mut n = 0;
         for kept in self.values.iter().skip(skip) {
             let Some(m) = &kept.message else { break };
-            let bound = value_ref(m, &kept.groups, now).encoded_len_bound();
+            let bound = value_ref(m, &kept.groups, kept.plain, now).encoded_len_bound();
             if n > 0 && size + bound > max_frame {
                 break;
             }
@@ -156,7 +156,7 @@ impl Queue {
         // The `n` counted above stop before the first gap.
         let values = self.values.iter().skip(skip).take(n).map(|k| {
             let m = k.message.as_ref().expect("no gap among the values counted");
-            value_ref(m, &k.groups, now)
+            value_ref(m, &k.groups, k.plain, now)
         });
         mesh::encode_values(first, version, values, out);
         self.sent = first + n as u64 - 1;
@@ -164,7 +164,9 @@ impl Queue {
     }
 }
 
-fn value_ref<'a>(m: &'a Message, groups: &'a Option<Arc<[ByteString]>>, now: Instant) -> ValueRef<'a> {
+/// `m` as the mesh sends it, for `groups` and for the peer's plain
+/// subscriptions too when `plain` (else for the groups only).
+fn value_ref<'a>(m: &'a Message, groups: &'a Option<Arc<[ByteString]>>, plain: bool, now: Instant) -> ValueRef<'a> {
     ValueRef {
         topic: &m.topic,
         payload: &m.payload,
@@ -175,6 +177,7 @@ fn value_ref<'a>(m: &'a Message, groups: &'a Option<Arc<[ByteString]>>, now: Ins
         origin: m.origin,
         groups: groups.as_deref().unwrap_or(&[]),
         logged: m.stored == crate::shard::LOGGED,
+        groups_only: !plain,
     }
 }
 

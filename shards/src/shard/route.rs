@@ -186,8 +186,9 @@ impl Shard {
     /// group stays with `from` (its buffer keeps the value for the heal);
     /// once `from` is gone, a member whose link is down takes it into its
     /// own buffer. A replica with a plain subscription matching the value
-    /// is never picked here: it got the value for that already, and the
-    /// mesh frame cannot say "for the group only".
+    /// is picked only over a link of mesh version 5 or later, which sends
+    /// it for the group only (an older one would hand it to its plain
+    /// subscribers again).
     ///
     /// Returns, per value, the groups left to `from`, and how many group
     /// deliveries went elsewhere and how many found no member at all
@@ -205,7 +206,7 @@ impl Shard {
         for (message, groups) in values {
             let mut left = Vec::new();
             for group in groups.iter() {
-                let members = remote_group_members(&st, group, &message.topic, Some(from));
+                let members = self.remote_group_members(&st, group, &message.topic, Some(from));
                 let keys: Vec<ByteString> = local_group_keys(&st, group, &message.topic).cloned().collect();
                 let local = !keys.is_empty();
                 if !local && !gone && !self.links.any_up(members) {
@@ -235,11 +236,11 @@ impl Shard {
     /// of that), to a member of the same group on another replica instead
     /// [MQTT 5 §4.8.2: another member SHOULD get it], picked as
     /// [`Shard::forward_to_peers`] would (a replica with a plain
-    /// subscription matching it is never picked: the mesh frame cannot
-    /// say "for the group only"). Returns whether it went; the caller
-    /// counts it dropped otherwise.
+    /// subscription matching it only over a link of mesh version 5 or
+    /// later: see [`Shard::redispatch_groups`]). Returns whether it went;
+    /// the caller counts it dropped otherwise.
     pub(super) fn forward_group_away(&self, st: &State, group: &ByteString, message: &Arc<Message>) -> bool {
-        self.forward_to_member(group, message, remote_group_members(st, group, &message.topic, None), false)
+        self.forward_to_member(group, message, self.remote_group_members(st, group, &message.topic, None), false)
     }
 
     /// Forward `message` to the member replica of `group` that
@@ -287,36 +288,51 @@ impl Shard {
                 // A reading session skips it when the sender logged it.
                 stored: if v.logged { super::session_log::LOGGED } else { 0 },
                 from_mesh: true,
-                groups: if away.is_empty() { GroupPick::only(v.groups) } else { GroupPick::only(here) },
+                groups: if away.is_empty() { GroupPick::only(v.groups) } else { GroupPick::only(here.clone()) },
             };
             let message = Arc::new(message);
             for group in &away {
                 self.forward_or_hold(&mut st, group, &message, now);
             }
-            self.dispatch(&mut st, message, now);
+            if !v.groups_only {
+                self.dispatch(&mut st, message, now);
+                continue;
+            }
+            // For the groups only (mesh version 5): not for the plain
+            // subscriptions here, which had their copy.
+            for group in &here {
+                let keys: Vec<ByteString> = local_group_keys(&st, group, &message.topic).cloned().collect();
+                for key in keys {
+                    self.group_op(&mut st, GroupOp::Return { key, messages: vec![message.clone()], refused_by: None }, now);
+                }
+            }
         }
     }
 }
 
-/// The peers with members of the shared group `group` whose filter
-/// matches `topic`, `from` excepted, and none with a plain subscription
-/// matching it (it would get the value for that too: the mesh frame
-/// cannot say "for the group only").
-fn remote_group_members(st: &State, group: &ByteString, topic: &str, from: Option<PeerId>) -> PeerSet {
-    let plain = st.remote_routes.peers_for(topic);
-    let mut members = PeerSet::new();
-    st.remote_routes.for_each_group(topic, |g, peers| {
-        if g == group {
-            members = members.union(peers);
+impl Shard {
+    /// The peers with members of the shared group `group` whose filter
+    /// matches `topic`, `from` excepted, to send it to for the group only:
+    /// one with a plain subscription matching it too only over a link
+    /// that can say "for the group only" (see
+    /// [`crate::mesh::ShardLinks::groups_only`]).
+    fn remote_group_members(&self, st: &State, group: &ByteString, topic: &str, from: Option<PeerId>) -> PeerSet {
+        let plain = st.remote_routes.peers_for(topic);
+        let mut members = PeerSet::new();
+        st.remote_routes.for_each_group(topic, |g, peers| {
+            if g == group {
+                members = members.union(peers);
+            }
+        });
+        if let Some(from) = from {
+            members.remove(from);
         }
-    });
-    if let Some(from) = from {
-        members.remove(from);
+        let able = self.links.groups_only(plain);
+        plain.iter().filter(|p| !able.contains(*p)).for_each(|p| {
+            members.remove(p);
+        });
+        members
     }
-    plain.iter().for_each(|p| {
-        members.remove(p);
-    });
-    members
 }
 
 /// The shared subscriptions (`$share/<group>/<filter>`) of `group` with

@@ -230,13 +230,7 @@ fn the_values_a_member_held_when_it_left_go_to_a_member_on_another_replica() {
 #[test]
 fn a_persistent_member_that_moves_to_another_replica_gets_the_values_queued_while_it_was_away_once() {
     let (a, b, _cluster) = two_replicas("m");
-    let connect = |broker: &Broker, clean: bool| {
-        let mut member = RawClient::connect(broker.mqtt);
-        let connect = build::Connect { clean, session_expiry: Some(300), ..build::Connect::v5("mover") };
-        let (session_present, code) = member.handshake(&connect.encode());
-        assert_eq!(code, 0, "CONNACK");
-        (member, session_present & 1 == 1)
-    };
+    let connect = |broker: &Broker, clean: bool| persistent(broker, "mover", clean);
     let (mut member, _) = connect(&a, true);
     member.send(&build::subscribe(1, "$share/g/mv/#", 1, true));
     assert!(matches!(member.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
@@ -342,4 +336,54 @@ fn two_replicas(p: &str) -> (Broker, Broker, (NatsCluster, Certs)) {
         wait_links(r, 2, Duration::from_secs(20)); // one per shard
     }
     (a, b, (nats, certs))
+}
+
+/// A persistent session (MQTT 5) with a shared subscription and a plain
+/// one that overlap (`$share/ov/ov/#` and `ov/#`, MQTT 5 §4.8.2: two
+/// subscriptions, a copy each) leaves replica A; 15 QoS 1 values are
+/// published while it is away; it comes back at B. The plain copies come
+/// from its session log, the shared ones from its group at A, sent to B
+/// for the group only (mesh version 5): B's plain subscription (the same
+/// session's) does not get them again. Each value twice, once per
+/// subscription, then back at A the same way. (Before, A never picked B
+/// for the group's values, B having a plain subscription matching them:
+/// the shared copies were lost, counted `no_member`.)
+#[test]
+fn a_moving_session_with_overlapping_shared_and_plain_subscriptions_gets_a_copy_for_each() {
+    let (a, b, _cluster) = two_replicas("o");
+    let connect = |broker: &Broker, clean: bool| persistent(broker, "overlap", clean);
+    let (mut member, _) = connect(&a, true);
+    for (id, filter) in [(1, "$share/ov/ov/#"), (2, "ov/#")] {
+        member.send(&build::subscribe(id, filter, 1, true));
+        assert!(matches!(member.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
+    }
+    let mut home = &a;
+    for (round, away) in [&b, &a].into_iter().enumerate() {
+        member.send(&build::disconnect_v5(0));
+        drop(member);
+        thread::sleep(Duration::from_millis(300));
+        let mut p = publisher(home, &format!("pub-ov{round}"));
+        let values = round as u32 * 100..round as u32 * 100 + 15;
+        assert_eq!(publish_acked(&mut p, "ov/x", values.clone()).len(), 15, "every value acknowledged");
+        let (mut moved, session_present) = connect(away, false);
+        assert!(session_present, "taken up [MQTT-3.2.2-3]");
+        let got = acked_reads(&mut moved, Duration::from_secs(6));
+        let counts: Vec<(u32, usize)> = values.map(|i| (i, got.iter().filter(|v| **v == i.to_string()).count())).collect();
+        assert!(
+            counts.iter().all(|(_, n)| *n == 2),
+            "round {round}: each value once per subscription (value, copies): {counts:?}; no_member at the replica left: {}",
+            no_member(home)
+        );
+        (member, home) = (moved, away);
+    }
+}
+
+/// A persistent MQTT 5 session `id` (Session Expiry 300 s) connected to
+/// `broker`, CONNACK 0 expected, and whether a session was present.
+fn persistent(broker: &Broker, id: &str, clean: bool) -> (RawClient, bool) {
+    let mut member = RawClient::connect(broker.mqtt);
+    let connect = build::Connect { clean, session_expiry: Some(300), ..build::Connect::v5(id) };
+    let (session_present, code) = member.handshake(&connect.encode());
+    assert_eq!(code, 0, "CONNACK of {id}");
+    (member, session_present & 1 == 1)
 }
