@@ -252,6 +252,26 @@ async fn at_sessions_leader(
     None
 }
 
+/// Open the KV bucket `name` (created by `setup::ensure_buckets`), asked
+/// again until `until` when JetStream does not answer: a cluster busy or
+/// electing a leader at the start answers late, and one timed-out request
+/// stopped the start (measured in CI with other clusters running).
+///
+/// # Errors
+/// [`StartError::Connect`] naming the bucket, once `until` passed.
+async fn open_bucket(state: &Context, name: &str, until: tokio::time::Instant) -> Result<async_nats::jetstream::kv::Store, StartError> {
+    loop {
+        match state.get_key_value(name).await {
+            Ok(store) => return Ok(store),
+            Err(e) if tokio::time::Instant::now() < until => {
+                warn!(target: "bridge", bucket = name, error = %e, "bridge: bucket not opened yet, trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(StartError::Connect(format!("bucket {name}: {e}"))),
+        }
+    }
+}
+
 /// Connect, check and set up JetStream (retrying what did not answer for
 /// a while), and make what the bridge's tasks share.
 pub(crate) async fn start(
@@ -299,22 +319,12 @@ pub(crate) async fn start(
         }
         None => (state_client, state),
     };
-    let sessions = state
-        .get_key_value(fleetmq_core::cluster::records::bucket::SESSIONS)
-        .await
-        .map_err(|e| StartError::Connect(format!("bucket mqtt-sessions: {e}")))?;
-    let wills = state
-        .get_key_value(fleetmq_core::cluster::records::bucket::WILLS)
-        .await
-        .map_err(|e| StartError::Connect(format!("bucket mqtt-session-will: {e}")))?;
-    let session_state = state
-        .get_key_value(fleetmq_core::cluster::records::bucket::SESSION_STATE)
-        .await
-        .map_err(|e| StartError::Connect(format!("bucket mqtt-session-state: {e}")))?;
-    let cursors = state
-        .get_key_value(fleetmq_core::cluster::records::bucket::SESSION_CURSOR)
-        .await
-        .map_err(|e| StartError::Connect(format!("bucket mqtt-session-cursor: {e}")))?;
+    use fleetmq_core::cluster::records::bucket;
+    let open_until = tokio::time::Instant::now() + START_WAIT / 3;
+    let sessions = open_bucket(&state, bucket::SESSIONS, open_until).await?;
+    let wills = open_bucket(&state, bucket::WILLS, open_until).await?;
+    let session_state = open_bucket(&state, bucket::SESSION_STATE, open_until).await?;
+    let cursors = open_bucket(&state, bucket::SESSION_CURSOR, open_until).await?;
     let shards = mailboxes.len();
     Ok(Arc::new(Shared {
         config,
