@@ -216,9 +216,7 @@ impl Shard {
                 if self.forward_to_member(group, message, members, local) {
                     sent += 1;
                 } else if local {
-                    for key in keys {
-                        self.group_op(&mut st, GroupOp::Return { key, messages: vec![message.clone()], refused_by: None }, now);
-                    }
+                    self.give_to_groups(&mut st, keys, message, now);
                     sent += 1;
                 } else {
                     lost += 1;
@@ -302,10 +300,17 @@ impl Shard {
             // subscriptions here, which had their copy.
             for group in &here {
                 let keys: Vec<ByteString> = local_group_keys(&st, group, &message.topic).cloned().collect();
-                for key in keys {
-                    self.group_op(&mut st, GroupOp::Return { key, messages: vec![message.clone()], refused_by: None }, now);
-                }
+                self.give_to_groups(&mut st, keys, &message, now);
             }
+        }
+    }
+
+    /// Give `message` to the shared subscriptions `keys` of this replica
+    /// (each through its owner shard, which sends it on elsewhere if the
+    /// group left meanwhile).
+    pub(super) fn give_to_groups(&self, st: &mut State, keys: impl IntoIterator<Item = ByteString>, message: &Arc<Message>, now: Instant) {
+        for key in keys {
+            self.group_op(st, GroupOp::Return { key, messages: vec![message.clone()], refused_by: None }, now);
         }
     }
 }

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use bytestring::ByteString;
 use fleetmq_core::session::Message;
 
-use super::groups::GroupOp;
 use super::{Shard, State};
 use crate::metrics::DropReason;
 
@@ -94,12 +93,15 @@ impl Shard {
         }
         for stray in std::mem::take(&mut st.strays.held) {
             let topic = &stray.message.topic;
-            let keys = here.get(&stray.group).into_iter().flatten().filter(|(_, filter)| fleetmq_core::topic::matches(filter, topic));
-            let mut given = false;
-            for (key, _) in keys {
-                self.group_op(st, GroupOp::Return { key: key.clone(), messages: vec![stray.message.clone()], refused_by: None }, now);
-                given = true;
-            }
+            let keys: Vec<ByteString> = here
+                .get(&stray.group)
+                .into_iter()
+                .flatten()
+                .filter(|(_, filter)| fleetmq_core::topic::matches(filter, topic))
+                .map(|(key, _)| key.clone())
+                .collect();
+            let given = !keys.is_empty();
+            self.give_to_groups(st, keys, &stray.message, now);
             if given || self.forward_group_away(st, &stray.group, &stray.message) {
                 continue;
             }
