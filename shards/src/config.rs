@@ -317,8 +317,10 @@ fn literal(text: &str) -> Value {
 
 /// The parts of the dotted key `key`, read as TOML reads one, so a part
 /// may be quoted to hold a dot (`shared.groups."eu.west"`, a share name
-/// with a dot); a key TOML does not read is split at its dots as it is.
-fn key_parts(key: &str) -> Vec<String> {
+/// with a dot); a key TOML does not read is split at its dots as it is,
+/// unless it holds a quote (a malformed quoted part: refused by
+/// [`set_path`], not kept with its quotes).
+fn key_parts(key: &str) -> Option<Vec<String>> {
     if let Ok(mut table) = format!("{key} = 0").parse::<Table>() {
         let mut parts = Vec::new();
         while table.len() == 1 {
@@ -326,17 +328,22 @@ fn key_parts(key: &str) -> Vec<String> {
             parts.push(part);
             match value {
                 Value::Table(inner) => table = inner,
-                _ => return parts,
+                _ => return Some(parts),
             }
         }
     }
-    key.split('.').map(|p| p.trim().to_owned()).collect()
+    if key.contains(['"', '\'']) {
+        return None;
+    }
+    Some(key.split('.').map(|p| p.trim().to_owned()).collect())
 }
 
 /// Sets `table[a][b]...[z] = value` for the dotted key `a.b...z` (see
 /// [`key_parts`]), creating tables on the way.
 fn set_path(table: &mut Table, key: &str, value: Value) -> anyhow::Result<()> {
-    let parts = key_parts(key);
+    let Some(parts) = key_parts(key) else {
+        bail!("bad key {key:?}: a quoted part must be closed and be the whole part, e.g. shared.groups.\"eu.west\"");
+    };
     if parts.iter().any(String::is_empty) {
         bail!("bad key {key:?}: expected section.key, e.g. limits.max_clients");
     }
@@ -490,8 +497,13 @@ mod tests {
         let settings = load_from(&a, Vec::new()).expect("quoted and plain group names");
         assert_eq!(settings.shared.strategy_for("eu.west"), Strategy::Random);
         assert_eq!(settings.shared.strategy_for("plain"), Strategy::Sticky);
-        assert_eq!(key_parts("limits . max_clients"), ["limits", "max_clients"]);
-        assert_eq!(key_parts("bad key.x"), ["bad key", "x"], "not TOML: split at its dots");
+        assert_eq!(key_parts("limits . max_clients"), Some(vec!["limits".to_owned(), "max_clients".to_owned()]));
+        assert_eq!(key_parts("bad key.x"), Some(vec!["bad key".to_owned(), "x".to_owned()]), "not TOML: split at its dots");
+        for malformed in [r#"shared.groups."a.b"#, r#"shared.groups."a"b""#, r#"shared.groups.a"b"#] {
+            a.set = vec![format!("{malformed}=random")];
+            let e = format!("{:#}", load_from(&a, Vec::new()).unwrap_err());
+            assert!(e.contains("a quoted part must be closed"), "{malformed}: {e}");
+        }
         a.set = vec![r#"shared.groups."a/b"=random"#.into()];
         let e = load_from(&a, Vec::new()).unwrap_err().to_string();
         assert!(e.contains(r#"shared.groups = "a/b" is not valid"#), "{e}");
