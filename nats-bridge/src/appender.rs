@@ -10,9 +10,10 @@
 //! deadline heap, and one task sends ([`run_sender`]) while another
 //! reads the answers and the clock ([`run_answers`]). Semantics as
 //! `ingest::append`: one `Nats-Msg-Id` across the attempts of an append
-//! (see `ingest.rs`); an error answer, or the state connection moved
-//! away from a silent server, sends it again after [`RETRY_PAUSE`]
-//! while its wait lasts; no acknowledgement by the deadline refuses it
+//! (see `ingest.rs`); an error answer, or the ingest connection
+//! (`Shared::ingest_client`, made at the stream's leader) moved away
+//! from a silent server, sends it again after [`RETRY_PAUSE`] while its
+//! wait lasts; no acknowledgement by the deadline refuses it
 //! ([`IngestError::Unavailable`]); the stream full refuses it at once
 //! ([`IngestError::Full`]). At most [`WINDOW`] are sent and unanswered
 //! at a time (as async-nats' acknowledgement window).
@@ -42,7 +43,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// answer; the same ID again is stored once).
 const ANSWER_WAIT: Duration = Duration::from_secs(2);
 
-/// How often the answer task looks whether the state connection
+/// How often the answer task looks whether the ingest connection
 /// reconnected, at least.
 const LOOK_EVERY: Duration = Duration::from_millis(100);
 
@@ -149,7 +150,7 @@ impl Appender {
     /// Start the pipeline's two tasks on the current `LocalSet`.
     pub(crate) fn start(shared: Arc<Shared>) -> Appender {
         let appender = Appender { inner: Rc::default(), shared, send: Rc::default(), clock: Rc::default() };
-        let inbox = appender.shared.state_client.new_inbox();
+        let inbox = appender.shared.ingest_client.new_inbox();
         tokio::task::spawn_local(run_sender(appender.clone_handle(), inbox.clone()));
         tokio::task::spawn_local(run_answers(appender.clone_handle(), inbox));
         appender
@@ -287,7 +288,7 @@ async fn run_sender(appender: Appender, inbox: String) {
             continue;
         };
         let reply = Subject::from(reply_subject(&inbox, key));
-        if let Err(e) = shared.state_client.publish_with_reply_and_headers(subject, reply, headers, payload).await {
+        if let Err(e) = shared.ingest_client.publish_with_reply_and_headers(subject, reply, headers, payload).await {
             let mut inner = appender.inner.borrow_mut();
             let inner = &mut *inner;
             if let Some(pending) = inner.pending.get_mut(key) {
@@ -303,12 +304,12 @@ async fn run_sender(appender: Appender, inbox: String) {
 }
 
 /// Read the answers; refuse what ran out of time; send again after
-/// the pause what was rejected, and what waits for a server the state
+/// the pause what was rejected, and what waits for a server the ingest
 /// connection left as silent.
 async fn run_answers(appender: Appender, inbox: String) {
     let shared = appender.shared.clone();
     let mut answers = loop {
-        match shared.state_client.subscribe(format!("{inbox}.*")).await {
+        match shared.ingest_client.subscribe(format!("{inbox}.*")).await {
             Ok(answers) => break answers,
             Err(e) => {
                 warn!(target: "cluster", error = %e, "cluster: the ingest acknowledgements' subscription failed; trying again");
@@ -316,8 +317,8 @@ async fn run_answers(appender: Appender, inbox: String) {
             }
         }
     };
-    let mut moved = shared.state_moved.subscribe();
-    let stats = shared.state_client.statistics();
+    let mut moved = shared.ingest_moved.subscribe();
+    let stats = shared.ingest_client.statistics();
     let mut connects = stats.connects.load(Ordering::Relaxed);
     let key_of = |subject: &str| subject.rsplit('.').next().and_then(|k| k.parse::<u64>().ok());
     loop {
@@ -340,9 +341,9 @@ async fn run_answers(appender: Appender, inbox: String) {
                 drop(inner);
                 appender.send.notify_one();
             }
-            // Sent to a server the state connection left as silent: its
+            // Sent to a server the ingest connection left as silent: its
             // answer will not come (the same ID again is stored once).
-            Ok(()) = moved.changed() => appender.send_again("the state connection left a silent server"),
+            Ok(()) = moved.changed() => appender.send_again("the ingest connection left a silent server"),
             () = appender.clock.notified() => {}
             () = tokio::time::sleep_until(wake_at) => {}
         }
@@ -351,7 +352,7 @@ async fn run_answers(appender: Appender, inbox: String) {
         let now_connects = stats.connects.load(Ordering::Relaxed);
         if now_connects != connects {
             connects = now_connects;
-            appender.send_again("the state connection reconnected");
+            appender.send_again("the ingest connection reconnected");
         }
         appender.keep_time(Instant::now(), shared.stopping.load(Ordering::Acquire));
         appender.send.notify_one();

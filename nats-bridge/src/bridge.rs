@@ -302,6 +302,9 @@ async fn run(
             let (first_write_tx, first_write_rx) = oneshot::channel();
             tokio::task::spawn_local(crate::liveness::watch(shared.clone(), crate::liveness::Connection::State));
             tokio::task::spawn_local(crate::liveness::watch(shared.clone(), crate::liveness::Connection::Lease));
+            if shared.config.ingest.is_some() {
+                tokio::task::spawn_local(crate::liveness::watch(shared.clone(), crate::liveness::Connection::Ingest));
+            }
             tokio::task::spawn_local(membership::run(shared.clone(), first_write_tx));
             tokio::task::spawn_local(ownership::watch(shared.clone()));
             tokio::task::spawn_local(retained::watch(shared.clone()));

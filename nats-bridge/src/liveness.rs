@@ -11,10 +11,11 @@
 //! this module: one of three servers frozen fenced every replica whose
 //! connection used it after ~14 s.
 //!
-//! So each of the bridge's two connections (the state connection, which
-//! carries the requests, the ingest and session-log appends and the
-//! watches; the lease connection, which carries the membership
-//! heartbeats) sends itself an **echo** every [`echo_every`] (T/10): a
+//! So each of the bridge's connections (the state connection, which
+//! carries the requests, the session-log appends and the watches; the
+//! lease connection, which carries the membership heartbeats; with
+//! `store.kind = "jetstream"`, the ingest connection, which carries the
+//! ingest stream's appends) sends itself an **echo** every [`echo_every`] (T/10): a
 //! core NATS message to an inbox the same connection subscribes to,
 //! which the server it is connected to answers alone (no JetStream, no
 //! other server, no stream leader involved, so a frozen *other* server or
@@ -23,9 +24,9 @@
 //! is forced to reconnect (`Client::force_reconnect`), and goes to the
 //! next server of its pool (`config::Rotation`): logged once per event
 //! (warn), counted (`fleetmq_cluster_nats_reconnects_forced_total`), and
-//! on the state connection the appends that wait for an acknowledgement
-//! are sent again at once (same `Nats-Msg-Id`: stored once,
-//! [`Shared::state_moved`]).
+//! on the state and ingest connections the appends that wait for an
+//! acknowledgement are sent again at once (same `Nats-Msg-Id`: stored
+//! once, [`Shared::state_moved`], [`Shared::ingest_moved`]).
 //!
 //! # Why T/2
 //! The replica fences when no heartbeat landed for 7T/6, counted from the
@@ -66,6 +67,8 @@ pub(crate) enum Connection {
     State,
     /// Membership heartbeats.
     Lease,
+    /// The ingest stream's appends (`store.kind = "jetstream"`).
+    Ingest,
 }
 
 impl Connection {
@@ -74,6 +77,7 @@ impl Connection {
         match self {
             Connection::State => "state",
             Connection::Lease => "lease",
+            Connection::Ingest => "ingest",
         }
     }
 }
@@ -158,6 +162,7 @@ pub(crate) async fn watch(shared: Arc<Shared>, which: Connection) {
     let client = match which {
         Connection::State => shared.state_client.clone(),
         Connection::Lease => shared.lease.client(),
+        Connection::Ingest => shared.ingest_client.clone(),
     };
     let ttl = shared.config.cluster.member_ttl;
     let every = echo_every(ttl);
@@ -223,13 +228,16 @@ async fn force(shared: &Shared, client: &async_nats::Client, which: Connection, 
     let counter: &AtomicU64 = match which {
         Connection::State => &shared.status.stats.reconnects_forced_state,
         Connection::Lease => &shared.status.stats.reconnects_forced_lease,
+        Connection::Ingest => &shared.status.stats.reconnects_forced_ingest,
     };
     counter.fetch_add(1, Ordering::Relaxed);
     if tokio::time::timeout(Duration::from_secs(1), client.force_reconnect()).await.is_err() {
         warn!(target: "bridge", connection = which.name(), "bridge: the NATS connection took no reconnect request within 1 s (its queue is full); async-nats' pings close it");
     }
-    if which == Connection::State {
-        shared.state_moved.send_modify(|n| *n += 1);
+    match which {
+        Connection::State => shared.state_moved.send_modify(|n| *n += 1),
+        Connection::Ingest => shared.ingest_moved.send_modify(|n| *n += 1),
+        Connection::Lease => {}
     }
 }
 

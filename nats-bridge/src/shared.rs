@@ -31,6 +31,12 @@ pub(crate) struct Shared {
     /// The lease connection's JetStream context.
     pub(crate) lease: Context,
     pub(crate) state_client: async_nats::Client,
+    /// The ingest connection (`store.kind = "jetstream"`): the appends
+    /// that go to the ingest stream only (`appender.rs`), at the server
+    /// that leads `mqtt-ingest` when it is one of `cluster.nats_urls`
+    /// (see [`at_leader`]). Without the ingest stream, the state
+    /// connection.
+    pub(crate) ingest_client: async_nats::Client,
     /// `mqtt-sessions`, opened once (opening it is a round trip).
     pub(crate) sessions: async_nats::jetstream::kv::Store,
     /// `mqtt-session-will`, opened once.
@@ -118,6 +124,8 @@ pub(crate) struct Shared {
     /// itself again when it moves (what was sent to the silent server is
     /// not answered).
     pub(crate) state_moved: tokio::sync::watch::Sender<u64>,
+    /// The same for the ingest connection.
+    pub(crate) ingest_moved: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -218,34 +226,34 @@ impl Shared {
     }
 }
 
-/// The state connection made again to the server that leads
-/// `KV_mqtt-sessions`, when `client` is connected elsewhere and that server
-/// is one of `cluster.nats_urls` (`None`: keep `client`). Every CONNECT
-/// writes that bucket and its watch delivers every write back (DESIGN.md
-/// §8): at the leader, a write, its acknowledgement and its delivery are
-/// relayed between no NATS servers; elsewhere each one is (perf/RESULTS.md,
-/// issue 23, wt-23c: NATS messages and CPU per cluster CONNECT). Chosen
+/// A connection named `name` made to the server that leads `stream`,
+/// when that server is one of `cluster.nats_urls` and is not `skip` (a
+/// server name: a connection already there); `None` otherwise. Chosen
 /// once at start: when leadership moves later, or the connection is made
 /// again after a disconnect (to any server, as before), it stays where it
-/// is (slower, not wrong).
-async fn at_sessions_leader(
-    config: &BridgeConfig,
-    client: &async_nats::Client,
-    state: &Context,
-    name: &str,
-) -> Option<async_nats::Client> {
+/// is (slower, not wrong). Used for:
+/// - the state connection, at `KV_mqtt-sessions`' leader: every CONNECT
+///   writes that bucket and its watch delivers every write back
+///   (DESIGN.md §8): at the leader, a write, its acknowledgement and its
+///   delivery are relayed between no NATS servers; elsewhere each one is
+///   (perf/RESULTS.md, issue 23, wt-23c: NATS messages and CPU per
+///   cluster CONNECT);
+/// - the ingest connection, at `mqtt-ingest`'s leader: every QoS 1/2
+///   publish is appended there before its PUBACK, and relaying the append
+///   and its acknowledgement costs nats-server ≈ 3 µs of CPU per value
+///   (perf/RESULTS.md, session 45: x-ingest-q1 1.2× faster).
+async fn at_leader(config: &BridgeConfig, state: &Context, stream: &str, name: &str, skip: Option<&str>) -> Option<async_nats::Client> {
     if config.cluster.nats_urls.len() < 2 {
         return None;
     }
-    let stream = format!("KV_{}", fleetmq_core::cluster::records::bucket::SESSIONS);
-    let leader = state.get_stream(&stream).await.ok()?.info().await.ok()?.cluster.as_ref()?.leader.clone()?;
-    if client.server_info().server_name == leader {
+    let leader = state.get_stream(stream).await.ok()?.info().await.ok()?.cluster.as_ref()?.leader.clone()?;
+    if skip == Some(leader.as_str()) {
         return None;
     }
     for url in &config.cluster.nats_urls {
         let Ok(probe) = connect(&config.cluster, name.to_owned(), Some(url)).await else { continue };
         if probe.server_info().server_name == leader {
-            info!(target: "bridge", %leader, %url, "bridge: state connection at the mqtt-sessions leader");
+            info!(target: "bridge", %leader, %url, %stream, connection = name, "bridge: {name} at the leader of {stream}");
             return Some(probe);
         }
     }
@@ -312,12 +320,20 @@ pub(crate) async fn start(
     };
     info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
     status.raise_floor(floor);
-    let (state_client, state) = match at_sessions_leader(&config, &state_client, &state, &name("state")).await {
+    let sessions_stream = format!("KV_{}", fleetmq_core::cluster::records::bucket::SESSIONS);
+    let (state_client, state) = match at_leader(&config, &state, &sessions_stream, &name("state"), Some(&state_client.server_info().server_name)).await {
         Some(client) => {
             let context = context(client.clone());
             (client, context)
         }
         None => (state_client, state),
+    };
+    let ingest_client = match &config.ingest {
+        Some(_) => match at_leader(&config, &state, fleetmq_core::cluster::ingest::STREAM, &name("ingest"), None).await {
+            Some(client) => client,
+            None => connect(&config.cluster, name("ingest"), None).await?,
+        },
+        None => state_client.clone(),
     };
     use fleetmq_core::cluster::records::bucket;
     let open_until = tokio::time::Instant::now() + START_WAIT / 3;
@@ -332,6 +348,7 @@ pub(crate) async fn start(
         state,
         lease,
         state_client,
+        ingest_client,
         sessions,
         wills,
         session_state,
@@ -365,5 +382,6 @@ pub(crate) async fn start(
         cursors,
         tails: Mutex::new(std::collections::HashSet::new()),
         state_moved: tokio::sync::watch::Sender::new(0),
+        ingest_moved: tokio::sync::watch::Sender::new(0),
     }))
 }

@@ -46,6 +46,7 @@ impl Node {
                 "reconnects_forced": {
                     "state": stats.reconnects_forced_state.load(std::sync::atomic::Ordering::Relaxed),
                     "lease": stats.reconnects_forced_lease.load(std::sync::atomic::Ordering::Relaxed),
+                    "ingest": stats.reconnects_forced_ingest.load(std::sync::atomic::Ordering::Relaxed),
                 },
                 "claim_p50_us": stats.quantile_us(OpKind::Claim, 0.5),
                 "claim_p99_us": stats.quantile_us(OpKind::Claim, 0.99),
@@ -126,9 +127,10 @@ impl Node {
         );
         let _ = writeln!(
             out,
-            "# HELP fleetmq_cluster_nats_reconnects_forced NATS connections of the bridge forced to reconnect to another server because the one they used answered no echo for member_ttl/2 (a frozen server, DESIGN.md §6)\n# TYPE fleetmq_cluster_nats_reconnects_forced counter\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"state\"}} {}\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"lease\"}} {}",
+            "# HELP fleetmq_cluster_nats_reconnects_forced NATS connections of the bridge forced to reconnect to another server because the one they used answered no echo for member_ttl/2 (a frozen server, DESIGN.md §6)\n# TYPE fleetmq_cluster_nats_reconnects_forced counter\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"state\"}} {}\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"lease\"}} {}\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"ingest\"}} {}",
             stats.reconnects_forced_state.load(relaxed),
-            stats.reconnects_forced_lease.load(relaxed)
+            stats.reconnects_forced_lease.load(relaxed),
+            stats.reconnects_forced_ingest.load(relaxed)
         );
         let _ = writeln!(
             out,

@@ -167,6 +167,43 @@ fn retained_across(from: SocketAddr, to: SocketAddr, topic: &str, payload: &[u8]
     (refused, None)
 }
 
+/// A steady publisher on `broker` as `id` (a value every 50 ms), once 40
+/// of its values were acknowledged: the start of the run, its stop flag,
+/// what it was told, its thread.
+fn publishing(broker: &Broker, id: &'static str) -> (Instant, Arc<AtomicBool>, Arc<Mutex<Told>>, thread::JoinHandle<()>) {
+    let t0 = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let told = Arc::new(Mutex::new(Told::default()));
+    let publisher = steady_publisher(broker, id, Duration::from_millis(50), stop.clone(), told.clone(), t0);
+    let until = Instant::now() + Duration::from_secs(20);
+    while told.lock().unwrap().acked.len() < 40 {
+        assert!(Instant::now() < until, "no service before the freeze: {:?}", told.lock().unwrap());
+        thread::sleep(Duration::from_millis(50));
+    }
+    (t0, stop, told, publisher)
+}
+
+/// Waits for 40 more acknowledgements (served after the thaw), stops the
+/// publisher and returns what it was told.
+fn served_on_then_stopped(stop: &AtomicBool, told: &Mutex<Told>, publisher: thread::JoinHandle<()>) -> Told {
+    let acked_then = told.lock().unwrap().acked.len();
+    let until = Instant::now() + Duration::from_secs(20);
+    while told.lock().unwrap().acked.len() < acked_then + 40 {
+        assert!(Instant::now() < until, "no service after the thaw");
+        thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    publisher.join().unwrap();
+    std::mem::take(&mut *told.lock().unwrap())
+}
+
+/// Every value of `told` acknowledged is in the ingest stream.
+fn assert_acknowledged_stored(nats: &NatsCluster, told: &Told, report: &str) {
+    let stored = ingested_values(nats);
+    let lost: Vec<_> = told.acked.iter().filter(|v| !stored.contains(v)).take(10).collect();
+    assert!(lost.is_empty(), "acknowledged and not in the stream: {lost:?}: {report}");
+}
+
 #[test]
 fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_loses_no_acknowledged_value() {
     let nats = NatsCluster::start(3);
@@ -189,15 +226,7 @@ fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_l
         .find(|&i| nats.connection_names(i).iter().any(|n| n == "fleetmq-ra-state"))
         .expect("A's state connection is at one of the servers");
     let on_victim = nats.connection_names(victim);
-    let t0 = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let told = Arc::new(Mutex::new(Told::default()));
-    let publisher = steady_publisher(&a, "steady-pub", Duration::from_millis(50), stop.clone(), told.clone(), t0);
-    let until = Instant::now() + Duration::from_secs(20);
-    while told.lock().unwrap().acked.len() < 40 {
-        assert!(Instant::now() < until, "no service before the freeze: {:?}", told.lock().unwrap());
-        thread::sleep(Duration::from_millis(50));
-    }
+    let (t0, stop, told, publisher) = publishing(&a, "steady-pub");
     nats.pause(victim);
     let paused_at = t0.elapsed();
     // Frozen for 20 s, past the fence deadline (11.7 s) and the store
@@ -238,15 +267,7 @@ fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_l
     };
     nats.resume(victim);
     // Served on after the thaw too.
-    let acked_then = told.lock().unwrap().acked.len();
-    let until = Instant::now() + Duration::from_secs(20);
-    while told.lock().unwrap().acked.len() < acked_then + 40 {
-        assert!(Instant::now() < until, "no service after the thaw");
-        thread::sleep(Duration::from_millis(50));
-    }
-    stop.store(true, Ordering::Relaxed);
-    publisher.join().unwrap();
-    let told = std::mem::take(&mut *told.lock().unwrap());
+    let told = served_on_then_stopped(&stop, &told, publisher);
     let forced = a.metric_sum("fleetmq_cluster_nats_reconnects_forced_total");
     let report = format!(
         "victim n{victim} (had {on_victim:?}), paused at {paused_at:?}, first forced reconnect of A at {:?}, \
@@ -273,8 +294,53 @@ fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_l
     assert!(retained_seen.is_some(), "the retained value set on B after the move never reached A: {report}");
 
     // Every acknowledged value is in the ingest stream.
-    let stored = ingested_values(&nats);
-    let lost: Vec<_> = told.acked.iter().filter(|v| !stored.contains(v)).take(10).collect();
-    assert!(lost.is_empty(), "acknowledged and not in the stream: {lost:?}: {report}");
+    assert_acknowledged_stored(&nats, &told, &report);
     wait_ready(&a, 200, Duration::from_secs(1));
+}
+
+/// The server under a replica's ingest connection (the ingest stream's
+/// appends, made at `mqtt-ingest`'s leader) frozen while a publisher
+/// runs: that connection leaves it (no echo back for member_ttl/2), the
+/// appends it carried are sent again elsewhere and land once, and the
+/// publisher is neither refused nor closed. Before the ingest connection
+/// had its echo (session 45), its appends waited for async-nats' pings
+/// (15 s) and then for a new leader of the stream.
+#[test]
+fn a_frozen_nats_server_under_the_ingest_connection_is_left_and_no_acknowledged_value_is_lost() {
+    let nats = NatsCluster::start(3);
+    // As above: a frozen leader of mqtt-ingest is replaced after JetStream's
+    // election (4-9 s, later under load).
+    const WAIT: [&str; 2] = ["--set", "cluster.session_log_append_wait=20s"];
+    let a = replica("ia", &nats.urls(), &WAIT);
+    let victim = (0..3)
+        .find(|&i| nats.connection_names(i).iter().any(|n| n == "fleetmq-ia-ingest"))
+        .expect("A's ingest connection is at one of the servers");
+    let on_victim = nats.connection_names(victim);
+    let (t0, stop, told, publisher) = publishing(&a, "ingest-pub");
+    nats.pause(victim);
+    let paused_at = t0.elapsed();
+    const INGEST_FORCED: &str = "fleetmq_cluster_nats_reconnects_forced_total{connection=\"ingest\"}";
+    let mut moved_at = None;
+    while t0.elapsed() < paused_at + Duration::from_secs(15) {
+        if moved_at.is_none() && a.metric_sum(INGEST_FORCED) >= 1.0 {
+            moved_at = Some(t0.elapsed() - paused_at);
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    nats.resume(victim);
+    let told = served_on_then_stopped(&stop, &told, publisher);
+    let report = format!(
+        "victim n{victim} (had {on_victim:?}), ingest connection forced away {moved_at:?} into the freeze, \
+         sent {}, acknowledged {}, refused {:?}, closed {:?}",
+        told.sent,
+        told.acked.len(),
+        told.refused,
+        told.closed,
+    );
+    println!("{report}");
+    let moved = moved_at.unwrap_or_else(|| panic!("A's ingest connection was never forced to reconnect: {report}"));
+    assert!(moved < Duration::from_secs(9), "{report}");
+    assert!(told.closed.is_empty(), "{report}");
+    assert!(told.refused.is_empty(), "{report}");
+    assert_acknowledged_stored(&nats, &told, &report);
 }

@@ -170,6 +170,36 @@ fn qos1_and_qos2_publishes_are_in_the_ingest_stream_before_their_acknowledgement
     assert_eq!(m.headers.get("Mqtt-User-B64"), Some(&vec!["YmFkIG5hbWU=:eA==".to_owned()]), "{m:?}");
 }
 
+/// Each replica's ingest connection (the appends of values no persistent
+/// session wants, the common case) is at the NATS server that leads
+/// `mqtt-ingest`, whichever URL it reached first: no
+/// append or acknowledgement is relayed between NATS servers (≈ 3 µs of
+/// nats-server's CPU per value, perf/RESULTS.md session 45). Three
+/// replicas: by chance all three would be there one time in 27.
+#[test]
+fn each_replicas_ingest_connection_is_at_the_ingest_streams_leader() {
+    let nats = NatsCluster::start(3);
+    let ids = ["il1", "il2", "il3"];
+    let brokers: Vec<_> = ids.iter().map(|id| replica(id, &nats.urls(), &[])).collect();
+    let leader = nats.stream_leader("mqtt-ingest").expect("mqtt-ingest has a leader");
+    for id in ids {
+        let name = format!("fleetmq-{id}-ingest");
+        let at: Vec<usize> = (0..nats.len()).filter(|&i| nats.connection_names(i).contains(&name)).collect();
+        assert_eq!(at, vec![leader], "{name}: on servers {at:?}, the leader of mqtt-ingest is n{leader}");
+    }
+    for (i, broker) in brokers.iter().enumerate() {
+        let mut c = client(broker, &format!("il-dev-{i}"), false, None);
+        c.send(&build::publish("plant/il", 1, 1, (false, false), format!("v{i}").as_bytes(), true));
+        let puback = expect(&mut c, 0x40, Duration::from_secs(10));
+        assert_eq!(puback.get(2).copied().unwrap_or(0), 0, "PUBACK success");
+    }
+    let stored: Vec<_> = ingested(&nats).iter().map(|m| String::from_utf8_lossy(&m.payload).into_owned()).collect();
+    assert_eq!(stored.len(), 3, "{stored:?}");
+    for i in 0..3 {
+        assert!(stored.contains(&format!("v{i}")), "{stored:?}");
+    }
+}
+
 #[test]
 fn a_publish_resent_with_dup_is_stored_at_least_once_at_qos1_and_once_per_open_flow_at_qos2() {
     let nats = NatsCluster::start(3);
