@@ -17,6 +17,12 @@
 //! ([`IngestError::Unavailable`]); the stream full refuses it at once
 //! ([`IngestError::Full`]). At most [`WINDOW`] are sent and unanswered
 //! at a time (as async-nats' acknowledgement window).
+//!
+//! The answers go back to the shards together: those that came in one
+//! wake-up of the answer task make one [`Event::Appended`] per shard
+//! (one mailbox push and one wake of the shard for all of them), for
+//! appends sent with [`AppendReply::Shard`]; the others each through
+//! their one-shot channel.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -27,13 +33,13 @@ use std::time::Duration;
 
 use async_nats::Subject;
 use futures_util::{FutureExt as _, StreamExt as _};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::warn;
 
 use crate::bridge::Shared;
 use crate::budget::Ticket;
-use crate::request::{Appended, IngestError, StreamMessage};
+use crate::request::{AppendOutcome, AppendReply, Appended, Event, IngestError, StreamMessage};
 
 /// A rejected append is sent again after this pause (as `ingest.rs`).
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
@@ -67,7 +73,7 @@ struct Pending {
     in_flight: bool,
     /// Why the last attempt failed.
     why: String,
-    reply: oneshot::Sender<Result<Appended, IngestError>>,
+    reply: AppendReply,
     _ticket: Option<Ticket>,
 }
 
@@ -134,6 +140,9 @@ struct Inner {
     /// Sent and not answered.
     in_flight: usize,
     next: u64,
+    /// The answers for [`AppendReply::Shard`] not sent yet, by shard:
+    /// sent together, one event per shard, by [`Appender::send_answers`].
+    answers: Vec<Vec<(u64, AppendOutcome)>>,
 }
 
 /// The pipeline's handle on the bridge thread's loop.
@@ -149,7 +158,8 @@ pub(crate) struct Appender {
 impl Appender {
     /// Start the pipeline's two tasks on the current `LocalSet`.
     pub(crate) fn start(shared: Arc<Shared>) -> Appender {
-        let appender = Appender { inner: Rc::default(), shared, send: Rc::default(), clock: Rc::default() };
+        let inner = Inner { answers: vec![Vec::new(); shared.mailboxes.len()], ..Inner::default() };
+        let appender = Appender { inner: Rc::new(RefCell::new(inner)), shared, send: Rc::default(), clock: Rc::default() };
         let inbox = appender.shared.ingest_client.new_inbox();
         tokio::task::spawn_local(run_sender(appender.clone_handle(), inbox.clone()));
         tokio::task::spawn_local(run_answers(appender.clone_handle(), inbox));
@@ -162,11 +172,11 @@ impl Appender {
 
     /// Append `message` to the ingest stream within `wait`, answering
     /// `reply`; counted in flight until answered.
-    pub(crate) fn push(&self, message: StreamMessage, wait: Duration, reply: oneshot::Sender<Result<Appended, IngestError>>, ticket: Option<Ticket>) {
+    pub(crate) fn push(&self, message: StreamMessage, wait: Duration, reply: AppendReply, ticket: Option<Ticket>) {
         let id = crate::ingest::message_id(&self.shared);
         if let Err(e) = crate::ingest::too_large(&self.shared, &message, &id) {
             crate::ingest::refused(&self.shared, &e);
-            let _ = reply.send(Err(e));
+            self.shared.answer_append(reply, Err(e));
             return;
         }
         self.shared.status.stats.started();
@@ -200,7 +210,7 @@ impl Appender {
     }
 
     /// Answer `key` (if still pending) with `outcome`.
-    fn finish(&self, inner: &mut Inner, key: u64, outcome: Result<Appended, IngestError>) {
+    fn finish(&self, inner: &mut Inner, key: u64, outcome: AppendOutcome) {
         let Some(pending) = inner.pending.remove(key) else { return };
         if pending.in_flight {
             inner.in_flight -= 1;
@@ -213,8 +223,26 @@ impl Appender {
             }
             Err(e) => crate::ingest::refused(&self.shared, e),
         }
-        let _ = pending.reply.send(outcome);
+        match pending.reply {
+            AppendReply::Oneshot(reply) => {
+                let _ = reply.send(outcome);
+            }
+            AppendReply::Shard { shard, token } => match inner.answers.get_mut(shard) {
+                Some(answers) => answers.push((token, outcome)),
+                None => self.shared.answer_append(AppendReply::Shard { shard, token }, outcome),
+            },
+        }
         stats.finished();
+    }
+
+    /// Send the answers gathered for the shards, one event per shard.
+    fn send_answers(&self) {
+        let mut inner = self.inner.borrow_mut();
+        for (shard, answers) in inner.answers.iter_mut().enumerate() {
+            if !answers.is_empty() {
+                self.shared.send_event(shard, Event::Appended(std::mem::take(answers)));
+            }
+        }
     }
 
     /// The answer `message` to the attempt of `key`.
@@ -355,6 +383,7 @@ async fn run_answers(appender: Appender, inbox: String) {
             appender.send_again("the ingest connection reconnected");
         }
         appender.keep_time(Instant::now(), shared.stopping.load(Ordering::Acquire));
+        appender.send_answers();
         appender.send.notify_one();
     }
 }
@@ -423,7 +452,7 @@ mod tests {
             attempts: 0,
             in_flight: false,
             why: String::new(),
-            reply: oneshot::channel().0,
+            reply: AppendReply::Oneshot(tokio::sync::oneshot::channel().0),
             _ticket: None,
         }
     }

@@ -14,7 +14,7 @@ use crate::budget::{Budget, Ticket};
 use crate::mailbox::Mailbox;
 use crate::{membership, ownership, retained, sweeper, BridgeConfig};
 
-pub use crate::request::{Appended, ClaimError, Claimed, Event, IngestError, LogAppend, LogBatch, LogEntry, Qos2Flow, Request, RetainedError, StreamMessage};
+pub use crate::request::{AppendOutcome, AppendReply, Appended, ClaimError, Claimed, Event, IngestError, LogAppend, LogBatch, LogEntry, Qos2Flow, Request, RetainedError, StreamMessage};
 pub(crate) use crate::shared::Shared;
 pub use crate::status::ClusterStatus;
 

@@ -73,8 +73,8 @@ pub enum Request {
         qos2: Option<Box<Qos2Flow>>,
         /// `cluster.session_log_append_wait`.
         wait: Duration,
-        /// The stream sequences, or why not.
-        reply: oneshot::Sender<Result<Appended, IngestError>>,
+        /// Where the stream sequences, or why not, go.
+        reply: AppendReply,
     },
     /// Delete `client_id`'s inbound QoS 2 flow `packet_id` from
     /// `mqtt-session-qos2` (its PUBREL came; the PUBCOMP waits for the
@@ -316,6 +316,31 @@ pub struct LogBatch {
     pub end: bool,
 }
 
+/// What a [`Request::IngestAppend`] is answered: where it landed, or
+/// why not.
+pub type AppendOutcome = Result<Appended, IngestError>;
+
+/// Where the answer to a [`Request::IngestAppend`] goes.
+#[derive(Debug)]
+pub enum AppendReply {
+    /// A one-shot channel (the requester awaits it).
+    Oneshot(oneshot::Sender<AppendOutcome>),
+    /// An [`Event::Appended`] to shard `shard`, carrying `token` (the
+    /// shard's number for the append). The answers of one wake-up of the
+    /// bridge go to a shard together: one mailbox push and one wake for
+    /// all of them, where a one-shot channel costs a wake (and the
+    /// shard a task) per value. Taken by the ingest pipeline
+    /// (`appender.rs`: the ingest stream only, the common case of
+    /// `store.kind = "jetstream"`); an answer that never comes (the
+    /// bridge stopped) is for the shard to give up on after its wait.
+    Shard {
+        /// The shard's index.
+        shard: usize,
+        /// The shard's number for the append.
+        token: u64,
+    },
+}
+
 /// Where an [`Request::IngestAppend`] landed: each stream's sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Appended {
@@ -424,6 +449,10 @@ pub enum ClaimError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Event {
+    /// Answers to [`Request::IngestAppend`]s sent with
+    /// [`AppendReply::Shard`] to this shard: (token, outcome) each, in no
+    /// particular order.
+    Appended(Vec<(u64, AppendOutcome)>),
     /// The replica fenced: close every connection (MQTT 5: DISCONNECT
     /// 0x8B) and refuse CONNECT until [`Event::Unfenced`].
     Fenced(FenceReason),
@@ -584,7 +613,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
             if let Err(e) = &outcome {
                 crate::ingest::refused(&shared, e);
             }
-            let _ = reply.send(outcome);
+            shared.answer_append(reply, outcome);
         }
         Request::Qos2Release { flow, wait, reply } => {
             let started = std::time::Instant::now();

@@ -51,6 +51,9 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// The config of `workspace`'s session log: `max_bytes` and `max_age` as
 /// given, `replicas` copies.
 pub(crate) fn config(workspace: &str, max_bytes: usize, max_age: Duration, replicas: usize) -> Config {
+    // `limits.max_session_expiry = 0s` (no session outlives its
+    // connection) is not JetStream's 0, "kept for ever".
+    let max_age = max_age.max(LEAST_AGE);
     Config {
         name: stream(workspace),
         subjects: vec![subject(workspace)],
@@ -65,6 +68,9 @@ pub(crate) fn config(workspace: &str, max_bytes: usize, max_age: Duration, repli
         ..Config::default()
     }
 }
+
+/// The shortest `max_age` of a session log.
+const LEAST_AGE: Duration = Duration::from_secs(1);
 
 /// What of `want` the stream's `got` config lacks: `(field, wanted,
 /// found)`, the field named with the setting it comes from.
@@ -398,5 +404,13 @@ mod tests {
         assert!(LIMITS.contains(&fields[0]));
         let short = config("acme", 1 << 20, Duration::from_secs(30), 1);
         assert_eq!(short.duplicate_window, Duration::from_secs(30), "at most max_age");
+    }
+
+    #[test]
+    fn a_max_session_expiry_of_zero_is_a_log_kept_one_second_not_for_ever() {
+        // JetStream reads max_age 0 as no limit.
+        let zero = config("acme", 1 << 20, Duration::ZERO, 1);
+        assert_eq!(zero.max_age, Duration::from_secs(1));
+        assert_eq!(zero.duplicate_window, Duration::from_secs(1));
     }
 }

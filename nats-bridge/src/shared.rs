@@ -188,6 +188,17 @@ impl Shared {
         }
     }
 
+    /// Answer an ingest append's `reply` with `outcome` (one event of its
+    /// own for [`AppendReply::Shard`]: the pipeline batches them itself).
+    pub(crate) fn answer_append(&self, reply: crate::request::AppendReply, outcome: crate::request::AppendOutcome) {
+        match reply {
+            crate::request::AppendReply::Oneshot(reply) => {
+                let _ = reply.send(outcome);
+            }
+            crate::request::AppendReply::Shard { shard, token } => self.send_event(shard, Event::Appended(vec![(token, outcome)])),
+        }
+    }
+
     /// Offer `event` to every shard.
     pub(crate) fn broadcast(&self, event: Event) {
         for shard in 0..self.mailboxes.len() {

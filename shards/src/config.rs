@@ -344,7 +344,9 @@ fn set_path(table: &mut Table, key: &str, value: Value) -> anyhow::Result<()> {
     let Some(parts) = key_parts(key) else {
         bail!("bad key {key:?}: a quoted part must be closed and be the whole part, e.g. shared.groups.\"eu.west\"");
     };
-    if parts.iter().any(String::is_empty) {
+    // An empty quoted part (`shared.groups.""`) is a name, judged by what
+    // it names (a share name: `Shared::validate`).
+    if parts.iter().any(String::is_empty) && !key.contains(['"', '\'']) {
         bail!("bad key {key:?}: expected section.key, e.g. limits.max_clients");
     }
     let (last, sections) = parts.split_last().expect("split yields at least one part");
@@ -507,6 +509,13 @@ mod tests {
         a.set = vec![r#"shared.groups."a/b"=random"#.into()];
         let e = load_from(&a, Vec::new()).unwrap_err().to_string();
         assert!(e.contains(r#"shared.groups = "a/b" is not valid"#), "{e}");
+        // An empty quoted name is judged as a share name, not as a key.
+        a.set = vec![r#"shared.groups.""=random"#.into()];
+        let e = load_from(&a, Vec::new()).unwrap_err().to_string();
+        assert!(e.contains(r#"shared.groups = "" is not valid"#), "{e}");
+        a.set = vec!["shared..x=random".into()];
+        let e = format!("{:#}", load_from(&a, Vec::new()).unwrap_err());
+        assert!(e.contains("expected section.key"), "{e}");
     }
 
     use super::*;

@@ -26,6 +26,12 @@
 //! acknowledgements of what came before (DESIGN.md §7; 3.1.1 §4.5: the
 //! client sends the unacknowledged PUBLISH again after it reconnects).
 //! Never acknowledged and then lost.
+//!
+//! The answers for the common case (the ingest stream only) come in
+//! batches, as [`fleetmq_nats_bridge::Event::Appended`] in the shard's
+//! mailbox ([`answered`]), rather than a one-shot channel and a task per
+//! value; one whose answer is [`GIVE_UP_AFTER`] past the wait (the
+//! bridge stopped) is refused with 0x80 ([`give_up_overdue`]).
 
 use std::sync::Arc;
 
@@ -33,10 +39,99 @@ use fleetmq_core::cluster::ingest::{headers, subject, IngestValue};
 use fleetmq_core::cluster::session_log;
 use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::session::Message;
-use fleetmq_nats_bridge::{IngestError, LogAppend, Qos2Flow, Request, StreamMessage};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use fleetmq_nats_bridge::{AppendOutcome, AppendReply, IngestError, LogAppend, Qos2Flow, Request, StreamMessage};
 
 use super::shard_state;
-use crate::store::Outcome;
+use crate::store::{Outcome, Write};
+
+/// An append answered in batches ([`AppendReply::Shard`]) whose answer
+/// has not come this long after `cluster.session_log_append_wait` (the
+/// bridge refuses it at the wait: it stopped, or lost it) is refused
+/// here: 0x80, as an append not taken in time.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(5);
+
+/// How often the appends waiting for their answer are looked over for
+/// one given up on.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// An append of this shard waiting for its batched answer.
+pub(crate) struct Waiting {
+    write: Rc<Write>,
+    /// Cleared when JetStream had the value already (see
+    /// [`outcome`]).
+    hand_on: Rc<Cell<bool>>,
+    give_up: Instant,
+}
+
+/// The appends of a shard answered in batches ([`AppendReply::Shard`]),
+/// by the shard's number for each (shard-local).
+#[derive(Default)]
+pub(crate) struct Appends {
+    next: Cell<u64>,
+    waiting: RefCell<HashMap<u64, Waiting>>,
+    looked: Cell<Option<Instant>>,
+}
+
+impl Appends {
+    /// A new number for an append.
+    pub(crate) fn token(&self) -> u64 {
+        let token = self.next.get();
+        self.next.set(token + 1);
+        token
+    }
+
+    fn insert(&self, token: u64, waiting: Waiting) {
+        self.waiting.borrow_mut().insert(token, waiting);
+    }
+}
+
+/// The acknowledgement's outcome for the bridge's `answer` (`None`: none
+/// will come), clearing `hand_on` when JetStream had the value already.
+fn outcome(answer: Option<AppendOutcome>, hand_on: &Cell<bool>) -> Outcome {
+    match answer {
+        Some(Ok(appended)) => {
+            hand_on.set(!appended.duplicate);
+            Outcome::Done
+        }
+        Some(Err(IngestError::Unavailable(_))) | None => Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR),
+        Some(Err(_)) => Outcome::Refused(ReasonCode::QUOTA_EXCEEDED),
+    }
+}
+
+/// The bridge's batched `answers` for this shard's appends
+/// ([`fleetmq_nats_bridge::Event::Appended`]): each resolves its write.
+pub(crate) fn answered(answers: Vec<(u64, AppendOutcome)>) {
+    let found: Vec<_> = shard_state(|sc| {
+        let mut waiting = sc.waiting.waiting.borrow_mut();
+        answers.into_iter().filter_map(|(token, answer)| Some((waiting.remove(&token)?, answer))).collect()
+    });
+    for (waiting, answer) in found {
+        waiting.write.resolve(outcome(Some(answer), &waiting.hand_on));
+    }
+}
+
+/// Refuse the appends whose answer is overdue (see [`GIVE_UP_AFTER`]);
+/// looks at most every [`LOOK_EVERY`].
+pub(crate) fn give_up_overdue(now: Instant) {
+    let overdue: Vec<Waiting> = shard_state(|sc| {
+        let appends = &sc.waiting;
+        if appends.looked.get().is_some_and(|at| now < at + LOOK_EVERY) {
+            return Vec::new();
+        }
+        appends.looked.set(Some(now));
+        let mut waiting = appends.waiting.borrow_mut();
+        let due: Vec<u64> = waiting.iter().filter(|(_, w)| w.give_up <= now).map(|(token, _)| *token).collect();
+        due.iter().filter_map(|token| waiting.remove(token)).collect()
+    });
+    for waiting in overdue {
+        waiting.write.resolve(outcome(None, &waiting.hand_on));
+    }
+}
 
 /// Whether a QoS 1/2 value on `topic` (with its workspace prefix) goes to
 /// its workspace's session log: a persistent session of the cluster
@@ -84,12 +179,24 @@ pub(crate) fn append_ingest(
     if ingest.is_none() && session_log.is_none() && qos2.is_none() {
         return None;
     }
-    let (reply, outcome) = tokio::sync::oneshot::channel();
+    // The common case (the ingest stream only) is answered in batches
+    // through the shard's mailbox; the others through a one-shot channel.
+    let batched = shard
+        .upgrade()
+        .filter(|_| ingest.is_some() && session_log.is_none() && qos2.is_none())
+        .map(|s| (s.id, shard_state(|sc| sc.waiting.token())));
+    let (reply, answer) = match batched {
+        Some((shard, token)) => (AppendReply::Shard { shard, token }, None),
+        None => {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            (AppendReply::Oneshot(reply), Some(answer))
+        }
+    };
     let request = Request::IngestAppend { ingest, session_log, qos2, wait: node.append_wait, reply };
     let write = store.expect_write(message.origin);
     // Not handed on when JetStream had it already: a flow another replica
     // recorded and stored (see `qos2.rs`), which handed it on then.
-    let hand_on = std::rc::Rc::new(std::cell::Cell::new(true));
+    let hand_on = Rc::new(Cell::new(true));
     let write_no = match held {
         Some(write_no) => write_no,
         None => {
@@ -107,21 +214,18 @@ pub(crate) fn append_ingest(
     // Refused before NATS (the bridge counted and logged it): 0x97, as
     // a full stream.
     let sent = node.bridge.send(request).is_ok();
+    if let (true, Some((_, token))) = (sent, batched) {
+        let give_up = Instant::now() + node.append_wait + GIVE_UP_AFTER;
+        shard_state(|sc| sc.waiting.insert(token, Waiting { write, hand_on, give_up }));
+        return Some(write_no);
+    }
     glommio::spawn_local(async move {
         // glommio runs a task it spawns at once: the shard's state is
         // borrowed until the caller is done (the write's `then` delivers).
         futures_lite::future::yield_now().await;
-        let outcome = if !sent {
-            Outcome::Refused(ReasonCode::QUOTA_EXCEEDED)
-        } else {
-            match outcome.await {
-                Ok(Ok(appended)) => {
-                    hand_on.set(!appended.duplicate);
-                    Outcome::Done
-                }
-                Ok(Err(IngestError::Unavailable(_))) | Err(_) => Outcome::Refused(ReasonCode::UNSPECIFIED_ERROR),
-                Ok(Err(_)) => Outcome::Refused(ReasonCode::QUOTA_EXCEEDED),
-            }
+        let outcome = match (sent, answer) {
+            (true, Some(answer)) => outcome(answer.await.ok(), &hand_on),
+            _ => Outcome::Refused(ReasonCode::QUOTA_EXCEEDED),
         };
         write.resolve(outcome);
     })

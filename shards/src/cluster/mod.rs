@@ -474,6 +474,9 @@ pub(crate) struct ShardCluster {
     delayed: wills::Delayed,
     /// Claims of persistent sessions whose connection ended (see `parked`).
     parked: RefCell<parked::Parked>,
+    /// The ingest appends waiting for their batched answer (see
+    /// `ingest.rs`).
+    waiting: ingest::Appends,
 }
 
 impl ShardCluster {
@@ -588,6 +591,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                 None => {
                     wills::reconcile(&node, &shard);
                     parked::release_due(&node);
+                    ingest::give_up_overdue(Instant::now());
                     continue;
                 }
             }
@@ -620,6 +624,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
                         retained += 1;
                     }
                     Event::LogValues { workspace, through, values } => shard.log_values(&workspace, through, &values),
+                    Event::Appended(answers) => ingest::answered(answers),
                     Event::TakenOver { client_id, revision, replica, clean_start } => {
                         let newer_here = shard_state(|sc| sc.holds_newer(&client_id, revision));
                         if shard_state(|sc| sc.lost_to(&client_id, (revision, clean_start), now)) {
@@ -639,6 +644,7 @@ pub(crate) fn spawn_events(shard: Rc<Shard>, node: Arc<Node>) {
             }
             wills::reconcile(&node, &shard);
             parked::release_due(&node);
+            ingest::give_up_overdue(now);
             shard.try_flush();
         }
     })
