@@ -366,11 +366,12 @@ pub enum RetainedError {
     Unavailable(String),
     /// The record does not fit the server's `max_payload` (MQTT 5: 0x97
     /// Quota exceeded).
-    #[error("a record of {size} bytes does not fit the NATS max_payload of {limit} bytes")]
+    #[error("a record of {size} bytes does not fit: at most {limit} bytes (the NATS max_payload less 512 for the write's headers)")]
     TooLarge {
         /// The record's size, bytes.
         size: usize,
-        /// The server's `max_payload`, bytes.
+        /// The largest record that fits: the server's `max_payload` less
+        /// the room kept for the write's headers, bytes.
         limit: usize,
     },
 }

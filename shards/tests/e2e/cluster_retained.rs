@@ -602,7 +602,7 @@ fn a_900_kb_retained_value_crosses_replicas_byte_exact_and_one_past_max_payload_
         thread::sleep(Duration::from_millis(100));
     }
     assert!(
-        a.stderr().contains("does not fit the NATS max_payload of"),
+        a.stderr().contains("the NATS max_payload less 512 for the write's headers"),
         "{}",
         a.stderr()
     );
