@@ -99,6 +99,7 @@ impl Ring {
         self.slots.get_mut(usize::try_from(at).ok()?)?.as_mut()
     }
 
+    #[cfg(test)]
     fn contains(&self, key: u64) -> bool {
         key.checked_sub(self.first).and_then(|at| self.slots.get(usize::try_from(at).ok()?)).is_some_and(Option::is_some)
     }
@@ -123,6 +124,7 @@ impl Ring {
     }
 }
 
+
 #[derive(Default)]
 struct Inner {
     pending: Ring,
@@ -130,19 +132,74 @@ struct Inner {
     /// waits as long (`cluster.session_log_append_wait`), so deadlines
     /// come in the order of the keys.
     deadlines: VecDeque<(Instant, u64)>,
-    /// Keys to send now, in order.
+    /// Keys not sent yet, in order.
     to_send: VecDeque<u64>,
-    /// Keys to send again once their pause is over, in order.
-    again: VecDeque<(Instant, u64)>,
+    /// Keys to send again, by key, each not before its instant (see
+    /// [`Inner::next_key`]).
+    retry: std::collections::BTreeMap<u64, Instant>,
+    /// An attempt failed for the stream or the connection (not for its
+    /// own content) and none has been stored since: see
+    /// [`Inner::next_key`].
+    careful: bool,
     /// (sent at, key, attempt) of each attempt sent, in order: looked at
     /// after [`ANSWER_WAIT`].
     sent: VecDeque<(Instant, u64, u32)>,
     /// Sent and not answered.
     in_flight: usize,
     next: u64,
+    /// The ingest connection's connects and forced moves last seen (see
+    /// [`Appender::note_reconnect`]).
+    connects: u64,
+    moves: u64,
     /// The answers for [`AppendReply::Shard`] not sent yet, by shard:
     /// sent together, one event per shard, by [`Appender::send_answers`].
     answers: Vec<Vec<(u64, AppendOutcome)>>,
+}
+
+impl Inner {
+    /// Send `key` again, not before `at`; `failing`: its attempt failed
+    /// for the stream or the connection (see [`Inner::next_key`]).
+    fn retry(&mut self, key: u64, at: Instant, failing: bool) {
+        self.retry.insert(key, at);
+        self.careful |= failing;
+    }
+
+    /// The key to send next, so that the stream keeps the order the
+    /// appends came in (one publisher's values on one topic, for one)
+    /// across failures. Normally the oldest append to send again whose
+    /// pause is over, else the oldest not sent yet. Once an attempt
+    /// failed for the stream or the connection (no leader, JetStream
+    /// unavailable, no answer, the connection lost: the appends after it
+    /// meet the same), appends newer than what failed would land before
+    /// it is sent again: so, careful, the oldest one alone, once nothing
+    /// is in flight and its pause is over, until one is stored; then all
+    /// of them again, in order. An append refused for its own content
+    /// only is sent again after its pause without holding the others
+    /// (it may fail until its wait ends). (Appends already sent when an
+    /// older one fails may still land before it: order is kept across
+    /// a lost server or connection, where every append sent is lost
+    /// alike, and across a leader election but for the appends in flight
+    /// at its very end.)
+    fn next_key(&mut self, now: Instant) -> Option<u64> {
+        if self.careful {
+            if self.in_flight > 0 {
+                return None;
+            }
+            return match self.retry.first_key_value() {
+                Some((&key, &at)) if at <= now => self.retry.remove(&key).map(|_| key),
+                Some(_) => None,
+                None => self.to_send.pop_front(),
+            };
+        }
+        let due = self.retry.iter().find(|(_, at)| **at <= now).map(|(key, _)| *key);
+        match due {
+            Some(key) => {
+                self.retry.remove(&key);
+                Some(key)
+            }
+            None => self.to_send.pop_front(),
+        }
+    }
 }
 
 /// The pipeline's handle on the bridge thread's loop.
@@ -158,7 +215,9 @@ pub(crate) struct Appender {
 impl Appender {
     /// Start the pipeline's two tasks on the current `LocalSet`.
     pub(crate) fn start(shared: Arc<Shared>) -> Appender {
-        let inner = Inner { answers: vec![Vec::new(); shared.mailboxes.len()], ..Inner::default() };
+        let connects = shared.ingest_client.statistics().connects.load(Ordering::Relaxed);
+        let moves = *shared.ingest_moved.borrow();
+        let inner = Inner { answers: vec![Vec::new(); shared.mailboxes.len()], connects, moves, ..Inner::default() };
         let appender = Appender { inner: Rc::new(RefCell::new(inner)), shared, send: Rc::default(), clock: Rc::default() };
         let inbox = appender.shared.ingest_client.new_inbox();
         tokio::task::spawn_local(run_sender(appender.clone_handle(), inbox.clone()));
@@ -255,6 +314,7 @@ impl Appender {
                 // sign of an earlier store by another replica.
                 let duplicate = duplicate && pending.attempts == 1;
                 let appended = Appended { ingest: Some(sequence), session_log: None, duplicate };
+                inner.careful = false;
                 self.finish(inner, key, Ok(appended));
             }
             crate::ingest::Fate::Full(e) => self.finish(inner, key, Err(IngestError::Full(e))),
@@ -262,8 +322,9 @@ impl Appender {
                 if pending.in_flight {
                     pending.in_flight = false;
                     inner.in_flight -= 1;
+                    let failing = crate::ingest::transient(&e);
                     pending.why = e;
-                    inner.again.push_back((Instant::now() + RETRY_PAUSE, key));
+                    inner.retry(key, Instant::now() + RETRY_PAUSE, failing);
                     self.send.notify_one();
                 }
             }
@@ -284,24 +345,30 @@ fn reply_subject(inbox: &str, key: u64) -> String {
 async fn run_sender(appender: Appender, inbox: String) {
     let shared = appender.shared.clone();
     loop {
+        appender.note_reconnect();
+        // Nothing goes while the connection is down: it would be written
+        // to the next one before what was lost with this one is sent
+        // again (see `note_reconnect`).
+        let up = shared.ingest_client.connection_state() == async_nats::connection::State::Connected;
         let next = {
             let mut inner = appender.inner.borrow_mut();
-            if inner.in_flight >= WINDOW {
+            if inner.in_flight >= WINDOW || !up {
                 None
             } else {
                 let mut found = None;
-                while let Some(key) = inner.to_send.pop_front() {
+                let now = Instant::now();
+                while let Some(key) = inner.next_key(now) {
                     let inner = &mut *inner;
                     let Some(pending) = inner.pending.get_mut(key) else { continue };
                     // Past its deadline: refused by the answer task.
-                    if pending.in_flight || pending.deadline <= Instant::now() {
+                    if pending.in_flight || pending.deadline <= now {
                         continue;
                     }
                     pending.in_flight = true;
                     pending.attempts += 1;
                     let attempt = pending.attempts;
                     inner.in_flight += 1;
-                    inner.sent.push_back((Instant::now(), key, attempt));
+                    inner.sent.push_back((now, key, attempt));
                     found = Some((key, pending.subject.clone(), crate::ingest::header_map(&pending.id, &pending.properties), pending.payload.clone()));
                     break;
                 }
@@ -325,7 +392,7 @@ async fn run_sender(appender: Appender, inbox: String) {
                     inner.in_flight -= 1;
                 }
                 pending.why = e.to_string();
-                inner.again.push_back((Instant::now() + RETRY_PAUSE, key));
+                inner.retry(key, Instant::now() + RETRY_PAUSE, true);
             }
         }
     }
@@ -346,16 +413,14 @@ async fn run_answers(appender: Appender, inbox: String) {
         }
     };
     let mut moved = shared.ingest_moved.subscribe();
-    let stats = shared.ingest_client.statistics();
-    let mut connects = stats.connects.load(Ordering::Relaxed);
     let key_of = |subject: &str| subject.rsplit('.').next().and_then(|k| k.parse::<u64>().ok());
     loop {
         let wake_at = {
             let inner = appender.inner.borrow();
             let deadline = inner.deadlines.front().map(|(at, _)| *at);
-            let again = inner.again.front().map(|(at, _)| *at);
-            // At least every LOOK_EVERY, for a reconnect.
-            deadline.into_iter().chain(again).chain([Instant::now() + LOOK_EVERY]).min().expect("one at least")
+            // At least every LOOK_EVERY, for a reconnect and for what
+            // waits to be sent again (the sender looks then).
+            deadline.into_iter().chain([Instant::now() + LOOK_EVERY]).min().expect("one at least")
         };
         tokio::select! {
             answer = answers.next() => {
@@ -369,19 +434,12 @@ async fn run_answers(appender: Appender, inbox: String) {
                 drop(inner);
                 appender.send.notify_one();
             }
-            // Sent to a server the ingest connection left as silent: its
-            // answer will not come (the same ID again is stored once).
-            Ok(()) = moved.changed() => appender.send_again("the ingest connection left a silent server"),
+            // Leaving a silent server (see `note_reconnect`).
+            Ok(()) = moved.changed() => {}
             () = appender.clock.notified() => {}
             () = tokio::time::sleep_until(wake_at) => {}
         }
-        // Sent on a connection that has ended since (its server died):
-        // no answer will come either.
-        let now_connects = stats.connects.load(Ordering::Relaxed);
-        if now_connects != connects {
-            connects = now_connects;
-            appender.send_again("the ingest connection reconnected");
-        }
+        appender.note_reconnect();
         appender.keep_time(Instant::now(), shared.stopping.load(Ordering::Acquire));
         appender.send_answers();
         appender.send.notify_one();
@@ -389,6 +447,28 @@ async fn run_answers(appender: Appender, inbox: String) {
 }
 
 impl Appender {
+    /// When the ingest connection is leaving a silent server
+    /// (`liveness.rs` counts the move before it asks for the reconnect),
+    /// or connected again (its server died), since last seen: what was
+    /// sent on the connection that ends will not be answered, so it is
+    /// sent again at once (the same ID again is stored once). The sender
+    /// looks before each append it sends, so what was lost goes again
+    /// before anything newer, on the next connection: the stream keeps
+    /// the order.
+    fn note_reconnect(&self) {
+        let connects = self.shared.ingest_client.statistics().connects.load(Ordering::Relaxed);
+        let moves = *self.shared.ingest_moved.borrow();
+        let (seen_connects, seen_moves) = {
+            let mut inner = self.inner.borrow_mut();
+            (std::mem::replace(&mut inner.connects, connects), std::mem::replace(&mut inner.moves, moves))
+        };
+        if seen_moves != moves {
+            self.send_again("the ingest connection left a silent server");
+        } else if seen_connects != connects {
+            self.send_again("the ingest connection reconnected");
+        }
+    }
+
     /// Send again, at once, every append sent and not answered, `why`.
     fn send_again(&self, why: &str) {
         let mut inner = self.inner.borrow_mut();
@@ -397,13 +477,15 @@ impl Appender {
         for (key, pending) in inner.pending.iter_mut().filter(|(_, p)| p.in_flight) {
             pending.in_flight = false;
             why.clone_into(&mut pending.why);
-            inner.again.push_back((now, key));
+            inner.retry.insert(key, now);
         }
+        inner.careful = true;
         inner.in_flight = 0;
     }
 
-    /// Refuse what ran out of time; queue again what paused long enough
-    /// (refuse it when the broker stops).
+    /// Refuse what ran out of time (and, when the broker stops, what
+    /// waits to be sent again); queue again what was not answered within
+    /// [`ANSWER_WAIT`].
     fn keep_time(&self, now: Instant, stopping: bool) {
         let mut inner = self.inner.borrow_mut();
         let inner = &mut *inner;
@@ -423,15 +505,12 @@ impl Appender {
                 pending.in_flight = false;
                 pending.why = format!("no acknowledgement from JetStream within {ANSWER_WAIT:?}");
                 inner.in_flight -= 1;
-                inner.again.push_back((now, key));
+                inner.retry(key, now, true);
             }
         }
-        while inner.again.front().is_some_and(|(at, _)| *at <= now) {
-            let (_, key) = inner.again.pop_front().expect("checked");
-            if stopping {
+        if stopping {
+            for key in std::mem::take(&mut inner.retry).into_keys() {
                 self.finish(inner, key, Err(IngestError::Unavailable("the broker is stopping".to_owned())));
-            } else if inner.pending.contains(key) {
-                inner.to_send.push_back(key);
             }
         }
     }
@@ -440,6 +519,37 @@ impl Appender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_is_sent_again_goes_in_key_order_and_after_a_failure_one_goes_alone_until_one_is_stored() {
+        let now = Instant::now();
+        let later = now + RETRY_PAUSE;
+        let mut inner = Inner { to_send: VecDeque::from([5, 6]), ..Inner::default() };
+        // 1 refused for its own content: the others go on meanwhile.
+        inner.retry(1, later, false);
+        assert_eq!(inner.next_key(now), Some(5));
+        assert_eq!(inner.next_key(later), Some(1), "due: before the newer ones");
+        // 3 and 2 lost with the connection while 6 waits.
+        inner.retry(3, now, true);
+        inner.retry(2, now, true);
+        inner.in_flight = 1;
+        assert_eq!(inner.next_key(now), None, "careful: nothing while an attempt is in flight");
+        inner.in_flight = 0;
+        assert_eq!(inner.next_key(now), Some(2), "the oldest alone");
+        inner.in_flight = 1;
+        assert_eq!(inner.next_key(now), None);
+        // 2 stored: the rest in order.
+        inner.in_flight = 0;
+        inner.careful = false;
+        assert_eq!(inner.next_key(now), Some(3));
+        assert_eq!(inner.next_key(now), Some(6));
+        assert_eq!(inner.next_key(now), None);
+        // A failed attempt paused: nothing newer goes before it.
+        inner.to_send.push_back(7);
+        inner.retry(4, later, true);
+        assert_eq!(inner.next_key(now), None);
+        assert_eq!(inner.next_key(later), Some(4));
+    }
 
     fn pending() -> Pending {
         Pending {

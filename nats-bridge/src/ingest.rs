@@ -309,6 +309,16 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Whether the failure `why` of an append (a [`Fate::Retry`], or the
+/// attempt's loss) is the stream's or the connection's, which the appends
+/// after it meet too (no leader, JetStream unavailable, no answer), not
+/// one of its own content: newer appends then wait for it (see
+/// `appender.rs`, which keeps the stream in order).
+pub(crate) fn transient(why: &str) -> bool {
+    const MARKS: [&str; 6] = ["no responders", "temporarily unavailable", "503", "leader", "timed out", "no acknowledgement"];
+    MARKS.iter().any(|mark| why.contains(mark))
+}
+
 /// Whether a JetStream publish error says the stream is full: with
 /// discard new, nats-server answers "maximum bytes exceeded" (or
 /// "maximum messages exceeded") as error 10077.
@@ -367,6 +377,9 @@ mod tests {
         assert!(matches!(fate_of(&full), Fate::Full(e) if e.contains("maximum bytes exceeded")));
         let no_leader = answer(r#"{"error":{"code":503,"err_code":10008,"description":"JetStream system temporarily unavailable"}}"#, None);
         assert!(matches!(fate_of(&no_leader), Fate::Retry(e) if e.contains("temporarily unavailable")));
+        assert!(matches!(fate_of(&no_leader), Fate::Retry(e) if transient(&e)));
+        let own = answer(r#"{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}"#, None);
+        assert!(matches!(fate_of(&own), Fate::Retry(e) if !transient(&e)), "an append's own refusal holds no line");
         assert!(matches!(fate_of(&answer("", Some(async_nats::StatusCode::NO_RESPONDERS))), Fate::Retry(e) if e.contains("no responders")));
         assert!(matches!(fate_of(&answer("not json", None)), Fate::Retry(e) if e.contains("not a publish acknowledgement")));
     }

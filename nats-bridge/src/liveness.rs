@@ -231,13 +231,16 @@ async fn force(shared: &Shared, client: &async_nats::Client, which: Connection, 
         Connection::Ingest => &shared.status.stats.reconnects_forced_ingest,
     };
     counter.fetch_add(1, Ordering::Relaxed);
+    // Before the reconnect is asked for: the ingest pipeline sends what
+    // waited again ahead of anything newer (see `appender.rs`).
+    if which == Connection::Ingest {
+        shared.ingest_moved.send_modify(|n| *n += 1);
+    }
     if tokio::time::timeout(Duration::from_secs(1), client.force_reconnect()).await.is_err() {
         warn!(target: "bridge", connection = which.name(), "bridge: the NATS connection took no reconnect request within 1 s (its queue is full); async-nats' pings close it");
     }
-    match which {
-        Connection::State => shared.state_moved.send_modify(|n| *n += 1),
-        Connection::Ingest => shared.ingest_moved.send_modify(|n| *n += 1),
-        Connection::Lease => {}
+    if which == Connection::State {
+        shared.state_moved.send_modify(|n| *n += 1);
     }
 }
 

@@ -302,7 +302,8 @@ fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_l
 /// appends, made at `mqtt-ingest`'s leader) frozen while a publisher
 /// runs: that connection leaves it (no echo back for member_ttl/2), the
 /// appends it carried are sent again elsewhere and land once, and the
-/// publisher is neither refused nor closed. Before the ingest connection
+/// publisher is neither refused nor closed, and the stream keeps the
+/// publisher's order. Before the ingest connection
 /// had its echo (session 45), its appends waited for async-nats' pings
 /// (15 s) and then for a new leader of the stream.
 #[test]
@@ -343,4 +344,8 @@ fn a_frozen_nats_server_under_the_ingest_connection_is_left_and_no_acknowledged_
     assert!(told.closed.is_empty(), "{report}");
     assert!(told.refused.is_empty(), "{report}");
     assert_acknowledged_stored(&nats, &told, &report);
+    // In the stream in the order they were published: what waited for
+    // the frozen server is sent again in order, before newer values.
+    let inverted = crate::cluster_ingest::inversions(&nats);
+    assert!(inverted.is_empty(), "stored out of publish order (earlier, later): {inverted:?}: {report}");
 }
