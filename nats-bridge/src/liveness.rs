@@ -180,6 +180,10 @@ pub(crate) async fn watch(shared: Arc<Shared>, which: Connection) {
         }
     };
     let mut echoes = Echoes::new(ttl);
+    // Every reconnect of this connection (forced or not) is counted in
+    // `BridgeStats::reconnects` here, at the next tick.
+    let statistics = client.statistics();
+    let mut connects = statistics.connects.load(Ordering::Relaxed);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !shared.stopping.load(Ordering::Acquire) {
@@ -192,6 +196,11 @@ pub(crate) async fn watch(shared: Arc<Shared>, which: Connection) {
                 continue;
             }
             () = shared.stop.notified() => break,
+        }
+        let now_connects = statistics.connects.load(Ordering::Relaxed);
+        if now_connects > connects {
+            shared.status.stats.reconnects.fetch_add(now_connects - connects, Ordering::Relaxed);
+            connects = now_connects;
         }
         let now = Instant::now();
         if client.connection_state() != State::Connected {

@@ -73,7 +73,9 @@ pub struct BridgeStats {
     pub in_flight: AtomicI64,
     /// Releases held while claims are in flight (see `releases.rs`).
     pub releases_held: AtomicU64,
-    /// Times a NATS connection was re-established.
+    /// Times a NATS connection of the bridge (state, lease, ingest) was
+    /// re-established, forced or not (counted by `liveness.rs` within
+    /// member_ttl/10).
     pub reconnects: AtomicU64,
     /// Times the state connection was forced to reconnect to another
     /// server because the one it used went silent (see `liveness.rs`).

@@ -134,6 +134,11 @@ impl Node {
         );
         let _ = writeln!(
             out,
+            "# HELP fleetmq_cluster_nats_reconnects NATS connections of the bridge re-established, forced or not\n# TYPE fleetmq_cluster_nats_reconnects counter\nfleetmq_cluster_nats_reconnects_total {}",
+            stats.reconnects.load(relaxed)
+        );
+        let _ = writeln!(
+            out,
             "# HELP fleetmq_bridge_queue_full Requests refused because the bridge queue was full\n# TYPE fleetmq_bridge_queue_full counter\nfleetmq_bridge_queue_full_total {}",
             stats.queue_full.load(relaxed)
         );

@@ -341,6 +341,8 @@ fn a_frozen_nats_server_under_the_ingest_connection_is_left_and_no_acknowledged_
     println!("{report}");
     let moved = moved_at.unwrap_or_else(|| panic!("A's ingest connection was never forced to reconnect: {report}"));
     assert!(moved < Duration::from_secs(9), "{report}");
+    // Counted as a reconnect too (in /api/v1/status' bridge.reconnects).
+    assert!(a.metric_sum("fleetmq_cluster_nats_reconnects_total") >= 1.0, "{report}");
     assert!(told.closed.is_empty(), "{report}");
     assert!(told.refused.is_empty(), "{report}");
     assert_acknowledged_stored(&nats, &told, &report);
