@@ -304,6 +304,7 @@ async fn run(
             tokio::task::spawn_local(crate::liveness::watch(shared.clone(), crate::liveness::Connection::Lease));
             if shared.config.ingest.is_some() {
                 tokio::task::spawn_local(crate::liveness::watch(shared.clone(), crate::liveness::Connection::Ingest));
+                tokio::task::spawn_local(crate::leader::follow(shared.clone()));
             }
             tokio::task::spawn_local(membership::run(shared.clone(), first_write_tx));
             tokio::task::spawn_local(ownership::watch(shared.clone()));

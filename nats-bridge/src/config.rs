@@ -63,6 +63,15 @@ const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// timeout (with `first`: when that one does not), or a credentials or
 /// certificate file cannot be read.
 pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>) -> Result<Client, StartError> {
+    connect_steered(cluster, name, first).await.map(|(client, _)| client)
+}
+
+/// [`connect`], with the connection's [`Rotation`], to steer a later
+/// reconnect ([`Rotation::steer`]).
+///
+/// # Errors
+/// As [`connect`].
+pub(crate) async fn connect_steered(cluster: &Cluster, name: String, first: Option<&str>) -> Result<(Client, Arc<Rotation>), StartError> {
     let first = match first {
         Some(first) => {
             Some(first.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {first:?}: {e}")))?)
@@ -80,7 +89,7 @@ pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>
     for _ in 0..attempts {
         let options = options(cluster, name.clone(), rotation.clone()).await?;
         match options.connect(urls.clone()).await {
-            Ok(client) => return Ok(client),
+            Ok(client) => return Ok((client, rotation)),
             Err(e) => last = e.to_string(),
         }
     }
@@ -187,6 +196,14 @@ impl Rotation {
         let addr = pool[at].addr.clone();
         self.remember(&addr);
         Some(async_nats::ReconnectToServer { addr, delay: None })
+    }
+
+    /// The next attempt goes to `url` (one of `cluster.nats_urls`): a
+    /// reconnect forced to reach the server that leads a stream.
+    pub(crate) fn steer(&self, url: &str) {
+        if let (Ok(addr), Ok(mut first)) = (url.parse(), self.first.lock()) {
+            *first = Some(addr);
+        }
     }
 
     fn remember(&self, addr: &async_nats::ServerAddr) {

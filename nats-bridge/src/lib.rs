@@ -25,6 +25,7 @@ mod cursors;
 mod expiry;
 mod floor;
 mod ingest;
+mod leader;
 mod liveness;
 mod mailbox;
 mod membership;

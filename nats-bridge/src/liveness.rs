@@ -243,6 +243,9 @@ async fn force(shared: &Shared, client: &async_nats::Client, which: Connection, 
     // Before the reconnect is asked for: the ingest pipeline sends what
     // waited again ahead of anything newer (see `appender.rs`).
     if which == Connection::Ingest {
+        if let Ok(mut left) = shared.ingest_left.lock() {
+            *left = Some((server.server_name.clone(), std::time::Instant::now()));
+        }
         shared.ingest_moved.send_modify(|n| *n += 1);
     }
     if tokio::time::timeout(Duration::from_secs(1), client.force_reconnect()).await.is_err() {

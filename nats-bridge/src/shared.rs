@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::bridge::{StartError, START_WAIT};
-use crate::config::{connect, JS_TIMEOUT};
+use crate::config::{connect, connect_steered, JS_TIMEOUT};
 use crate::mailbox::Mailbox;
 use crate::{setup, BridgeConfig, ClusterStatus, Event};
 
@@ -34,9 +34,17 @@ pub(crate) struct Shared {
     /// The ingest connection (`store.kind = "jetstream"`): the appends
     /// that go to the ingest stream only (`appender.rs`), at the server
     /// that leads `mqtt-ingest` when it is one of `cluster.nats_urls`
-    /// (see [`at_leader`]). Without the ingest stream, the state
+    /// (see `leader.rs`). Without the ingest stream, the state
     /// connection.
     pub(crate) ingest_client: async_nats::Client,
+    /// Steers the ingest connection's next reconnect (see `leader.rs`).
+    pub(crate) ingest_rotation: Arc<crate::config::Rotation>,
+    /// The server left last by the ingest connection as silent, and when
+    /// (`liveness.rs`): not gone back to for a while (see `leader.rs`).
+    pub(crate) ingest_left: Mutex<Option<(String, std::time::Instant)>>,
+    /// The NATS servers of `cluster.nats_urls` by name (with the ingest
+    /// stream only: see `leader.rs`).
+    pub(crate) server_urls: std::collections::HashMap<String, String>,
     /// `mqtt-sessions`, opened once (opening it is a round trip).
     pub(crate) sessions: async_nats::jetstream::kv::Store,
     /// `mqtt-session-will`, opened once.
@@ -239,20 +247,16 @@ impl Shared {
 
 /// A connection named `name` made to the server that leads `stream`,
 /// when that server is one of `cluster.nats_urls` and is not `skip` (a
-/// server name: a connection already there); `None` otherwise. Chosen
-/// once at start: when leadership moves later, or the connection is made
-/// again after a disconnect (to any server, as before), it stays where it
-/// is (slower, not wrong). Used for:
-/// - the state connection, at `KV_mqtt-sessions`' leader: every CONNECT
-///   writes that bucket and its watch delivers every write back
-///   (DESIGN.md §8): at the leader, a write, its acknowledgement and its
-///   delivery are relayed between no NATS servers; elsewhere each one is
-///   (perf/RESULTS.md, issue 23, wt-23c: NATS messages and CPU per
-///   cluster CONNECT);
-/// - the ingest connection, at `mqtt-ingest`'s leader: every QoS 1/2
-///   publish is appended there before its PUBACK, and relaying the append
-///   and its acknowledgement costs nats-server ≈ 3 µs of CPU per value
-///   (perf/RESULTS.md, session 45: x-ingest-q1 1.2× faster).
+/// server name: a connection already there); `None` otherwise. For the
+/// state connection, at `KV_mqtt-sessions`' leader: every CONNECT writes
+/// that bucket and its watch delivers every write back (DESIGN.md §8):
+/// at the leader, a write, its acknowledgement and its delivery are
+/// relayed between no NATS servers; elsewhere each one is
+/// (perf/RESULTS.md, issue 23, wt-23c: NATS messages and CPU per cluster
+/// CONNECT). Chosen once at start: when leadership moves later, or the
+/// connection is made again after a disconnect (to any server, as
+/// before), it stays where it is (slower, not wrong). (The ingest
+/// connection follows its stream's leader: `leader.rs`.)
 async fn at_leader(config: &BridgeConfig, state: &Context, stream: &str, name: &str, skip: Option<&str>) -> Option<async_nats::Client> {
     if config.cluster.nats_urls.len() < 2 {
         return None;
@@ -269,6 +273,18 @@ async fn at_leader(config: &BridgeConfig, state: &Context, stream: &str, name: &
         }
     }
     None
+}
+
+/// The servers of `cluster.nats_urls` that answer, by name: each
+/// connected to once as `name` (a connection of its own, closed again).
+async fn server_urls(config: &BridgeConfig, name: &str) -> std::collections::HashMap<String, String> {
+    let mut urls = std::collections::HashMap::new();
+    for url in &config.cluster.nats_urls {
+        if let Ok(probe) = connect(&config.cluster, name.to_owned(), Some(url)).await {
+            urls.insert(probe.server_info().server_name.clone(), url.clone());
+        }
+    }
+    urls
 }
 
 /// Open the KV bucket `name` (created by `setup::ensure_buckets`), asked
@@ -339,12 +355,22 @@ pub(crate) async fn start(
         }
         None => (state_client, state),
     };
-    let ingest_client = match &config.ingest {
-        Some(_) => match at_leader(&config, &state, fleetmq_core::cluster::ingest::STREAM, &name("ingest"), None).await {
-            Some(client) => client,
-            None => connect(&config.cluster, name("ingest"), None).await?,
-        },
-        None => state_client.clone(),
+    let (ingest_client, ingest_rotation, server_urls) = match &config.ingest {
+        Some(_) => {
+            let urls = server_urls(&config, &name("probe")).await;
+            let leader = crate::leader::ingest_leader(&state).await;
+            let url = leader.as_ref().and_then(|leader| urls.get(leader));
+            let (client, rotation) = match url {
+                Some(url) => match connect_steered(&config.cluster, name("ingest"), Some(url)).await {
+                    Ok(made) => made,
+                    Err(_) => connect_steered(&config.cluster, name("ingest"), None).await?,
+                },
+                None => connect_steered(&config.cluster, name("ingest"), None).await?,
+            };
+            info!(target: "bridge", server = %client.server_info().server_name, leader = ?leader, "bridge: ingest connection made");
+            (client, rotation, urls)
+        }
+        None => (state_client.clone(), Arc::new(crate::config::Rotation::new(None)), std::collections::HashMap::new()),
     };
     use fleetmq_core::cluster::records::bucket;
     let open_until = tokio::time::Instant::now() + START_WAIT / 3;
@@ -360,6 +386,9 @@ pub(crate) async fn start(
         lease,
         state_client,
         ingest_client,
+        ingest_rotation,
+        ingest_left: Mutex::new(None),
+        server_urls,
         sessions,
         wills,
         session_state,

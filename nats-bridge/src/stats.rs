@@ -84,6 +84,9 @@ pub struct BridgeStats {
     pub reconnects_forced_lease: AtomicU64,
     /// The same for the ingest connection (`store.kind = "jetstream"`).
     pub reconnects_forced_ingest: AtomicU64,
+    /// Times the ingest connection was moved to the ingest stream's
+    /// leader (see `leader.rs`).
+    pub ingest_connection_moves: AtomicU64,
     /// Requests refused because the queue was full.
     pub queue_full: AtomicU64,
     /// Wills of gone replicas' connections this replica sent as sweeper.
@@ -165,6 +168,7 @@ impl Default for BridgeStats {
             reconnects_forced_state: AtomicU64::new(0),
             reconnects_forced_lease: AtomicU64::new(0),
             reconnects_forced_ingest: AtomicU64::new(0),
+            ingest_connection_moves: AtomicU64::new(0),
             wills_sent: AtomicU64::new(0),
             wills_withheld: AtomicU64::new(0),
             sessions_swept: AtomicU64::new(0),

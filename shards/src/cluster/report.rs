@@ -134,6 +134,11 @@ impl Node {
         );
         let _ = writeln!(
             out,
+            "# HELP fleetmq_cluster_ingest_connection_moves Moves of the ingest connection to the server that leads mqtt-ingest (after the leader or the connection moved)\n# TYPE fleetmq_cluster_ingest_connection_moves counter\nfleetmq_cluster_ingest_connection_moves_total {}",
+            stats.ingest_connection_moves.load(relaxed)
+        );
+        let _ = writeln!(
+            out,
             "# HELP fleetmq_cluster_nats_reconnects NATS connections of the bridge re-established, forced or not\n# TYPE fleetmq_cluster_nats_reconnects counter\nfleetmq_cluster_nats_reconnects_total {}",
             stats.reconnects.load(relaxed)
         );
