@@ -124,7 +124,6 @@ impl Ring {
     }
 }
 
-
 #[derive(Default)]
 struct Inner {
     pending: Ring,
@@ -434,7 +433,7 @@ async fn run_answers(appender: Appender, inbox: String) {
                 drop(inner);
                 appender.send.notify_one();
             }
-            // Leaving a silent server (see `note_reconnect`).
+            // Being moved (see `note_reconnect`).
             Ok(()) = moved.changed() => {}
             () = appender.clock.notified() => {}
             () = tokio::time::sleep_until(wake_at) => {}
@@ -447,9 +446,10 @@ async fn run_answers(appender: Appender, inbox: String) {
 }
 
 impl Appender {
-    /// When the ingest connection is leaving a silent server
-    /// (`liveness.rs` counts the move before it asks for the reconnect),
-    /// or connected again (its server died), since last seen: what was
+    /// When the ingest connection is being moved (away from a silent
+    /// server, `liveness.rs`, or to the stream's leader, `leader.rs`:
+    /// each counts the move before it asks for the reconnect), or
+    /// connected again (its server died), since last seen: what was
     /// sent on the connection that ends will not be answered, so it is
     /// sent again at once (the same ID again is stored once). The sender
     /// looks before each append it sends, so what was lost goes again
@@ -463,7 +463,7 @@ impl Appender {
             (std::mem::replace(&mut inner.connects, connects), std::mem::replace(&mut inner.moves, moves))
         };
         if seen_moves != moves {
-            self.send_again("the ingest connection left a silent server");
+            self.send_again("the ingest connection moved to another server");
         } else if seen_connects != connects {
             self.send_again("the ingest connection reconnected");
         }

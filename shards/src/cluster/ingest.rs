@@ -107,7 +107,7 @@ fn outcome(answer: Option<AppendOutcome>, hand_on: &Cell<bool>) -> Outcome {
 /// ([`fleetmq_nats_bridge::Event::Appended`]): each resolves its write.
 pub(crate) fn answered(answers: Vec<(u64, AppendOutcome)>) {
     let found: Vec<_> = shard_state(|sc| {
-        let mut waiting = sc.waiting.waiting.borrow_mut();
+        let mut waiting = sc.appends.waiting.borrow_mut();
         answers.into_iter().filter_map(|(token, answer)| Some((waiting.remove(&token)?, answer))).collect()
     });
     for (waiting, answer) in found {
@@ -119,7 +119,7 @@ pub(crate) fn answered(answers: Vec<(u64, AppendOutcome)>) {
 /// looks at most every [`LOOK_EVERY`].
 pub(crate) fn give_up_overdue(now: Instant) {
     let overdue: Vec<Waiting> = shard_state(|sc| {
-        let appends = &sc.waiting;
+        let appends = &sc.appends;
         if appends.looked.get().is_some_and(|at| now < at + LOOK_EVERY) {
             return Vec::new();
         }
@@ -184,7 +184,7 @@ pub(crate) fn append_ingest(
     let batched = shard
         .upgrade()
         .filter(|_| ingest.is_some() && session_log.is_none() && qos2.is_none())
-        .map(|s| (s.id, shard_state(|sc| sc.waiting.token())));
+        .map(|s| (s.id, shard_state(|sc| sc.appends.token())));
     let (reply, answer) = match batched {
         Some((shard, token)) => (AppendReply::Shard { shard, token }, None),
         None => {
@@ -216,7 +216,7 @@ pub(crate) fn append_ingest(
     let sent = node.bridge.send(request).is_ok();
     if let (true, Some((_, token))) = (sent, batched) {
         let give_up = Instant::now() + node.append_wait + GIVE_UP_AFTER;
-        shard_state(|sc| sc.waiting.insert(token, Waiting { write, hand_on, give_up }));
+        shard_state(|sc| sc.appends.insert(token, Waiting { write, hand_on, give_up }));
         return Some(write_no);
     }
     glommio::spawn_local(async move {

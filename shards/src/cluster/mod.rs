@@ -476,7 +476,7 @@ pub(crate) struct ShardCluster {
     parked: RefCell<parked::Parked>,
     /// The ingest appends waiting for their batched answer (see
     /// `ingest.rs`).
-    waiting: ingest::Appends,
+    appends: ingest::Appends,
 }
 
 impl ShardCluster {
