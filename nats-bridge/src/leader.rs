@@ -15,7 +15,10 @@
 //! counted (`fleetmq_cluster_ingest_connection_moves_total`). A server
 //! the connection left as silent less than [`SHUNNED_FOR`] ago is not
 //! gone back to (a frozen server can still be named the leader of a
-//! stream with one copy).
+//! stream with one copy); a leader whose URL is not known (its server did
+//! not answer when the replica started) has the URLs of
+//! `cluster.nats_urls` not known yet asked again. Both are logged once
+//! per leader.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -43,9 +46,11 @@ pub(crate) async fn ingest_leader(state: &Context) -> Option<String> {
 /// Move the ingest connection to the stream's leader whenever it is
 /// elsewhere, until the bridge stops (see the module documentation).
 pub(crate) async fn follow(shared: Arc<Shared>) {
-    if shared.server_urls.len() < 2 {
+    if shared.config.cluster.nats_urls.len() < 2 {
         return;
     }
+    // The leader last logged as not moved to.
+    let mut told: Option<String> = None;
     let mut tick = tokio::time::interval(LOOK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -64,17 +69,45 @@ pub(crate) async fn follow(shared: Arc<Shared>) {
             continue;
         }
         let shunned = shared.ingest_left.lock().ok().and_then(|left| left.clone());
-        if shunned.is_some_and(|(name, when)| name == leader && when.elapsed() < SHUNNED_FOR) {
+        if let Some((_, when)) = shunned.filter(|(name, when)| *name == leader && when.elapsed() < SHUNNED_FOR) {
+            if told.as_ref() != Some(&leader) {
+                info!(target: "bridge", at = %at, %leader, left_ago_s = when.elapsed().as_secs(),
+                    "bridge: ingest connection not moved to the leader of mqtt-ingest: it left that server as silent less than {SHUNNED_FOR:?} ago");
+                told = Some(leader);
+            }
             continue;
         }
-        let Some(url) = shared.server_urls.get(&leader) else { continue };
+        let mut url = known_url(&shared, &leader);
+        if url.is_none() {
+            let mut urls = shared.server_urls.lock().map(|u| u.clone()).unwrap_or_default();
+            let name = format!("fleetmq-{}-probe", shared.config.replica_id);
+            crate::shared::server_urls(&shared.config, &name, &mut urls).await;
+            url = urls.get(&leader).cloned();
+            if let Ok(mut known) = shared.server_urls.lock() {
+                *known = urls;
+            }
+        }
+        let Some(url) = url else {
+            if told.as_ref() != Some(&leader) {
+                warn!(target: "bridge", at = %at, %leader,
+                    "bridge: the leader of mqtt-ingest is none of cluster.nats_urls that answer: its appends are relayed there");
+                told = Some(leader);
+            }
+            continue;
+        };
+        told = None;
         info!(target: "bridge", from = %at, to = %leader, %url, "bridge: ingest connection moving to the leader of mqtt-ingest");
         shared.status.stats.ingest_connection_moves.fetch_add(1, Ordering::Relaxed);
-        shared.ingest_rotation.steer(url);
+        shared.ingest_rotation.steer(&url);
         // Before the reconnect is asked for (see `appender.rs`).
         shared.ingest_moved.send_modify(|n| *n += 1);
         if tokio::time::timeout(Duration::from_secs(1), client.force_reconnect()).await.is_err() {
             warn!(target: "bridge", "bridge: the ingest connection took no reconnect request within 1 s");
         }
     }
+}
+
+/// The URL of the server named `name`, if known.
+fn known_url(shared: &Shared, name: &str) -> Option<String> {
+    shared.server_urls.lock().ok()?.get(name).cloned()
 }

@@ -42,9 +42,10 @@ pub(crate) struct Shared {
     /// The server left last by the ingest connection as silent, and when
     /// (`liveness.rs`): not gone back to for a while (see `leader.rs`).
     pub(crate) ingest_left: Mutex<Option<(String, std::time::Instant)>>,
-    /// The NATS servers of `cluster.nats_urls` by name (with the ingest
-    /// stream only: see `leader.rs`).
-    pub(crate) server_urls: std::collections::HashMap<String, String>,
+    /// The NATS servers of `cluster.nats_urls` by name, as far as they
+    /// answered (with the ingest stream only: see `leader.rs`, which asks
+    /// the others again).
+    pub(crate) server_urls: Mutex<std::collections::HashMap<String, String>>,
     /// `mqtt-sessions`, opened once (opening it is a round trip).
     pub(crate) sessions: async_nats::jetstream::kv::Store,
     /// `mqtt-session-will`, opened once.
@@ -275,16 +276,18 @@ async fn at_leader(config: &BridgeConfig, state: &Context, stream: &str, name: &
     None
 }
 
-/// The servers of `cluster.nats_urls` that answer, by name: each
-/// connected to once as `name` (a connection of its own, closed again).
-async fn server_urls(config: &BridgeConfig, name: &str) -> std::collections::HashMap<String, String> {
-    let mut urls = std::collections::HashMap::new();
+/// Add to `urls` (server name → URL) the servers of `cluster.nats_urls`
+/// not in it yet that answer: each connected to once as `name` (a
+/// connection of its own, closed again).
+pub(crate) async fn server_urls(config: &BridgeConfig, name: &str, urls: &mut std::collections::HashMap<String, String>) {
     for url in &config.cluster.nats_urls {
+        if urls.values().any(|known| known == url) {
+            continue;
+        }
         if let Ok(probe) = connect(&config.cluster, name.to_owned(), Some(url)).await {
             urls.insert(probe.server_info().server_name.clone(), url.clone());
         }
     }
-    urls
 }
 
 /// Open the KV bucket `name` (created by `setup::ensure_buckets`), asked
@@ -357,7 +360,8 @@ pub(crate) async fn start(
     };
     let (ingest_client, ingest_rotation, server_urls) = match &config.ingest {
         Some(_) => {
-            let urls = server_urls(&config, &name("probe")).await;
+            let mut urls = std::collections::HashMap::new();
+            server_urls(&config, &name("probe"), &mut urls).await;
             let leader = crate::leader::ingest_leader(&state).await;
             let url = leader.as_ref().and_then(|leader| urls.get(leader));
             let (client, rotation) = match url {
@@ -367,7 +371,8 @@ pub(crate) async fn start(
                 },
                 None => connect_steered(&config.cluster, name("ingest"), None).await?,
             };
-            info!(target: "bridge", server = %client.server_info().server_name, leader = ?leader, "bridge: ingest connection made");
+            let leader = leader.as_deref().unwrap_or("not known");
+            info!(target: "bridge", server = %client.server_info().server_name, %leader, "bridge: ingest connection made");
             (client, rotation, urls)
         }
         None => (state_client.clone(), Arc::new(crate::config::Rotation::new(None)), std::collections::HashMap::new()),
@@ -388,7 +393,7 @@ pub(crate) async fn start(
         ingest_client,
         ingest_rotation,
         ingest_left: Mutex::new(None),
-        server_urls,
+        server_urls: Mutex::new(server_urls),
         sessions,
         wills,
         session_state,

@@ -48,6 +48,7 @@ impl Node {
                     "lease": stats.reconnects_forced_lease.load(std::sync::atomic::Ordering::Relaxed),
                     "ingest": stats.reconnects_forced_ingest.load(std::sync::atomic::Ordering::Relaxed),
                 },
+                "ingest_connection_moves": stats.ingest_connection_moves.load(std::sync::atomic::Ordering::Relaxed),
                 "claim_p50_us": stats.quantile_us(OpKind::Claim, 0.5),
                 "claim_p99_us": stats.quantile_us(OpKind::Claim, 0.99),
                 "heartbeat_p99_us": stats.quantile_us(OpKind::Heartbeat, 0.99),

@@ -41,17 +41,30 @@ pub(crate) fn ingested(nats: &NatsCluster) -> Vec<Ingested> {
     crate::nats::block_on(async move {
         let client = crate::nats::connect(&urls).await;
         let js = async_nats::jetstream::new(client.clone());
-        let mut stream = js.get_stream("mqtt-ingest").await.expect("the ingest stream exists");
-        let count = stream.info().await.expect("stream info").state.messages;
-        let mut out = Vec::new();
-        if count == 0 {
-            return out;
-        }
         // One ordered consumer reads them all, in stream order (a request
-        // per message took ~2 ms each: tens of seconds for a run's values).
-        let config = async_nats::jetstream::consumer::pull::OrderedConfig::default();
-        let consumer = stream.create_consumer(config).await.expect("an ordered consumer");
-        let mut messages = consumer.messages().await.expect("the consumer's messages");
+        // per message took ~2 ms each: tens of seconds for a run's
+        // values); asked again while JetStream elects (a server was just
+        // killed: its requests time out).
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let (count, mut messages) = loop {
+            let made = async {
+                let mut stream = js.get_stream("mqtt-ingest").await.map_err(|e| e.to_string())?;
+                let count = stream.info().await.map_err(|e| e.to_string())?.state.messages;
+                let config = async_nats::jetstream::consumer::pull::OrderedConfig::default();
+                let consumer = stream.create_consumer(config).await.map_err(|e| e.to_string())?;
+                let messages = consumer.messages().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>((count, messages))
+            };
+            match made.await {
+                Ok(made) => break made,
+                Err(e) if std::time::Instant::now() < until => {
+                    eprintln!("mqtt-ingest not readable yet: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(e) => panic!("mqtt-ingest not readable within 30 s: {e}"),
+            }
+        };
+        let mut out = Vec::new();
         while out.len() < count as usize {
             let next = tokio::time::timeout(std::time::Duration::from_secs(20), messages.next()).await;
             let m = next.expect("the stream's messages within 20 s").expect("a message").expect("not an error");
@@ -220,7 +233,7 @@ fn each_replicas_ingest_connection_is_at_the_ingest_streams_leader() {
 /// steps down and another server leads, the replica moves its ingest
 /// connection there within a few seconds (it asks every 5 s), counts
 /// it, and the publisher meanwhile is neither refused nor closed, its
-/// values stored once each and in order.
+/// values stored once each.
 #[test]
 fn the_ingest_connection_follows_the_ingest_streams_leader() {
     let nats = NatsCluster::start(3);
@@ -271,8 +284,47 @@ fn the_ingest_connection_follows_the_ingest_streams_leader() {
     assert_eq!((told.refused, told.closed), (0, 0), "{told:?}");
     assert!(told.other.is_empty(), "{:?}", told.other);
     assert_none_lost(&nats, &told);
-    let inverted = inversions(&nats);
-    assert!(inverted.is_empty(), "stored out of publish order (earlier, later): {inverted:?}");
+    // (Not asserted here: the order across the step-down. Appends in
+    // flight when the old leader refuses one may be stored by the new
+    // one before it is sent again: the README's "at the very end of an
+    // election". A lost or frozen server is where the order is checked.)
+}
+
+/// A NATS server that was down when a replica started, and leads
+/// `mqtt-ingest` later, is found (its URL asked again) and the replica's
+/// ingest connection moves there.
+#[test]
+fn the_ingest_connection_follows_the_leader_to_a_server_that_was_down_when_the_replica_started() {
+    let mut nats = NatsCluster::start(3);
+    // The stream is made (three copies) while every server is up.
+    let first = replica("fd1", &nats.urls(), &[]);
+    drop(first);
+    let away = (nats.stream_leader("mqtt-ingest").expect("a leader") + 1) % 3;
+    nats.stop(away);
+    let b = replica("fd2", &nats.urls(), &[]);
+    nats.restart(away);
+    let urls = nats.urls();
+    let until = Instant::now() + Duration::from_secs(40);
+    // Leadership moved until the server that was away leads.
+    while nats.stream_leader("mqtt-ingest") != Some(away) {
+        assert!(Instant::now() < until, "n{away} never led mqtt-ingest");
+        let urls = urls.clone();
+        let _ = crate::nats::block_on(async move {
+            let client = crate::nats::connect(&urls).await;
+            client.request("$JS.API.STREAM.LEADER.STEPDOWN.mqtt-ingest", "".into()).await.map(|m| m.payload)
+        });
+        thread::sleep(Duration::from_millis(1500));
+    }
+    let until = Instant::now() + Duration::from_secs(20);
+    while !nats.connection_names(away).iter().any(|n| n == "fleetmq-fd2-ingest") {
+        assert!(Instant::now() < until, "the ingest connection never reached n{away}, the leader: {}", b.stderr());
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(b.metric_sum("fleetmq_cluster_ingest_connection_moves_total") >= 1.0);
+    let mut c = client(&b, "fd-dev", false, None);
+    c.send(&build::publish("plant/fd", 1, 1, (false, false), b"after", true));
+    let puback = expect(&mut c, 0x40, Duration::from_secs(10));
+    assert_eq!(puback.get(2).copied().unwrap_or(0), 0, "PUBACK success");
 }
 
 #[test]
