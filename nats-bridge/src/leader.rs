@@ -77,15 +77,11 @@ pub(crate) async fn follow(shared: Arc<Shared>) {
             }
             continue;
         }
-        let mut url = known_url(&shared, &leader);
-        if url.is_none() {
-            let mut urls = shared.server_urls.lock().map(|u| u.clone()).unwrap_or_default();
-            let name = format!("fleetmq-{}-probe", shared.config.replica_id);
-            crate::shared::server_urls(&shared.config, &name, &mut urls).await;
-            url = urls.get(&leader).cloned();
-            if let Ok(mut known) = shared.server_urls.lock() {
-                *known = urls;
-            }
+        // Not held across the probes: a copy, put back.
+        let mut urls = shared.server_urls.lock().map(|u| u.clone()).unwrap_or_default();
+        let url = crate::shared::url_of(&shared.config, &mut urls, &leader).await;
+        if let Ok(mut known) = shared.server_urls.lock() {
+            *known = urls;
         }
         let Some(url) = url else {
             if told.as_ref() != Some(&leader) {
@@ -107,7 +103,3 @@ pub(crate) async fn follow(shared: Arc<Shared>) {
     }
 }
 
-/// The URL of the server named `name`, if known.
-fn known_url(shared: &Shared, name: &str) -> Option<String> {
-    shared.server_urls.lock().ok()?.get(name).cloned()
-}

@@ -247,47 +247,56 @@ impl Shared {
 }
 
 /// A connection named `name` made to the server that leads `stream`,
-/// when that server is one of `cluster.nats_urls` and is not `skip` (a
-/// server name: a connection already there); `None` otherwise. For the
-/// state connection, at `KV_mqtt-sessions`' leader: every CONNECT writes
-/// that bucket and its watch delivers every write back (DESIGN.md §8):
-/// at the leader, a write, its acknowledgement and its delivery are
-/// relayed between no NATS servers; elsewhere each one is
-/// (perf/RESULTS.md, issue 23, wt-23c: NATS messages and CPU per cluster
-/// CONNECT). Chosen once at start: when leadership moves later, or the
-/// connection is made again after a disconnect (to any server, as
+/// when that server is one of `cluster.nats_urls` and is not `current`
+/// (the server of a connection already there); `None` otherwise (`urls`:
+/// see [`url_of`]). For the state connection, at `KV_mqtt-sessions`'
+/// leader: every CONNECT writes that bucket and its watch delivers every
+/// write back (DESIGN.md §8): at the leader, a write, its acknowledgement
+/// and its delivery are relayed between no NATS servers; elsewhere each
+/// one is (perf/RESULTS.md, issue 23, wt-23c: NATS messages and CPU per
+/// cluster CONNECT). Chosen once at start: when leadership moves later,
+/// or the connection is made again after a disconnect (to any server, as
 /// before), it stays where it is (slower, not wrong). (The ingest
 /// connection follows its stream's leader: `leader.rs`.)
-async fn at_leader(config: &BridgeConfig, state: &Context, stream: &str, name: &str, skip: Option<&str>) -> Option<async_nats::Client> {
+async fn at_leader(
+    config: &BridgeConfig,
+    state: &Context,
+    urls: &mut std::collections::HashMap<String, String>,
+    stream: &str,
+    name: &str,
+    current: &str,
+) -> Option<async_nats::Client> {
+    let leader = state.get_stream(stream).await.ok()?.info().await.ok()?.cluster.as_ref()?.leader.clone()?;
+    if leader == current {
+        return None;
+    }
+    let url = url_of(config, urls, &leader).await?;
+    let client = connect(&config.cluster, name.to_owned(), Some(&url)).await.ok()?;
+    info!(target: "bridge", %leader, %url, %stream, connection = name, "bridge: {name} at the leader of {stream}");
+    Some(client)
+}
+
+/// The URL of the server named `server` among `cluster.nats_urls`
+/// (`None`: none that answers is), from `urls` (server name → URL); when
+/// it is not there, the URLs not in it yet are asked which server they
+/// are (a connection each, `fleetmq-<replica>-probe`, closed again) and
+/// added. Only with two URLs or more.
+pub(crate) async fn url_of(config: &BridgeConfig, urls: &mut std::collections::HashMap<String, String>, server: &str) -> Option<String> {
     if config.cluster.nats_urls.len() < 2 {
         return None;
     }
-    let leader = state.get_stream(stream).await.ok()?.info().await.ok()?.cluster.as_ref()?.leader.clone()?;
-    if skip == Some(leader.as_str()) {
-        return None;
-    }
-    for url in &config.cluster.nats_urls {
-        let Ok(probe) = connect(&config.cluster, name.to_owned(), Some(url)).await else { continue };
-        if probe.server_info().server_name == leader {
-            info!(target: "bridge", %leader, %url, %stream, connection = name, "bridge: {name} at the leader of {stream}");
-            return Some(probe);
+    if !urls.contains_key(server) {
+        let name = format!("fleetmq-{}-probe", config.replica_id);
+        for url in &config.cluster.nats_urls {
+            if urls.values().any(|known| known == url) {
+                continue;
+            }
+            if let Ok(probe) = connect(&config.cluster, name.clone(), Some(url)).await {
+                urls.insert(probe.server_info().server_name.clone(), url.clone());
+            }
         }
     }
-    None
-}
-
-/// Add to `urls` (server name → URL) the servers of `cluster.nats_urls`
-/// not in it yet that answer: each connected to once as `name` (a
-/// connection of its own, closed again).
-pub(crate) async fn server_urls(config: &BridgeConfig, name: &str, urls: &mut std::collections::HashMap<String, String>) {
-    for url in &config.cluster.nats_urls {
-        if urls.values().any(|known| known == url) {
-            continue;
-        }
-        if let Ok(probe) = connect(&config.cluster, name.to_owned(), Some(url)).await {
-            urls.insert(probe.server_info().server_name.clone(), url.clone());
-        }
-    }
+    urls.get(server).cloned()
 }
 
 /// Open the KV bucket `name` (created by `setup::ensure_buckets`), asked
@@ -351,21 +360,24 @@ pub(crate) async fn start(
     info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
     status.raise_floor(floor);
     let sessions_stream = format!("KV_{}", fleetmq_core::cluster::records::bucket::SESSIONS);
-    let (state_client, state) = match at_leader(&config, &state, &sessions_stream, &name("state"), Some(&state_client.server_info().server_name)).await {
+    let mut urls = std::collections::HashMap::new();
+    let current = state_client.server_info().server_name.clone();
+    let (state_client, state) = match at_leader(&config, &state, &mut urls, &sessions_stream, &name("state"), &current).await {
         Some(client) => {
             let context = context(client.clone());
             (client, context)
         }
         None => (state_client, state),
     };
-    let (ingest_client, ingest_rotation, server_urls) = match &config.ingest {
+    let (ingest_client, ingest_rotation) = match &config.ingest {
         Some(_) => {
-            let mut urls = std::collections::HashMap::new();
-            server_urls(&config, &name("probe"), &mut urls).await;
             let leader = crate::leader::ingest_leader(&state).await;
-            let url = leader.as_ref().and_then(|leader| urls.get(leader));
+            let url = match &leader {
+                Some(leader) => url_of(&config, &mut urls, leader).await,
+                None => None,
+            };
             let (client, rotation) = match url {
-                Some(url) => match connect_steered(&config.cluster, name("ingest"), Some(url)).await {
+                Some(url) => match connect_steered(&config.cluster, name("ingest"), Some(&url)).await {
                     Ok(made) => made,
                     Err(_) => connect_steered(&config.cluster, name("ingest"), None).await?,
                 },
@@ -373,9 +385,9 @@ pub(crate) async fn start(
             };
             let leader = leader.as_deref().unwrap_or("not known");
             info!(target: "bridge", server = %client.server_info().server_name, %leader, "bridge: ingest connection made");
-            (client, rotation, urls)
+            (client, rotation)
         }
-        None => (state_client.clone(), Arc::new(crate::config::Rotation::new(None)), std::collections::HashMap::new()),
+        None => (state_client.clone(), Arc::new(crate::config::Rotation::new(None))),
     };
     use fleetmq_core::cluster::records::bucket;
     let open_until = tokio::time::Instant::now() + START_WAIT / 3;
@@ -393,7 +405,7 @@ pub(crate) async fn start(
         ingest_client,
         ingest_rotation,
         ingest_left: Mutex::new(None),
-        server_urls: Mutex::new(server_urls),
+        server_urls: Mutex::new(urls),
         sessions,
         wills,
         session_state,

@@ -121,11 +121,7 @@ impl Node {
             stats.ingest_appended.load(relaxed),
             stats.log_appended.load(relaxed)
         );
-        let _ = writeln!(
-            out,
-            "# HELP fleetmq_session_log_values_missed Values of a session log that a persistent session had not read when the log dropped them (cluster.session_log_max_bytes, limits.max_session_expiry), found when it resumed\n# TYPE fleetmq_session_log_values_missed counter\nfleetmq_session_log_values_missed_total {}",
-            stats.log_missed.load(relaxed)
-        );
+        counter(out, "fleetmq_session_log_values_missed", "Values of a session log that a persistent session had not read when the log dropped them (cluster.session_log_max_bytes, limits.max_session_expiry), found when it resumed", stats.log_missed.load(relaxed));
         let _ = writeln!(
             out,
             "# HELP fleetmq_cluster_nats_reconnects_forced NATS connections of the bridge forced to reconnect to another server because the one they used answered no echo for member_ttl/2 (a frozen server, DESIGN.md §6)\n# TYPE fleetmq_cluster_nats_reconnects_forced counter\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"state\"}} {}\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"lease\"}} {}\nfleetmq_cluster_nats_reconnects_forced_total{{connection=\"ingest\"}} {}",
@@ -133,21 +129,9 @@ impl Node {
             stats.reconnects_forced_lease.load(relaxed),
             stats.reconnects_forced_ingest.load(relaxed)
         );
-        let _ = writeln!(
-            out,
-            "# HELP fleetmq_cluster_ingest_connection_moves Moves of the ingest connection to the server that leads mqtt-ingest (after the leader or the connection moved)\n# TYPE fleetmq_cluster_ingest_connection_moves counter\nfleetmq_cluster_ingest_connection_moves_total {}",
-            stats.ingest_connection_moves.load(relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP fleetmq_cluster_nats_reconnects NATS connections of the bridge re-established, forced or not\n# TYPE fleetmq_cluster_nats_reconnects counter\nfleetmq_cluster_nats_reconnects_total {}",
-            stats.reconnects.load(relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP fleetmq_bridge_queue_full Requests refused because the bridge queue was full\n# TYPE fleetmq_bridge_queue_full counter\nfleetmq_bridge_queue_full_total {}",
-            stats.queue_full.load(relaxed)
-        );
+        counter(out, "fleetmq_cluster_ingest_connection_moves", "Moves of the ingest connection to the server that leads mqtt-ingest (after the leader or the connection moved)", stats.ingest_connection_moves.load(relaxed));
+        counter(out, "fleetmq_cluster_nats_reconnects", "NATS connections of the bridge re-established, forced or not", stats.reconnects.load(relaxed));
+        counter(out, "fleetmq_bridge_queue_full", "Requests refused because the bridge queue was full", stats.queue_full.load(relaxed));
         for (name, help, value) in [
             ("cluster_wills_sent", "Wills of stopped, fenced or gone replicas' connections this replica sent as sweeper", &stats.wills_sent),
             ("cluster_wills_withheld", "Such wills withheld: the client came back within will_stop_grace", &stats.wills_withheld),
@@ -206,4 +190,11 @@ impl Node {
             let _ = writeln!(out, "fleetmq_nats_round_trip_seconds_count{{op=\"{op}\"}} {count}");
         }
     }
+}
+
+/// One counter without labels, Prometheus text: its HELP and TYPE lines
+/// and `<name>_total value`.
+fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}_total {value}");
 }
