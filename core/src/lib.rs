@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod packet;
 pub mod mesh;
 pub mod placement;
+pub mod ring;
 pub mod route;
 pub mod session;
 pub mod settings;

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::Subject;
+use fleetmq_core::ring::Ring;
 use futures_util::{FutureExt as _, StreamExt as _};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -63,7 +64,7 @@ struct Pending {
     id: String,
     /// The other headers; the header map is made at each send (async-nats
     /// takes it), not kept and cloned.
-    properties: Vec<(String, String)>,
+    properties: fleetmq_core::cluster::ingest::Headers,
     payload: bytes::Bytes,
     deadline: Instant,
     started: std::time::Instant,
@@ -77,56 +78,10 @@ struct Pending {
     _ticket: Option<Ticket>,
 }
 
-/// The appends waiting, by key: keys are given in order, so a ring
-/// starting at the oldest key still waiting.
-#[derive(Default)]
-struct Ring {
-    first: u64,
-    slots: VecDeque<Option<Pending>>,
-}
-
-impl Ring {
-    fn push(&mut self, key: u64, pending: Pending) {
-        if self.slots.is_empty() {
-            self.first = key;
-        }
-        debug_assert_eq!(self.first + self.slots.len() as u64, key);
-        self.slots.push_back(Some(pending));
-    }
-
-    fn get_mut(&mut self, key: u64) -> Option<&mut Pending> {
-        let at = key.checked_sub(self.first)?;
-        self.slots.get_mut(usize::try_from(at).ok()?)?.as_mut()
-    }
-
-    #[cfg(test)]
-    fn contains(&self, key: u64) -> bool {
-        key.checked_sub(self.first).and_then(|at| self.slots.get(usize::try_from(at).ok()?)).is_some_and(Option::is_some)
-    }
-
-    fn remove(&mut self, key: u64) -> Option<Pending> {
-        let at = usize::try_from(key.checked_sub(self.first)?).ok()?;
-        let pending = self.slots.get_mut(at)?.take();
-        while self.slots.front().is_some_and(Option::is_none) {
-            self.slots.pop_front();
-            self.first += 1;
-        }
-        pending
-    }
-
-    fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = (u64, &mut Pending)> {
-        let first = self.first;
-        self.slots.iter_mut().enumerate().filter_map(move |(at, p)| Some((first + at as u64, p.as_mut()?)))
-    }
-}
-
 #[derive(Default)]
 struct Inner {
-    pending: Ring,
+    /// The appends waiting, by key (keys are given in order).
+    pending: Ring<Pending>,
     /// (deadline, key) of every pending append, in order: every append
     /// waits as long (`cluster.session_log_append_wait`), so deadlines
     /// come in the order of the keys.
@@ -239,17 +194,19 @@ impl Appender {
         }
         self.shared.status.stats.started();
         let StreamMessage { subject, headers: properties, payload } = message;
-        let deadline = Instant::now() + wait;
+        // One reading of the clock per append.
+        let started = std::time::Instant::now();
+        let deadline = Instant::from_std(started) + wait;
         let mut inner = self.inner.borrow_mut();
         let key = inner.next;
         inner.next += 1;
         let pending = Pending {
-            subject: Subject::from(subject),
+            subject: crate::ingest::nats_subject(subject),
             id,
             properties,
             payload,
             deadline,
-            started: std::time::Instant::now(),
+            started,
             attempts: 0,
             in_flight: false,
             why: String::new(),
@@ -549,48 +506,5 @@ mod tests {
         inner.retry(4, later, true);
         assert_eq!(inner.next_key(now), None);
         assert_eq!(inner.next_key(later), Some(4));
-    }
-
-    fn pending() -> Pending {
-        Pending {
-            subject: Subject::from("s"),
-            id: String::new(),
-            properties: Vec::new(),
-            payload: bytes::Bytes::new(),
-            deadline: Instant::now(),
-            started: std::time::Instant::now(),
-            attempts: 0,
-            in_flight: false,
-            why: String::new(),
-            reply: AppendReply::Oneshot(tokio::sync::oneshot::channel().0),
-            _ticket: None,
-        }
-    }
-
-    proptest::proptest! {
-        /// The ring holds exactly the keys pushed and not removed, in
-        /// any order of removal, and shrinks from its oldest end.
-        #[test]
-        fn the_ring_holds_what_was_pushed_and_not_removed(removals in proptest::collection::vec(0u64..40, 0..80)) {
-            let mut ring = Ring::default();
-            let mut held = std::collections::BTreeSet::new();
-            for key in 5..45 {
-                ring.push(key, pending());
-                held.insert(key);
-            }
-            for key in removals {
-                let key = key + 5;
-                proptest::prop_assert_eq!(ring.remove(key).is_some(), held.remove(&key));
-                for k in 0..50 {
-                    proptest::prop_assert_eq!(ring.contains(k), held.contains(&k));
-                    proptest::prop_assert_eq!(ring.get_mut(k).is_some(), held.contains(&k));
-                }
-                proptest::prop_assert_eq!(ring.iter_mut().map(|(k, _)| k).collect::<Vec<_>>(), held.iter().copied().collect::<Vec<_>>());
-                proptest::prop_assert_eq!(ring.is_empty(), held.is_empty());
-                if let Some(first) = held.first() {
-                    proptest::prop_assert_eq!(ring.first, *first);
-                }
-            }
-        }
     }
 }

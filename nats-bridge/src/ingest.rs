@@ -28,6 +28,7 @@
 //! the duplicate window is minutes long, so such a key would make
 //! JetStream drop a real new value as a "duplicate" and acknowledge it.
 
+use std::borrow::Cow;
 use std::future::IntoFuture as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,6 +36,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::header::HeaderName;
+use fleetmq_core::cluster::ingest::{may_repeat, Headers};
 use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::warn;
@@ -62,7 +65,7 @@ pub(crate) enum Fate {
 
 /// The bytes an append counts against [`crate::INGEST_WAITING_BYTES`]:
 /// its subject, headers and payload.
-pub(crate) fn size(subject: &str, headers: &[(String, String)], payload: &Bytes) -> usize {
+pub(crate) fn size(subject: &str, headers: &Headers, payload: &Bytes) -> usize {
     subject.len() + payload.len() + headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>()
 }
 
@@ -124,13 +127,30 @@ pub(crate) async fn append_both(
 /// The headers of an append: `Nats-Msg-Id` `id` (the duplicate window's
 /// key) and `properties`, appended, never inserted: a user property may
 /// come more than once (MQTT 5 §3.3.2.3.7), each its own header.
-pub(crate) fn header_map(id: &str, properties: &[(String, String)]) -> async_nats::HeaderMap {
+pub(crate) fn header_map(id: &str, properties: &Headers) -> async_nats::HeaderMap {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
     for (name, value) in properties {
-        headers.append(name.as_str(), value.as_str());
+        let value = &**value;
+        // The contract's names cost no allocation and no validation; a
+        // name that comes once, one hash.
+        match (name, may_repeat(name)) {
+            (Cow::Borrowed(known), false) => headers.insert(HeaderName::from_static(known), value),
+            (Cow::Borrowed(known), true) => headers.append(HeaderName::from_static(known), value),
+            (Cow::Owned(other), false) => headers.insert(other.as_str(), value),
+            (Cow::Owned(other), true) => headers.append(other.as_str(), value),
+        }
     }
     headers
+}
+
+/// `subject` as async-nats takes it: a borrowed one (the default
+/// workspace's) costs no allocation, and none is made again per attempt.
+pub(crate) fn nats_subject(subject: Cow<'static, str>) -> async_nats::Subject {
+    match subject {
+        Cow::Borrowed(known) => async_nats::Subject::from_static(known),
+        Cow::Owned(other) => async_nats::Subject::from(other),
+    }
 }
 
 /// The size NATS counts for `message` published with the

@@ -51,6 +51,9 @@ pub(crate) async fn follow(shared: Arc<Shared>) {
     }
     // The leader last logged as not moved to.
     let mut told: Option<String> = None;
+    // The leader whose URL was last looked for: the URLs silent then are
+    // asked again for a new leader only (one probe each per election).
+    let mut looked_for: Option<String> = None;
     let mut tick = tokio::time::interval(LOOK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -79,6 +82,10 @@ pub(crate) async fn follow(shared: Arc<Shared>) {
         }
         // Not held across the probes: a copy, put back.
         let mut urls = shared.server_urls.lock().map(|u| u.clone()).unwrap_or_default();
+        if looked_for.as_ref() != Some(&leader) {
+            urls.ask_silent_again();
+            looked_for = Some(leader.clone());
+        }
         let url = crate::shared::url_of(&shared.config, &mut urls, &leader).await;
         if let Ok(mut known) = shared.server_urls.lock() {
             *known = urls;

@@ -268,9 +268,9 @@ pub struct Qos2Flow {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamMessage {
     /// The subject.
-    pub subject: String,
+    pub subject: std::borrow::Cow<'static, str>,
     /// The headers, `Nats-Msg-Id` excepted.
-    pub headers: Vec<(String, String)>,
+    pub headers: fleetmq_core::cluster::ingest::Headers,
     /// The payload.
     pub payload: bytes::Bytes,
 }

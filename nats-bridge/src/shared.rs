@@ -45,7 +45,7 @@ pub(crate) struct Shared {
     /// The NATS servers of `cluster.nats_urls` by name, as far as they
     /// answered (with the ingest stream only: see `leader.rs`, which asks
     /// the others again).
-    pub(crate) server_urls: Mutex<std::collections::HashMap<String, String>>,
+    pub(crate) server_urls: Mutex<ServerUrls>,
     /// `mqtt-sessions`, opened once (opening it is a round trip).
     pub(crate) sessions: async_nats::jetstream::kv::Store,
     /// `mqtt-session-will`, opened once.
@@ -261,7 +261,7 @@ impl Shared {
 async fn at_leader(
     config: &BridgeConfig,
     state: &Context,
-    urls: &mut std::collections::HashMap<String, String>,
+    urls: &mut ServerUrls,
     stream: &str,
     name: &str,
     current: &str,
@@ -276,27 +276,62 @@ async fn at_leader(
     Some(client)
 }
 
+/// Which server each URL of `cluster.nats_urls` reaches, as far as asked
+/// (see [`url_of`]).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ServerUrls {
+    /// Server name → URL.
+    by_name: std::collections::HashMap<String, String>,
+    /// URLs that did not answer a probe: not asked again until
+    /// [`ServerUrls::ask_silent_again`].
+    silent: std::collections::HashSet<String>,
+}
+
+impl ServerUrls {
+    /// Let the URLs that did not answer be probed again (a server that
+    /// was down may lead now: `leader.rs`).
+    pub(crate) fn ask_silent_again(&mut self) {
+        self.silent.clear();
+    }
+}
+
+/// How long a probe waits for a server to answer: a server of the
+/// cluster answers within milliseconds; one stopped (or frozen) must not
+/// hold a replica's start for the whole connect timeout, twice.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+
 /// The URL of the server named `server` among `cluster.nats_urls`
-/// (`None`: none that answers is), from `urls` (server name → URL); when
-/// it is not there, the URLs not in it yet are asked which server they
-/// are (a connection each, `fleetmq-<replica>-probe`, closed again) and
-/// added. Only with two URLs or more.
-pub(crate) async fn url_of(config: &BridgeConfig, urls: &mut std::collections::HashMap<String, String>, server: &str) -> Option<String> {
+/// (`None`: none that answers is), from `urls`; when it is not known,
+/// the URLs not known yet, and not silent, are asked which server they
+/// are (a connection each, `fleetmq-<replica>-probe`, closed again, given
+/// [`PROBE_WAIT`]) and added; one that does not answer is logged and left
+/// silent. Only with two URLs or more.
+pub(crate) async fn url_of(config: &BridgeConfig, urls: &mut ServerUrls, server: &str) -> Option<String> {
     if config.cluster.nats_urls.len() < 2 {
         return None;
     }
-    if !urls.contains_key(server) {
+    if !urls.by_name.contains_key(server) {
         let name = format!("fleetmq-{}-probe", config.replica_id);
         for url in &config.cluster.nats_urls {
-            if urls.values().any(|known| known == url) {
+            if urls.by_name.values().any(|known| known == url) || urls.silent.contains(url) {
                 continue;
             }
-            if let Ok(probe) = connect(&config.cluster, name.clone(), Some(url)).await {
-                urls.insert(probe.server_info().server_name.clone(), url.clone());
+            match tokio::time::timeout(PROBE_WAIT, connect(&config.cluster, name.clone(), Some(url))).await {
+                Ok(Ok(probe)) => {
+                    urls.by_name.insert(probe.server_info().server_name.clone(), url.clone());
+                }
+                Ok(Err(e)) => {
+                    warn!(target: "bridge", %url, error = %e, "bridge: a NATS server of cluster.nats_urls did not answer; connections are not placed there");
+                    urls.silent.insert(url.clone());
+                }
+                Err(_) => {
+                    warn!(target: "bridge", %url, wait = ?PROBE_WAIT, "bridge: a NATS server of cluster.nats_urls did not answer in time (stopped or frozen?); connections are not placed there");
+                    urls.silent.insert(url.clone());
+                }
             }
         }
     }
-    urls.get(server).cloned()
+    urls.by_name.get(server).cloned()
 }
 
 /// Open the KV bucket `name` (created by `setup::ensure_buckets`), asked
@@ -360,7 +395,7 @@ pub(crate) async fn start(
     info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
     status.raise_floor(floor);
     let sessions_stream = format!("KV_{}", fleetmq_core::cluster::records::bucket::SESSIONS);
-    let mut urls = std::collections::HashMap::new();
+    let mut urls = ServerUrls::default();
     let current = state_client.server_info().server_name.clone();
     let (state_client, state) = match at_leader(&config, &state, &mut urls, &sessions_stream, &name("state"), &current).await {
         Some(client) => {

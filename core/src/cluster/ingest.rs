@@ -6,9 +6,17 @@
 //! stream"); this module is its encoder: the subject and headers of a
 //! value. Pure: the bridge publishes what it returns.
 
+use std::borrow::Cow;
+
 use base64::Engine as _;
 
 use crate::packet::Props;
+
+/// A stream message's headers, `(name, value)` in order (a name may come
+/// more than once), `Nats-Msg-Id` excepted. What is known in advance (the
+/// contract's header names, `1` and `2`) is borrowed, so that a value
+/// costs no allocation for it on the publish path.
+pub type Headers = Vec<(Cow<'static, str>, Cow<'static, str>)>;
 
 /// The stream's name.
 pub const STREAM: &str = "mqtt-ingest";
@@ -39,21 +47,22 @@ pub const WORKSPACE: &str = "Mqtt-Workspace";
 /// [`header_safe`]): `Mqtt-Topic-B64` in place of `Mqtt-Topic`.
 pub const B64_SUFFIX: &str = "-B64";
 
-/// One accepted value, as the ingest stream records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IngestValue {
+/// One accepted value, as the ingest stream records it (borrowed from the
+/// PUBLISH and its session while its headers are made).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IngestValue<'a> {
     /// The publisher's workspace (`""` or `"default"`: the default one).
-    pub workspace: String,
+    pub workspace: &'a str,
     /// The topic name as the client sees it (no workspace prefix).
-    pub topic: String,
+    pub topic: &'a str,
     /// The publishing client's identifier.
-    pub client_id: String,
+    pub client_id: &'a str,
     /// 1 or 2.
     pub qos: u8,
     /// RETAIN was set.
     pub retain: bool,
     /// The MQTT 5 properties of the PUBLISH (empty for 3.1.1).
-    pub properties: Props,
+    pub properties: &'a Props,
 }
 
 /// Whether `workspace` names the default workspace.
@@ -81,10 +90,17 @@ pub fn workspace_token(workspace: &str) -> String {
     out
 }
 
+/// The subject of the default workspace's values.
+const DEFAULT_SUBJECT: &str = "mqtt-ingest._";
+
 /// The subject a value of `workspace` is appended on:
-/// `mqtt-ingest.<workspace token>` ([`workspace_token`]).
-pub fn subject(workspace: &str) -> String {
-    format!("{STREAM}.{}", workspace_token(workspace))
+/// `mqtt-ingest.<workspace token>` ([`workspace_token`]); borrowed for
+/// the default workspace.
+pub fn subject(workspace: &str) -> Cow<'static, str> {
+    if is_default(workspace) {
+        return Cow::Borrowed(DEFAULT_SUBJECT);
+    }
+    Cow::Owned(format!("{STREAM}.{}", workspace_token(workspace)))
 }
 
 /// Whether `value` can be a NATS header value as it is: no control
@@ -107,12 +123,21 @@ fn user_name_safe(name: &str) -> bool {
 
 /// Push header `name` with `value`: as it is when [`header_safe`], else
 /// base64 under `name` + [`B64_SUFFIX`].
-fn push_text(out: &mut Vec<(String, String)>, name: &str, value: &str) {
+pub fn push_text(out: &mut Headers, name: &'static str, value: &str) {
     if header_safe(value) {
-        out.push((name.to_owned(), value.to_owned()));
+        out.push((Cow::Borrowed(name), Cow::Owned(value.to_owned())));
     } else {
         let encoded = base64::engine::general_purpose::STANDARD.encode(value.as_bytes());
-        out.push((format!("{name}{B64_SUFFIX}"), encoded));
+        out.push((Cow::Owned(format!("{name}{B64_SUFFIX}")), Cow::Owned(encoded)));
+    }
+}
+
+/// The text of a QoS of a stored value (1 or 2).
+pub fn qos_text(qos: u8) -> Cow<'static, str> {
+    match qos {
+        1 => Cow::Borrowed("1"),
+        2 => Cow::Borrowed("2"),
+        other => Cow::Owned(other.to_string()),
     }
 }
 
@@ -127,18 +152,18 @@ fn push_text(out: &mut Vec<(String, String)>, name: &str, value: &str) {
 /// than once). A text that is not [`header_safe`] goes base64 under the
 /// name with [`B64_SUFFIX`]. Header names may repeat (user properties):
 /// the bridge appends each, never replaces.
-pub fn headers(value: &IngestValue) -> Vec<(String, String)> {
+pub fn headers(value: &IngestValue<'_>) -> Headers {
     let mut out = Vec::with_capacity(4);
-    push_text(&mut out, TOPIC, &value.topic);
-    out.push((QOS.to_owned(), value.qos.to_string()));
-    push_text(&mut out, CLIENT_ID, &value.client_id);
+    push_text(&mut out, TOPIC, value.topic);
+    out.push((Cow::Borrowed(QOS), qos_text(value.qos)));
+    push_text(&mut out, CLIENT_ID, value.client_id);
     if value.retain {
-        out.push((RETAIN.to_owned(), "1".to_owned()));
+        out.push((Cow::Borrowed(RETAIN), Cow::Borrowed("1")));
     }
-    if !is_default(&value.workspace) {
-        push_text(&mut out, WORKSPACE, &value.workspace);
+    if !is_default(value.workspace) {
+        push_text(&mut out, WORKSPACE, value.workspace);
     }
-    let p = &value.properties;
+    let p = value.properties;
     if let Some(content_type) = &p.content_type {
         push_text(&mut out, "Mqtt-Content-Type", content_type);
     }
@@ -146,21 +171,33 @@ pub fn headers(value: &IngestValue) -> Vec<(String, String)> {
         push_text(&mut out, "Mqtt-Response-Topic", response_topic);
     }
     if let Some(data) = &p.correlation_data {
-        out.push(("Mqtt-Correlation-Data".to_owned(), base64::engine::general_purpose::STANDARD.encode(data)));
+        out.push((Cow::Borrowed("Mqtt-Correlation-Data"), Cow::Owned(base64::engine::general_purpose::STANDARD.encode(data))));
     }
     if p.payload_format_indicator == Some(1) {
-        out.push(("Mqtt-Payload-Format".to_owned(), "1".to_owned()));
+        out.push((Cow::Borrowed("Mqtt-Payload-Format"), Cow::Borrowed("1")));
     }
     for (name, v) in &p.user_properties {
         if user_name_safe(name) && header_safe(v) {
-            out.push((format!("Mqtt-User-{name}"), v.to_string()));
+            out.push((Cow::Owned(format!("{USER_PREFIX}{name}")), Cow::Owned(v.to_string())));
         } else {
             let b64 = &base64::engine::general_purpose::STANDARD;
-            out.push((USER_B64.to_owned(), format!("{}:{}", b64.encode(name.as_bytes()), b64.encode(v.as_bytes()))));
+            let both = format!("{}:{}", b64.encode(name.as_bytes()), b64.encode(v.as_bytes()));
+            out.push((Cow::Borrowed(USER_B64), Cow::Owned(both)));
         }
     }
     out
 }
+
+/// Whether a header `name` of [`headers`] may come more than once: a
+/// user property's (`Mqtt-User-<name>`, [`USER_B64`]; MQTT 5
+/// §3.3.2.3.7); the others come once at most, so the bridge may put them
+/// rather than append them.
+pub fn may_repeat(name: &str) -> bool {
+    name.starts_with(USER_PREFIX)
+}
+
+/// The prefix of a user property's header.
+const USER_PREFIX: &str = "Mqtt-User-";
 
 /// The header of a user property whose name cannot be a header name's
 /// end (`[A-Za-z0-9._-]+`) or whose value is not [`header_safe`]:
@@ -176,24 +213,19 @@ mod tests {
 
     /// What a consumer does with a text header: the value as it is, or
     /// its `-B64` twin decoded.
-    fn read(headers: &[(String, String)], name: &str) -> Option<String> {
+    fn read(headers: &Headers, name: &str) -> Option<String> {
         if let Some((_, v)) = headers.iter().find(|(n, _)| n == name) {
-            return Some(v.clone());
+            return Some(v.to_string());
         }
         let b64 = format!("{name}{B64_SUFFIX}");
         let (_, v) = headers.iter().find(|(n, _)| *n == b64)?;
-        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(v).ok()?).ok()
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).ok()?).ok()
     }
 
-    fn value(topic: &str, client_id: &str, workspace: &str) -> IngestValue {
-        IngestValue {
-            workspace: workspace.to_owned(),
-            topic: topic.to_owned(),
-            client_id: client_id.to_owned(),
-            qos: 1,
-            retain: false,
-            properties: Props::default(),
-        }
+    static NO_PROPERTIES: std::sync::LazyLock<Props> = std::sync::LazyLock::new(Props::default);
+
+    fn value<'a>(topic: &'a str, client_id: &'a str, workspace: &'a str) -> IngestValue<'a> {
+        IngestValue { workspace, topic, client_id, qos: 1, retain: false, properties: &NO_PROPERTIES }
     }
 
     #[test]
@@ -202,6 +234,7 @@ mod tests {
         let names: Vec<_> = h.iter().map(|(n, v)| format!("{n}={v}")).collect();
         assert_eq!(names, ["Mqtt-Topic=sensors/t1", "Mqtt-Qos=1", "Mqtt-Client-Id=dev-1"]);
         assert_eq!(subject(""), "mqtt-ingest._");
+        assert_eq!(subject("default"), format!("{STREAM}.{DEFAULT_WORKSPACE_TOKEN}"));
         assert_eq!(subject("default"), "mqtt-ingest._");
         assert_eq!(subject("acme"), "mqtt-ingest.acme");
         assert_eq!(subject("a.b *>"), "mqtt-ingest.a%2Eb%20%2A%3E");
@@ -213,14 +246,17 @@ mod tests {
         let mut v = value("a", "c", "acme");
         v.retain = true;
         v.qos = 2;
-        v.properties = Props::from(Properties {
+        let properties = Props::from(Properties {
             content_type: Some("application/json".into()),
             correlation_data: Some(bytes::Bytes::from_static(b"\x00\x01")),
             payload_format_indicator: Some(1),
             user_properties: vec![("site".into(), "north".into()), ("bad name".into(), "x".into())],
             ..Properties::default()
         });
+        v.properties = &properties;
         let h = headers(&v);
+        let repeatable: Vec<&str> = h.iter().filter(|(n, _)| may_repeat(n)).map(|(n, _)| &**n).collect();
+        assert_eq!(repeatable, ["Mqtt-User-site", USER_B64], "only user properties may repeat");
         assert_eq!(read(&h, RETAIN).as_deref(), Some("1"));
         assert_eq!(read(&h, QOS).as_deref(), Some("2"));
         assert_eq!(read(&h, WORKSPACE).as_deref(), Some("acme"));

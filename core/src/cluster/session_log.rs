@@ -26,6 +26,7 @@
 //! Not a public contract (the ingest stream is the one for downstream
 //! readers): only replicas read it.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -33,7 +34,7 @@ use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 
-use crate::cluster::ingest::{header_safe, workspace_token, B64_SUFFIX};
+use crate::cluster::ingest::{push_text, qos_text, workspace_token, Headers, B64_SUFFIX};
 use crate::packet::codec::{decode_publish_properties, encode_publish_properties};
 use crate::packet::QoS;
 use crate::session::{workspace_namespace, GroupPick, Message};
@@ -73,7 +74,7 @@ pub struct Encoded {
     /// `mqtt-sessions.<workspace token>`.
     pub subject: String,
     /// The headers but `Nats-Msg-Id`.
-    pub headers: Vec<(String, String)>,
+    pub headers: Headers,
     /// Properties, then the payload.
     pub payload: Bytes,
 }
@@ -86,18 +87,13 @@ pub fn encode(workspace: &str, message: &Message, received_ms: u64) -> Option<En
     let namespace = workspace_namespace(workspace);
     let topic = message.topic.strip_prefix(&*namespace).unwrap_or(&message.topic);
     let mut headers = Vec::with_capacity(5);
-    if header_safe(topic) {
-        headers.push((TOPIC.to_owned(), topic.to_owned()));
-    } else {
-        let encoded = base64::engine::general_purpose::STANDARD.encode(topic.as_bytes());
-        headers.push((format!("{TOPIC}{B64_SUFFIX}"), encoded));
-    }
-    headers.push((QOS.to_owned(), (message.qos as u8).to_string()));
+    push_text(&mut headers, TOPIC, topic);
+    headers.push((Cow::Borrowed(QOS), qos_text(message.qos as u8)));
     if message.retain {
-        headers.push((RETAIN.to_owned(), "1".to_owned()));
+        headers.push((Cow::Borrowed(RETAIN), Cow::Borrowed("1")));
     }
-    headers.push((ORIGIN.to_owned(), message.origin.to_string()));
-    headers.push((RECEIVED_MS.to_owned(), received_ms.to_string()));
+    headers.push((Cow::Borrowed(ORIGIN), Cow::Owned(message.origin.to_string())));
+    headers.push((Cow::Borrowed(RECEIVED_MS), Cow::Owned(received_ms.to_string())));
     let mut payload = BytesMut::with_capacity(message.payload.len() + 16);
     encode_publish_properties(&message.properties, &mut payload).ok()?;
     payload.extend_from_slice(&message.payload);
@@ -273,6 +269,7 @@ impl Interest {
 mod tests {
     use super::*;
     use crate::packet::{Properties, Props};
+    use crate::cluster::ingest::header_safe;
     use proptest::prelude::*;
     use std::time::Instant;
 
@@ -292,7 +289,7 @@ mod tests {
     }
 
     fn read_back(ws: &str, e: &Encoded, at: Instant) -> Result<Decoded, DecodeError> {
-        decode(ws, |name| e.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()), e.payload.clone(), at)
+        decode(ws, |name| e.headers.iter().find(|(n, _)| n == name).map(|(_, v)| &**v), e.payload.clone(), at)
     }
 
     #[test]

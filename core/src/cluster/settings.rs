@@ -224,6 +224,17 @@ impl Cluster {
                 });
             }
         }
+        // The same server twice would be probed, tried and counted twice
+        // (a reconnect rotation, the placement of the connections).
+        for (at, url) in self.nats_urls.iter().enumerate() {
+            if self.nats_urls[..at].iter().any(|earlier| earlier.trim_end_matches('/') == url.trim_end_matches('/')) {
+                return Err(SettingsError::Invalid {
+                    key: "cluster.nats_urls",
+                    value: url.clone(),
+                    allowed: "each URL once".into(),
+                });
+            }
+        }
         Ok(())
     }
 
@@ -300,6 +311,13 @@ mod tests {
         assert!(e.contains("cluster.nats_urls") && e.contains("http://127.0.0.1:4222") && e.contains("wss://"), "{e}");
         let c = Cluster { nats_urls: vec!["tls://a:4222".into(), "10.0.0.5:4222".into()], ..Cluster::default() };
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_nats_url_listed_twice_is_refused_naming_the_key() {
+        let c = Cluster { nats_urls: vec!["nats://a:4222".into(), "nats://b:4222".into(), "nats://a:4222/".into()], ..Cluster::default() };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("cluster.nats_urls") && e.contains("nats://a:4222/") && e.contains("each URL once"), "{e}");
     }
 
     #[test]

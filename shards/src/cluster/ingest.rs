@@ -35,12 +35,12 @@
 
 use std::sync::Arc;
 
-use fleetmq_core::cluster::ingest::{headers, subject, IngestValue};
+use fleetmq_core::cluster::ingest::{headers, subject, Headers, IngestValue};
 use fleetmq_core::cluster::session_log;
+use fleetmq_core::ring::Ring;
 use fleetmq_core::packet::ReasonCode;
 use fleetmq_core::session::Message;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -59,6 +59,21 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(5);
 /// one given up on.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
+/// A value as the ingest stream records it, but its payload: made where
+/// the PUBLISH is handled, from what borrows from it and its session.
+pub(crate) struct IngestRecord {
+    subject: std::borrow::Cow<'static, str>,
+    headers: Headers,
+}
+
+impl IngestRecord {
+    /// `value`'s subject and headers
+    /// ([`fleetmq_core::cluster::ingest::headers`]).
+    pub(crate) fn of(value: &IngestValue<'_>) -> IngestRecord {
+        IngestRecord { subject: subject(value.workspace), headers: headers(value) }
+    }
+}
+
 /// An append of this shard waiting for its batched answer.
 pub(crate) struct Waiting {
     write: Rc<Write>,
@@ -73,7 +88,7 @@ pub(crate) struct Waiting {
 #[derive(Default)]
 pub(crate) struct Appends {
     next: Cell<u64>,
-    waiting: RefCell<HashMap<u64, Waiting>>,
+    waiting: RefCell<Ring<Waiting>>,
     looked: Cell<Option<Instant>>,
 }
 
@@ -85,8 +100,10 @@ impl Appends {
         token
     }
 
+    /// Keep `waiting` under `token`, the newest one [`Appends::token`]
+    /// gave.
     fn insert(&self, token: u64, waiting: Waiting) {
-        self.waiting.borrow_mut().insert(token, waiting);
+        self.waiting.borrow_mut().push(token, waiting);
     }
 }
 
@@ -108,7 +125,7 @@ fn outcome(answer: Option<AppendOutcome>, hand_on: &Cell<bool>) -> Outcome {
 pub(crate) fn answered(answers: Vec<(u64, AppendOutcome)>) {
     let found: Vec<_> = shard_state(|sc| {
         let mut waiting = sc.appends.waiting.borrow_mut();
-        answers.into_iter().filter_map(|(token, answer)| Some((waiting.remove(&token)?, answer))).collect()
+        answers.into_iter().filter_map(|(token, answer)| Some((waiting.remove(token)?, answer))).collect()
     });
     for (waiting, answer) in found {
         waiting.write.resolve(outcome(Some(answer), &waiting.hand_on));
@@ -125,8 +142,8 @@ pub(crate) fn give_up_overdue(now: Instant) {
         }
         appends.looked.set(Some(now));
         let mut waiting = appends.waiting.borrow_mut();
-        let due: Vec<u64> = waiting.iter().filter(|(_, w)| w.give_up <= now).map(|(token, _)| *token).collect();
-        due.iter().filter_map(|token| waiting.remove(token)).collect()
+        let due: Vec<u64> = waiting.iter_mut().filter(|(_, w)| w.give_up <= now).map(|(token, _)| token).collect();
+        due.into_iter().filter_map(|token| waiting.remove(token)).collect()
     });
     for waiting in overdue {
         waiting.write.resolve(outcome(None, &waiting.hand_on));
@@ -148,32 +165,34 @@ pub(crate) fn wants_log(topic: &str) -> bool {
 }
 
 /// Append `message` (QoS 1/2, from a client) to the ingest stream as
-/// `ingest` describes it and/or to the session log of `workspace`, its
+/// `ingest` records it and/or to the session log of `workspace`, its
 /// acknowledgement waiting for the answer (both) through a
 /// [`Write`](crate::store::Write) of `store` (joined with a retained write
 /// of the same value, if any). `qos2`: a QoS 2 value of a persistent
 /// session, its flow recorded in `mqtt-session-qos2` once the appends
 /// landed (see `qos2.rs`; with nothing to append, only that). `held`: the write number its delivery
 /// already waits for (a retained value); else a new one from
-/// `next_write`. Returns the write number its delivery waits for (see
+/// `next_write`. `now`: when the shard took the PUBLISH. Returns the
+/// write number its delivery waits for (see
 /// [`crate::shard::Shard::written`]), or `None` when the shard is not a
 /// cluster's or there is nothing to append (delivered now).
 pub(crate) fn append_ingest(
     message: &Arc<Message>,
-    ingest: Option<&IngestValue>,
+    ingest: Option<IngestRecord>,
     workspace: Option<&str>,
     qos2: Option<Box<Qos2Flow>>,
     store: &crate::store::ShardStore,
     held: Option<u64>,
     next_write: impl FnOnce() -> u64,
+    now: Instant,
 ) -> Option<u64> {
     let (node, shard) = shard_state(|sc| Some((sc.node.borrow().clone()?, sc.shard.borrow().clone()?)))?;
-    let ingest = ingest.map(|value| {
-        Box::new(StreamMessage { subject: subject(&value.workspace), headers: headers(value), payload: message.payload.clone() })
+    let ingest = ingest.map(|IngestRecord { subject, headers }| {
+        Box::new(StreamMessage { subject, headers, payload: message.payload.clone() })
     });
     let session_log = workspace.and_then(|workspace| {
         let encoded = session_log::encode(workspace, message, crate::store::unix_ms())?;
-        let message = StreamMessage { subject: encoded.subject, headers: encoded.headers, payload: encoded.payload };
+        let message = StreamMessage { subject: encoded.subject.into(), headers: encoded.headers, payload: encoded.payload };
         Some(Box::new(LogAppend { workspace: workspace.to_owned(), message }))
     });
     if ingest.is_none() && session_log.is_none() && qos2.is_none() {
@@ -215,7 +234,7 @@ pub(crate) fn append_ingest(
     // a full stream.
     let sent = node.bridge.send(request).is_ok();
     if let (true, Some((_, token))) = (sent, batched) {
-        let give_up = Instant::now() + node.append_wait + GIVE_UP_AFTER;
+        let give_up = now + node.append_wait + GIVE_UP_AFTER;
         shard_state(|sc| sc.appends.insert(token, Waiting { write, hand_on, give_up }));
         return Some(write_no);
     }

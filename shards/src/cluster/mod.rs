@@ -35,7 +35,7 @@ mod session_log;
 mod sessions;
 mod wills;
 
-pub(crate) use ingest::{append_ingest, wants_log};
+pub(crate) use ingest::{append_ingest, wants_log, IngestRecord};
 pub(crate) use qos2::{flow as qos2_flow, purge as purge_qos2, release as release_qos2};
 pub(crate) use retained::{publish_retained, Retained};
 pub(crate) use session_log::{count_missed, node, save_cursor, shard_weak};

@@ -360,23 +360,23 @@ pub(crate) struct Shard {
 }
 
 /// `message`, published by `client` (QoS 1/2), as the ingest stream
-/// records it (`store.kind = "jetstream"`): its topic without the
-/// workspace prefix, the client's identifier and workspace. `None` at QoS
-/// 0 (not stored).
-fn ingest_value(client: &Client, message: &Message) -> Option<fleetmq_core::cluster::ingest::IngestValue> {
+/// records it (`store.kind = "jetstream"`): its subject and headers
+/// (its topic without the workspace prefix, the client's identifier and
+/// workspace). `None` at QoS 0 (not stored).
+fn ingest_value(client: &Client, message: &Message) -> Option<crate::cluster::IngestRecord> {
     if message.qos == QoS::AtMostOnce {
         return None;
     }
     let namespace = client.session.namespace();
-    let topic = message.topic.strip_prefix(&**namespace).unwrap_or(&message.topic);
-    Some(fleetmq_core::cluster::ingest::IngestValue {
-        workspace: client.owner.1.to_string(),
-        topic: topic.to_owned(),
-        client_id: client.session.client_id().to_string(),
+    let value = fleetmq_core::cluster::ingest::IngestValue {
+        workspace: &client.owner.1,
+        topic: message.topic.strip_prefix(&**namespace).unwrap_or(&message.topic),
+        client_id: client.session.client_id(),
         qos: message.qos as u8,
         retain: message.retain,
-        properties: message.properties.clone(),
-    })
+        properties: &message.properties,
+    };
+    Some(crate::cluster::IngestRecord::of(&value))
 }
 
 /// The shard that owns `key` among `shards` (stable for the process's life).

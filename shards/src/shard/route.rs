@@ -18,7 +18,7 @@ use super::{Shard, State};
 pub(super) struct Appends {
     /// The value as the ingest stream records it (`store.kind =
     /// "jetstream"`, QoS 1/2).
-    pub(super) ingest: Option<fleetmq_core::cluster::ingest::IngestValue>,
+    pub(super) ingest: Option<crate::cluster::IngestRecord>,
     /// The publisher's workspace, for a QoS 1/2 value in cluster mode,
     /// whose session log takes it when a persistent session wants it.
     pub(super) workspace: Option<Arc<str>>,
@@ -70,7 +70,7 @@ impl Shard {
             if let Some(held) = held {
                 let next = || st.held.next_write();
                 let appended =
-                    crate::cluster::append_ingest(&message, ingest.as_ref(), workspace.as_deref(), qos2, &self.store, held, next);
+                    crate::cluster::append_ingest(&message, ingest, workspace.as_deref(), qos2, &self.store, held, next, now);
                 if let Some(write) = appended {
                     delivery = Delivery::After(write);
                 }

@@ -617,3 +617,35 @@ fn refused_at_once_then_next(device: &mut RawClient, publish: &[u8], id: u16, ne
     assert_eq!((acked[..2].to_vec(), acked.get(2).copied().unwrap_or(0)), ((id + 1).to_be_bytes().to_vec(), 0), "the next one acknowledged: {acked:02x?}");
     assert!(started.elapsed() < Duration::from_secs(5), "refused at once, not after the wait: {:?}", started.elapsed());
 }
+
+/// A NATS server of `cluster.nats_urls` frozen (SIGSTOP: it accepts
+/// connections and never answers) when a replica starts: the probes that
+/// place its connections (`KV_mqtt-sessions`' leader, then
+/// `mqtt-ingest`'s) give it a second, name it in one warning and do not
+/// ask it again; the replica starts and takes values (fresh-user pass
+/// s45, D1: it waited for the 5 s connect timeout twice, silently).
+#[test]
+fn a_frozen_nats_server_at_start_is_named_once_and_the_replica_starts() {
+    let mut nats = NatsCluster::start(3);
+    // The streams made while every server is up.
+    drop(replica("fz1", &nats.urls(), &[]));
+    // The server that leads neither the meta group nor the sessions
+    // bucket, when there is one: the start needs JetStream to answer.
+    let busy = [nats.meta_leader(), nats.stream_leader("KV_mqtt-sessions")];
+    let frozen = (0..3).find(|i| !busy.contains(&Some(*i))).unwrap_or(2);
+    nats.wait_ready(Duration::from_secs(20));
+    nats.pause(frozen);
+    let frozen_url = nats.url(frozen);
+    // Listed first, so that no connection finds its name some other way.
+    let mut urls = vec![frozen_url.clone()];
+    urls.extend((0..3).filter(|i| *i != frozen).map(|i| nats.url(i)));
+    let b = replica("fz2", &urls, &[]);
+    let mut c = client(&b, "fz-dev", false, None);
+    c.send(&build::publish("plant/fz", 1, 1, (false, false), b"v", true));
+    let puback = expect(&mut c, 0x40, Duration::from_secs(15));
+    assert_eq!(puback.get(2).copied().unwrap_or(0), 0, "PUBACK success");
+    nats.resume(frozen);
+    let log = b.stderr();
+    let warned: Vec<&str> = log.lines().filter(|l| l.contains("did not answer") && l.contains(&frozen_url)).collect();
+    assert_eq!(warned.len(), 1, "one warning naming {frozen_url}: {log}");
+}
