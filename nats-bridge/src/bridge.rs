@@ -206,6 +206,28 @@ impl Bridge {
         self.requests.len() + self.status.stats.releases_held.load(Ordering::Relaxed) as usize
     }
 
+    /// Where each NATS connection of the bridge is: `(connection,
+    /// server name, connected)` for `state`, `lease` and, with
+    /// `store.kind = "jetstream"`, `ingest` (the server's name as its INFO
+    /// gave it: the last one while the connection is down). For
+    /// `/api/v1/status`'s `cluster.bridge.connections`.
+    pub fn connections(&self) -> Vec<(&'static str, String, bool)> {
+        let at = |client: &async_nats::Client| {
+            let up = client.connection_state() == async_nats::connection::State::Connected;
+            (client.server_info().server_name, up)
+        };
+        let mut out = Vec::with_capacity(3);
+        for (name, client) in [("state", self.shared.state_client.clone()), ("lease", self.shared.lease.client())] {
+            let (server, up) = at(&client);
+            out.push((name, server, up));
+        }
+        if self.shared.config.ingest.is_some() {
+            let (server, up) = at(&self.shared.ingest_client);
+            out.push(("ingest", server, up));
+        }
+        out
+    }
+
     /// The cluster's status, shared.
     pub fn status(&self) -> &Arc<ClusterStatus> {
         &self.status

@@ -80,7 +80,10 @@ pub(crate) struct Waiting {
     /// Cleared when JetStream had the value already (see
     /// [`outcome`]).
     hand_on: Rc<Cell<bool>>,
-    give_up: Instant,
+    /// When it is refused without its answer: set at the first look after
+    /// it was sent ([`give_up_overdue`], within [`LOOK_EVERY`]; no clock
+    /// reading per append).
+    give_up: Option<Instant>,
 }
 
 /// The appends of a shard answered in batches ([`AppendReply::Shard`]),
@@ -141,8 +144,16 @@ pub(crate) fn give_up_overdue(now: Instant) {
             return Vec::new();
         }
         appends.looked.set(Some(now));
+        let wait = sc.node.borrow().as_ref().map_or(Duration::ZERO, |node| node.append_wait);
         let mut waiting = appends.waiting.borrow_mut();
-        let due: Vec<u64> = waiting.iter_mut().filter(|(_, w)| w.give_up <= now).map(|(token, _)| token).collect();
+        let mut due = Vec::new();
+        for (token, w) in waiting.iter_mut() {
+            match w.give_up {
+                Some(at) if at <= now => due.push(token),
+                Some(_) => {}
+                None => w.give_up = Some(now + wait + GIVE_UP_AFTER),
+            }
+        }
         due.into_iter().filter_map(|token| waiting.remove(token)).collect()
     });
     for waiting in overdue {
@@ -172,8 +183,7 @@ pub(crate) fn wants_log(topic: &str) -> bool {
 /// session, its flow recorded in `mqtt-session-qos2` once the appends
 /// landed (see `qos2.rs`; with nothing to append, only that). `held`: the write number its delivery
 /// already waits for (a retained value); else a new one from
-/// `next_write`. `now`: when the shard took the PUBLISH. Returns the
-/// write number its delivery waits for (see
+/// `next_write`. Returns the write number its delivery waits for (see
 /// [`crate::shard::Shard::written`]), or `None` when the shard is not a
 /// cluster's or there is nothing to append (delivered now).
 pub(crate) fn append_ingest(
@@ -184,7 +194,6 @@ pub(crate) fn append_ingest(
     store: &crate::store::ShardStore,
     held: Option<u64>,
     next_write: impl FnOnce() -> u64,
-    now: Instant,
 ) -> Option<u64> {
     let (node, shard) = shard_state(|sc| Some((sc.node.borrow().clone()?, sc.shard.borrow().clone()?)))?;
     let ingest = ingest.map(|IngestRecord { subject, headers }| {
@@ -234,8 +243,7 @@ pub(crate) fn append_ingest(
     // a full stream.
     let sent = node.bridge.send(request).is_ok();
     if let (true, Some((_, token))) = (sent, batched) {
-        let give_up = now + node.append_wait + GIVE_UP_AFTER;
-        shard_state(|sc| sc.appends.insert(token, Waiting { write, hand_on, give_up }));
+        shard_state(|sc| sc.appends.insert(token, Waiting { write, hand_on, give_up: None }));
         return Some(write_no);
     }
     glommio::spawn_local(async move {

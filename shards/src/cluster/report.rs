@@ -49,6 +49,9 @@ impl Node {
                     "ingest": stats.reconnects_forced_ingest.load(std::sync::atomic::Ordering::Relaxed),
                 },
                 "ingest_connection_moves": stats.ingest_connection_moves.load(std::sync::atomic::Ordering::Relaxed),
+                "connections": self.bridge.connections().into_iter()
+                    .map(|(name, server, connected)| (name.to_owned(), serde_json::json!({"server": server, "connected": connected})))
+                    .collect::<serde_json::Map<_, _>>(),
                 "claim_p50_us": stats.quantile_us(OpKind::Claim, 0.5),
                 "claim_p99_us": stats.quantile_us(OpKind::Claim, 0.99),
                 "heartbeat_p99_us": stats.quantile_us(OpKind::Heartbeat, 0.99),

@@ -70,7 +70,7 @@ impl Shard {
             if let Some(held) = held {
                 let next = || st.held.next_write();
                 let appended =
-                    crate::cluster::append_ingest(&message, ingest, workspace.as_deref(), qos2, &self.store, held, next, now);
+                    crate::cluster::append_ingest(&message, ingest, workspace.as_deref(), qos2, &self.store, held, next);
                 if let Some(write) = appended {
                     delivery = Delivery::After(write);
                 }

@@ -216,6 +216,19 @@ fn each_replicas_ingest_connection_is_at_the_ingest_streams_leader() {
         let at: Vec<usize> = (0..nats.len()).filter(|&i| nats.connection_names(i).contains(&name)).collect();
         assert_eq!(at, vec![leader], "{name}: on servers {at:?}, the leader of mqtt-ingest is n{leader}");
     }
+    // Where each connection is, in /api/v1/status.
+    for broker in &brokers {
+        let (code, body) = broker.admin_get("/api/v1/status");
+        assert_eq!(code, 200, "{body}");
+        let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let connections = &status["cluster"]["bridge"]["connections"];
+        assert_eq!(connections["ingest"]["server"], nats.name(leader), "{connections}");
+        for name in ["state", "lease", "ingest"] {
+            assert_eq!(connections[name]["connected"], true, "{name}: {connections}");
+            let server = connections[name]["server"].as_str().unwrap_or_default();
+            assert!((0..nats.len()).any(|i| nats.name(i) == server), "{name} at {server:?}: {connections}");
+        }
+    }
     for (i, broker) in brokers.iter().enumerate() {
         let mut c = client(broker, &format!("il-dev-{i}"), false, None);
         c.send(&build::publish("plant/il", 1, 1, (false, false), format!("v{i}").as_bytes(), true));
@@ -636,9 +649,10 @@ fn a_frozen_nats_server_at_start_is_named_once_and_the_replica_starts() {
     nats.wait_ready(Duration::from_secs(20));
     nats.pause(frozen);
     let frozen_url = nats.url(frozen);
-    // Listed first, so that no connection finds its name some other way.
-    let mut urls = vec![frozen_url.clone()];
-    urls.extend((0..3).filter(|i| *i != frozen).map(|i| nats.url(i)));
+    // Listed last: the replica's connections go to the first that
+    // answers; only the probes ask it.
+    let mut urls: Vec<String> = (0..3).filter(|i| *i != frozen).map(|i| nats.url(i)).collect();
+    urls.push(frozen_url.clone());
     let b = replica("fz2", &urls, &[]);
     let mut c = client(&b, "fz-dev", false, None);
     c.send(&build::publish("plant/fz", 1, 1, (false, false), b"v", true));

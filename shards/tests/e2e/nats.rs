@@ -263,6 +263,11 @@ impl NatsCluster {
         format!("[{}]", quoted.join(", "))
     }
 
+    /// The name of server `i` (its `server_name`).
+    pub(crate) fn name(&self, i: usize) -> &str {
+        &self.servers[i].name
+    }
+
     /// The client URL of server `i`.
     pub(crate) fn url(&self, i: usize) -> String {
         format!("nats://127.0.0.1:{}", self.servers[i].ports.client)
