@@ -72,6 +72,8 @@ pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>
 /// # Errors
 /// As [`connect`].
 pub(crate) async fn connect_steered(cluster: &Cluster, name: String, first: Option<&str>) -> Result<(Client, Arc<Rotation>), StartError> {
+    // What an error names: the one server tried, or all of them.
+    let tried = first.map_or_else(|| cluster.nats_urls.join(", "), str::to_owned);
     let first = match first {
         Some(first) => {
             Some(first.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {first:?}: {e}")))?)
@@ -93,7 +95,7 @@ pub(crate) async fn connect_steered(cluster: &Cluster, name: String, first: Opti
             Err(e) => last = e.to_string(),
         }
     }
-    Err(StartError::Connect(format!("{}: {last}", cluster.nats_urls.join(", "))))
+    Err(StartError::Connect(format!("{tried}: {last}")))
 }
 
 /// The connect options of [`connect`]: events logged, pings, timeouts,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, Context};
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::bridge::{StartError, START_WAIT};
 use crate::config::{connect, connect_steered, JS_TIMEOUT};
@@ -277,7 +277,7 @@ async fn at_leader(
 }
 
 /// Which server each URL of `cluster.nats_urls` reaches, as far as asked
-/// (see [`url_of`]).
+/// (see [`ServerUrls::probe`]).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ServerUrls {
     /// Server name → URL.
@@ -285,6 +285,8 @@ pub(crate) struct ServerUrls {
     /// URLs that did not answer a probe: not asked again until
     /// [`ServerUrls::ask_silent_again`].
     silent: std::collections::HashSet<String>,
+    /// URLs already named in a warning (once per process).
+    told: std::collections::HashSet<String>,
 }
 
 impl ServerUrls {
@@ -293,45 +295,83 @@ impl ServerUrls {
     pub(crate) fn ask_silent_again(&mut self) {
         self.silent.clear();
     }
+
+    /// Ask every URL of `cluster.nats_urls` not known yet, and not
+    /// silent, which server it is: all at once, a connection each
+    /// (`fleetmq-<replica>-probe`, closed again) given [`PROBE_WAIT`]. One
+    /// that does not answer is left silent and named in a warning, once
+    /// per process. Nothing with one URL (there is no choice to make).
+    pub(crate) async fn probe(&mut self, config: &BridgeConfig) {
+        if config.cluster.nats_urls.len() < 2 {
+            return;
+        }
+        let name = format!("fleetmq-{}-probe", config.replica_id);
+        let ask: Vec<&String> = config
+            .cluster
+            .nats_urls
+            .iter()
+            .filter(|url| !self.by_name.values().any(|known| known == *url) && !self.silent.contains(*url))
+            .collect();
+        let answers = futures_util::future::join_all(ask.into_iter().map(|url| {
+            let name = name.clone();
+            async move { (url, tokio::time::timeout(PROBE_WAIT, connect(&config.cluster, name, Some(url))).await) }
+        }))
+        .await;
+        for (url, answer) in answers {
+            let why = match answer {
+                Ok(Ok(probe)) => {
+                    self.by_name.insert(probe.server_info().server_name.clone(), url.clone());
+                    continue;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {PROBE_WAIT:?} (stopped or frozen?)"),
+            };
+            self.silent.insert(url.clone());
+            if self.told.insert(url.clone()) {
+                warn!(target: "bridge", %url, error = %why, "bridge: a NATS server of cluster.nats_urls did not answer; connections are not placed there");
+            } else {
+                debug!(target: "bridge", %url, error = %why, "bridge: a NATS server of cluster.nats_urls still does not answer");
+            }
+        }
+    }
+
+    /// A URL that answered, at random (spreads the connections of the
+    /// replicas); `None` when none was asked or none answered.
+    pub(crate) fn answering(&self) -> Option<String> {
+        let known: Vec<&String> = self.by_name.values().collect();
+        (!known.is_empty()).then(|| known[rand::Rng::gen_range(&mut rand::thread_rng(), 0..known.len())].clone())
+    }
 }
 
 /// How long a probe waits for a server to answer: a server of the
 /// cluster answers within milliseconds; one stopped (or frozen) must not
-/// hold a replica's start for the whole connect timeout, twice.
+/// hold a replica's start for the whole connect timeout.
 const PROBE_WAIT: Duration = Duration::from_secs(1);
 
 /// The URL of the server named `server` among `cluster.nats_urls`
-/// (`None`: none that answers is), from `urls`; when it is not known,
-/// the URLs not known yet, and not silent, are asked which server they
-/// are (a connection each, `fleetmq-<replica>-probe`, closed again, given
-/// [`PROBE_WAIT`]) and added; one that does not answer is logged and left
-/// silent. Only with two URLs or more.
+/// (`None`: none that answers is), from `urls`, probed when it is not
+/// known ([`ServerUrls::probe`]). Only with two URLs or more.
 pub(crate) async fn url_of(config: &BridgeConfig, urls: &mut ServerUrls, server: &str) -> Option<String> {
-    if config.cluster.nats_urls.len() < 2 {
-        return None;
-    }
     if !urls.by_name.contains_key(server) {
-        let name = format!("fleetmq-{}-probe", config.replica_id);
-        for url in &config.cluster.nats_urls {
-            if urls.by_name.values().any(|known| known == url) || urls.silent.contains(url) {
-                continue;
-            }
-            match tokio::time::timeout(PROBE_WAIT, connect(&config.cluster, name.clone(), Some(url))).await {
-                Ok(Ok(probe)) => {
-                    urls.by_name.insert(probe.server_info().server_name.clone(), url.clone());
-                }
-                Ok(Err(e)) => {
-                    warn!(target: "bridge", %url, error = %e, "bridge: a NATS server of cluster.nats_urls did not answer; connections are not placed there");
-                    urls.silent.insert(url.clone());
-                }
-                Err(_) => {
-                    warn!(target: "bridge", %url, wait = ?PROBE_WAIT, "bridge: a NATS server of cluster.nats_urls did not answer in time (stopped or frozen?); connections are not placed there");
-                    urls.silent.insert(url.clone());
-                }
-            }
-        }
+        urls.probe(config).await;
     }
     urls.by_name.get(server).cloned()
+}
+
+/// [`connect`] to `first` (a server that answered a probe) when there is
+/// one, else, or when it fails, to any of `cluster.nats_urls`: a server
+/// that does not answer costs the start the connect timeout only when no
+/// probe could tell.
+///
+/// # Errors
+/// As [`connect`] without `first`.
+async fn connect_answering(config: &BridgeConfig, name: String, first: Option<String>) -> Result<async_nats::Client, StartError> {
+    if let Some(first) = first {
+        if let Ok(client) = connect(&config.cluster, name.clone(), Some(&first)).await {
+            return Ok(client);
+        }
+    }
+    connect(&config.cluster, name, None).await
 }
 
 /// Open the KV bucket `name` (created by `setup::ensure_buckets`), asked
@@ -362,8 +402,11 @@ pub(crate) async fn start(
     mailboxes: Vec<Arc<Mailbox<Event>>>,
 ) -> Result<Arc<Shared>, StartError> {
     let name = |part: &str| format!("fleetmq-{}-{part}", config.replica_id);
-    let state_client = connect(&config.cluster, name("state"), None).await?;
-    let lease_client = connect(&config.cluster, name("lease"), None).await?;
+    // Which URLs answer, all asked at once: the connections go to those.
+    let mut urls = ServerUrls::default();
+    urls.probe(&config).await;
+    let state_client = connect_answering(&config, name("state"), urls.answering()).await?;
+    let lease_client = connect_answering(&config, name("lease"), urls.answering()).await?;
     let context = |client: async_nats::Client| {
         jetstream::ContextBuilder::new().timeout(JS_TIMEOUT).build(client)
     };
@@ -395,7 +438,6 @@ pub(crate) async fn start(
     info!(target: "bridge", level, floor, replica = %config.replica_id, "bridge: JetStream ready");
     status.raise_floor(floor);
     let sessions_stream = format!("KV_{}", fleetmq_core::cluster::records::bucket::SESSIONS);
-    let mut urls = ServerUrls::default();
     let current = state_client.server_info().server_name.clone();
     let (state_client, state) = match at_leader(&config, &state, &mut urls, &sessions_stream, &name("state"), &current).await {
         Some(client) => {
@@ -411,11 +453,14 @@ pub(crate) async fn start(
                 Some(leader) => url_of(&config, &mut urls, leader).await,
                 None => None,
             };
-            let (client, rotation) = match url {
-                Some(url) => match connect_steered(&config.cluster, name("ingest"), Some(&url)).await {
-                    Ok(made) => made,
-                    Err(_) => connect_steered(&config.cluster, name("ingest"), None).await?,
-                },
+            // At the leader; else at a server that answered; else any.
+            let first = url.or_else(|| urls.answering());
+            let made = match &first {
+                Some(first) => connect_steered(&config.cluster, name("ingest"), Some(first)).await.ok(),
+                None => None,
+            };
+            let (client, rotation) = match made {
+                Some(made) => made,
                 None => connect_steered(&config.cluster, name("ingest"), None).await?,
             };
             let leader = leader.as_deref().unwrap_or("not known");

@@ -240,7 +240,16 @@ impl Lease {
             }
             Err(e) => {
                 if self.revision.take().is_some() {
-                    warn!(target: "cluster", error = %e, "cluster: leader lock lost");
+                    // A compare-and-set refused: another replica holds it
+                    // now; anything else: JetStream did not take the
+                    // renewal (an outage, an election), and the lock
+                    // lapses after its TTL unless taken again.
+                    let why = e.to_string();
+                    if why.contains("wrong last sequence") {
+                        warn!(target: "cluster", error = %why, "cluster: leader lock taken by another replica; this one stops sweeping");
+                    } else {
+                        warn!(target: "cluster", error = %why, ttl = ?ttl, "cluster: leader lock not renewed (JetStream did not take it); this one stops sweeping until it takes the lock again");
+                    }
                 }
             }
         }

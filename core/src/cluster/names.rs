@@ -224,10 +224,41 @@ pub fn check_nats_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// The endpoint a NATS URL of `cluster.nats_urls` dials: its host (lower
+/// case) and port (4222 by default, 80 for `ws://`, 443 for `wss://`), so
+/// that two spellings of one server compare equal (`NATS://h:4222`,
+/// `h:4222`, `nats://user@h`). `None` for a URL [`check_nats_url`]
+/// refuses.
+pub fn nats_endpoint(url: &str) -> Option<(String, u16)> {
+    check_nats_url(url).ok()?;
+    let (scheme, rest) = url.split_once("://").unwrap_or(("nats", url));
+    let scheme = scheme.to_ascii_lowercase();
+    let parsed = url::Url::parse(&format!("{scheme}://{rest}")).ok()?;
+    let port = parsed.port().unwrap_or(match scheme.as_str() {
+        "ws" => 80,
+        "wss" => 443,
+        _ => 4222,
+    });
+    Some((parsed.host_str()?.to_ascii_lowercase(), port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn spellings_of_one_nats_server_have_one_endpoint() {
+        let one = nats_endpoint("nats://10.0.0.5:4222");
+        for same in ["NATS://10.0.0.5:4222", "10.0.0.5:4222", "nats://10.0.0.5", "nats://u:p@10.0.0.5:4222/", "tls://10.0.0.5:4222"] {
+            assert_eq!(nats_endpoint(same), one, "{same}");
+        }
+        assert_eq!(nats_endpoint("nats://Host.Example:4222"), Some(("host.example".to_owned(), 4222)));
+        assert_eq!(nats_endpoint("ws://h"), Some(("h".to_owned(), 80)));
+        assert_eq!(nats_endpoint("wss://h"), Some(("h".to_owned(), 443)));
+        assert_ne!(nats_endpoint("nats://10.0.0.5:4223"), one);
+        assert_eq!(nats_endpoint("http://h:1"), None);
+    }
 
     #[test]
     fn workspace_names_are_1_to_64_bytes_without_subject_path_or_wildcard_characters() {

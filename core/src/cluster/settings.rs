@@ -225,13 +225,15 @@ impl Cluster {
             }
         }
         // The same server twice would be probed, tried and counted twice
-        // (a reconnect rotation, the placement of the connections).
+        // (a reconnect rotation, the placement of the connections),
+        // however it is spelt.
+        let endpoints: Vec<_> = self.nats_urls.iter().map(|url| crate::cluster::names::nats_endpoint(url)).collect();
         for (at, url) in self.nats_urls.iter().enumerate() {
-            if self.nats_urls[..at].iter().any(|earlier| earlier.trim_end_matches('/') == url.trim_end_matches('/')) {
+            if endpoints[..at].contains(&endpoints[at]) {
                 return Err(SettingsError::Invalid {
                     key: "cluster.nats_urls",
                     value: url.clone(),
-                    allowed: "each URL once".into(),
+                    allowed: "each server once (the same host and port in two URLs)".into(),
                 });
             }
         }
@@ -315,9 +317,13 @@ mod tests {
 
     #[test]
     fn a_nats_url_listed_twice_is_refused_naming_the_key() {
-        let c = Cluster { nats_urls: vec!["nats://a:4222".into(), "nats://b:4222".into(), "nats://a:4222/".into()], ..Cluster::default() };
-        let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("cluster.nats_urls") && e.contains("nats://a:4222/") && e.contains("each URL once"), "{e}");
+        for twice in ["nats://a:4222/", "NATS://a:4222", "a:4222", "tls://A"] {
+            let c = Cluster { nats_urls: vec!["nats://a:4222".into(), "nats://b:4222".into(), twice.into()], ..Cluster::default() };
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("cluster.nats_urls") && e.contains(twice) && e.contains("each server once"), "{e}");
+        }
+        let c = Cluster { nats_urls: vec!["nats://a:4222".into(), "nats://a:4223".into()], ..Cluster::default() };
+        c.validate().unwrap();
     }
 
     #[test]
