@@ -6,7 +6,7 @@
 //!
 //! Each append is published with a reply subject of its own under one
 //! inbox of this process (`<inbox>.<key>`), whose acknowledgements one
-//! subscription brings back; what it waits for is in one map and one
+//! subscription brings back; what it waits for is in one ring (`fleetmq_core::ring`) and one
 //! deadline heap, and one task sends ([`run_sender`]) while another
 //! reads the answers and the clock ([`run_answers`]). Semantics as
 //! `ingest::append`: one `Nats-Msg-Id` across the attempts of an append

@@ -43,8 +43,8 @@ pub(crate) struct Shared {
     /// (`liveness.rs`): not gone back to for a while (see `leader.rs`).
     pub(crate) ingest_left: Mutex<Option<(String, std::time::Instant)>>,
     /// The NATS servers of `cluster.nats_urls` by name, as far as they
-    /// answered (with the ingest stream only: see `leader.rs`, which asks
-    /// the others again).
+    /// answered the start's probes; `leader.rs` asks the others again
+    /// (with the ingest stream).
     pub(crate) server_urls: Mutex<ServerUrls>,
     /// `mqtt-sessions`, opened once (opening it is a round trip).
     pub(crate) sessions: async_nats::jetstream::kv::Store,
