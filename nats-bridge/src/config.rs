@@ -102,13 +102,20 @@ pub(crate) async fn connect_steered(cluster: &Cluster, name: String, first: Opti
 /// credentials and TLS from `cluster`, servers picked by `rotation`.
 async fn options(cluster: &Cluster, name: String, rotation: Arc<Rotation>) -> Result<ConnectOptions, StartError> {
     let label = name.clone();
+    let steered = rotation.clone();
     let mut options = ConnectOptions::new()
         .event_callback(move |event| {
             // async-nats' own lines are filtered to warnings by default
             // (shards' main): these say what happened, naming the part.
             let label = label.clone();
+            // A disconnect asked for to move the connection to a chosen
+            // server (`leader.rs`) is no fault.
+            let moving = steered.steered();
             async move {
                 match event {
+                    async_nats::Event::Disconnected if moving => {
+                        tracing::info!(target: "bridge", connection = %label, "bridge: NATS disconnected to move to the chosen server")
+                    }
                     async_nats::Event::Disconnected
                     | async_nats::Event::LameDuckMode
                     | async_nats::Event::ServerError(_)
@@ -206,6 +213,12 @@ impl Rotation {
         if let (Ok(addr), Ok(mut first)) = (url.parse(), self.first.lock()) {
             *first = Some(addr);
         }
+    }
+
+    /// Whether the next reconnect is steered ([`Rotation::steer`]) and
+    /// has not happened yet.
+    pub(crate) fn steered(&self) -> bool {
+        self.first.lock().is_ok_and(|first| first.is_some())
     }
 
     fn remember(&self, addr: &async_nats::ServerAddr) {

@@ -73,9 +73,15 @@ pub(crate) const MEMBER_TTL_KEY: &str = "fleetmq.member_ttl_ms";
 /// when JetStream does not answer (not enabled, or no meta leader).
 pub(crate) async fn check_api_level(js: &Context) -> Result<usize, StartError> {
     let account = js.query_account().await.map_err(|e| {
-        StartError::Connect(format!(
-            "JetStream account info ($JS.API.INFO): {e} (is JetStream enabled, and the server 2.11 or newer?)"
-        ))
+        let text = e.to_string();
+        // 503 / 10008: JetStream is on but has no meta leader (a cluster
+        // that lost its quorum, or is still electing one).
+        let hint = if text.contains("10008") || text.contains("code 503") {
+            "JetStream is temporarily unavailable: its cluster has no meta leader (a quorum of its servers down, or still electing)"
+        } else {
+            "is JetStream enabled, and the server 2.11 or newer?"
+        };
+        StartError::Connect(format!("JetStream account info ($JS.API.INFO): {text} ({hint})"))
     })?;
     let level = account.requests.level;
     if level < MIN_API_LEVEL {

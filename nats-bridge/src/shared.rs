@@ -287,6 +287,8 @@ pub(crate) struct ServerUrls {
     silent: std::collections::HashSet<String>,
     /// URLs already named in a warning (once per process).
     told: std::collections::HashSet<String>,
+    /// URLs that reach a server another URL reaches: not asked again.
+    aliases: std::collections::HashSet<String>,
 }
 
 impl ServerUrls {
@@ -310,7 +312,7 @@ impl ServerUrls {
             .cluster
             .nats_urls
             .iter()
-            .filter(|url| !self.by_name.values().any(|known| known == *url) && !self.silent.contains(*url))
+            .filter(|url| !self.by_name.values().any(|known| known == *url) && !self.silent.contains(*url) && !self.aliases.contains(*url))
             .collect();
         let answers = futures_util::future::join_all(ask.into_iter().map(|url| {
             let name = name.clone();
@@ -320,7 +322,15 @@ impl ServerUrls {
         for (url, answer) in answers {
             let why = match answer {
                 Ok(Ok(probe)) => {
-                    self.by_name.insert(probe.server_info().server_name.clone(), url.clone());
+                    let server = probe.server_info().server_name;
+                    if let Some(other) = self.by_name.get(&server).filter(|other| *other != url) {
+                        self.aliases.insert(url.clone());
+                        if self.told.insert(url.clone()) {
+                            warn!(target: "bridge", %url, %other, %server, "bridge: two URLs of cluster.nats_urls reach the same NATS server");
+                        }
+                        continue;
+                    }
+                    self.by_name.insert(server, url.clone());
                     continue;
                 }
                 Ok(Err(e)) => e.to_string(),
@@ -416,6 +426,8 @@ pub(crate) async fn start(
     // restarting: "no suitable peers for placement"): what did not answer
     // is tried again for a while; an incompatible answer stops at once.
     let retry_until = tokio::time::Instant::now() + START_WAIT * 2 / 3;
+    // The same reason is logged once, a new one at once.
+    let mut logged = String::new();
     let (level, floor) = loop {
         let attempt = async {
             let level = setup::check_api_level(&state).await?;
@@ -429,7 +441,11 @@ pub(crate) async fn start(
         match attempt.await {
             Ok(done) => break done,
             Err(StartError::Connect(why)) if tokio::time::Instant::now() < retry_until => {
-                warn!(target: "bridge", %why, "bridge: JetStream not ready yet, trying again");
+                if why != logged {
+                    warn!(target: "bridge", %why, give_up_in = ?retry_until.saturating_duration_since(tokio::time::Instant::now()),
+                        "bridge: JetStream not ready yet, trying again every 0.5 s");
+                    logged = why;
+                }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => return Err(e),
