@@ -150,8 +150,8 @@ pub fn qos_text(qos: u8) -> Cow<'static, str> {
 /// `[A-Za-z0-9._-]+` and whose value is [`header_safe`], [`USER_B64`]
 /// for any other, each in order: MQTT 5 §3.3.2.3.7 lets a name come more
 /// than once). A text that is not [`header_safe`] goes base64 under the
-/// name with [`B64_SUFFIX`]. Header names may repeat (user properties):
-/// the bridge appends each, never replaces.
+/// name with [`B64_SUFFIX`]. Header names may repeat (user properties,
+/// [`may_repeat`]): the bridge appends those, never replaces them.
 pub fn headers(value: &IngestValue<'_>) -> Headers {
     let mut out = Vec::with_capacity(4);
     push_text(&mut out, TOPIC, value.topic);
