@@ -368,20 +368,24 @@ pub(crate) async fn url_of(config: &BridgeConfig, urls: &mut ServerUrls, server:
     urls.by_name.get(server).cloned()
 }
 
-/// [`connect`] to `first` (a server that answered a probe) when there is
-/// one, else, or when it fails, to any of `cluster.nats_urls`: a server
-/// that does not answer costs the start the connect timeout only when no
-/// probe could tell.
+/// [`connect_steered`] to `first` (a server that answered a probe, or a
+/// stream's leader) when there is one, else, or when it fails, to any of
+/// `cluster.nats_urls`: a server that does not answer costs the start the
+/// connect timeout only when no probe could tell.
 ///
 /// # Errors
-/// As [`connect`] without `first`.
-async fn connect_answering(config: &BridgeConfig, name: String, first: Option<String>) -> Result<async_nats::Client, StartError> {
+/// As [`connect_steered`] without `first`.
+async fn connect_answering(
+    config: &BridgeConfig,
+    name: String,
+    first: Option<String>,
+) -> Result<(async_nats::Client, Arc<crate::config::Rotation>), StartError> {
     if let Some(first) = first {
-        if let Ok(client) = connect(&config.cluster, name.clone(), Some(&first)).await {
-            return Ok(client);
+        if let Ok(made) = connect_steered(&config.cluster, name.clone(), Some(&first)).await {
+            return Ok(made);
         }
     }
-    connect(&config.cluster, name, None).await
+    connect_steered(&config.cluster, name, None).await
 }
 
 /// Open the KV bucket `name` (created by `setup::ensure_buckets`), asked
@@ -415,8 +419,8 @@ pub(crate) async fn start(
     // Which URLs answer, all asked at once: the connections go to those.
     let mut urls = ServerUrls::default();
     urls.probe(&config).await;
-    let state_client = connect_answering(&config, name("state"), urls.answering()).await?;
-    let lease_client = connect_answering(&config, name("lease"), urls.answering()).await?;
+    let (state_client, _) = connect_answering(&config, name("state"), urls.answering()).await?;
+    let (lease_client, _) = connect_answering(&config, name("lease"), urls.answering()).await?;
     let context = |client: async_nats::Client| {
         jetstream::ContextBuilder::new().timeout(JS_TIMEOUT).build(client)
     };
@@ -470,15 +474,7 @@ pub(crate) async fn start(
                 None => None,
             };
             // At the leader; else at a server that answered; else any.
-            let first = url.or_else(|| urls.answering());
-            let made = match &first {
-                Some(first) => connect_steered(&config.cluster, name("ingest"), Some(first)).await.ok(),
-                None => None,
-            };
-            let (client, rotation) = match made {
-                Some(made) => made,
-                None => connect_steered(&config.cluster, name("ingest"), None).await?,
-            };
+            let (client, rotation) = connect_answering(&config, name("ingest"), url.or_else(|| urls.answering())).await?;
             let leader = leader.as_deref().unwrap_or("not known");
             info!(target: "bridge", server = %client.server_info().server_name, %leader, "bridge: ingest connection made");
             (client, rotation)
