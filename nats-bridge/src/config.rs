@@ -55,15 +55,18 @@ const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// answers), or with `first` (one of them) to that one. Every later
 /// connection attempt (a reconnect after a server closed the connection,
 /// or one [`crate::liveness`] forced) goes to the next server of the pool
-/// after the one it was connected to ([`Rotation`]), so that a reconnect
-/// forced away from a frozen server does not go back to it.
+/// after the one it was connected to, passing over those `unanswered`
+/// (or that failed their last attempt) while another is left
+/// ([`Rotation`]), so that a reconnect forced away from a frozen server
+/// neither goes back to it nor waits out the connect timeout at a server
+/// known not to answer. Each attempt waits [`connect_timeout`].
 ///
 /// # Errors
 /// [`StartError::Connect`] when no server answers within the connection
 /// timeout (with `first`: when that one does not), or a credentials or
 /// certificate file cannot be read.
-pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>) -> Result<Client, StartError> {
-    connect_steered(cluster, name, first).await.map(|(client, _)| client)
+pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>, unanswered: &Arc<Unanswered>) -> Result<Client, StartError> {
+    connect_steered(cluster, name, first, unanswered).await.map(|(client, _)| client)
 }
 
 /// [`connect`], with the connection's [`Rotation`], to steer a later
@@ -71,7 +74,12 @@ pub(crate) async fn connect(cluster: &Cluster, name: String, first: Option<&str>
 ///
 /// # Errors
 /// As [`connect`].
-pub(crate) async fn connect_steered(cluster: &Cluster, name: String, first: Option<&str>) -> Result<(Client, Arc<Rotation>), StartError> {
+pub(crate) async fn connect_steered(
+    cluster: &Cluster,
+    name: String,
+    first: Option<&str>,
+    unanswered: &Arc<Unanswered>,
+) -> Result<(Client, Arc<Rotation>), StartError> {
     // What an error names: the one server tried, or all of them.
     let tried = first.map_or_else(|| cluster.nats_urls.join(", "), str::to_owned);
     let first = match first {
@@ -86,7 +94,7 @@ pub(crate) async fn connect_steered(cluster: &Cluster, name: String, first: Opti
         .map(|u| u.parse().map_err(|e| StartError::Config(format!("cluster.nats_urls: {u:?}: {e}"))))
         .collect::<Result<_, _>>()?;
     let attempts = if first.is_some() { 1 } else { urls.len().max(1) };
-    let rotation = Arc::new(Rotation::new(first));
+    let rotation = Arc::new(Rotation::new(first, unanswered.clone()));
     let mut last = String::new();
     for _ in 0..attempts {
         let options = options(cluster, name.clone(), rotation.clone()).await?;
@@ -131,7 +139,7 @@ async fn options(cluster: &Cluster, name: String, rotation: Arc<Rotation>) -> Re
         })
         .name(name)
         .ping_interval(PING_INTERVAL)
-        .connection_timeout(Duration::from_secs(5))
+        .connection_timeout(connect_timeout(cluster.member_ttl))
         .request_timeout(Some(JS_TIMEOUT))
         .max_reconnects(None)
         .reconnect_to_server_callback(move |pool, _| std::future::ready(rotation.pick(&pool)));
@@ -165,24 +173,62 @@ async fn options(cluster: &Cluster, name: String, rotation: Arc<Rotation>) -> Re
     Ok(options)
 }
 
+/// How long one connection attempt may take (TCP, TLS, the server's
+/// INFO and the answer to CONNECT): T/5 of `member_ttl`, within 1–5 s
+/// (2 s at the default T = 10 s, the Go client's default). A reconnect
+/// forced away from a frozen server (found at T/2 + T/10) has about 0.35T
+/// before the fence ([`crate::liveness`]); one attempt that waits this
+/// out at a server that does not answer must leave room for the next.
+pub(crate) fn connect_timeout(member_ttl: Duration) -> Duration {
+    (member_ttl / 5).clamp(Duration::from_secs(1), Duration::from_secs(5))
+}
+
+/// The URLs of `cluster.nats_urls` that did not answer their last probe
+/// (`shared::ServerUrls::probe`), shared by every connection's
+/// [`Rotation`]: their reconnects go there only when no other server is
+/// left to try.
+#[derive(Debug, Default)]
+pub(crate) struct Unanswered(Mutex<Vec<async_nats::ServerAddr>>);
+
+impl Unanswered {
+    /// Record the answer of `url`'s last probe (`silent`: none).
+    pub(crate) fn set(&self, url: &str, silent: bool) {
+        let (Ok(addr), Ok(mut known)) = (url.parse::<async_nats::ServerAddr>(), self.0.lock()) else { return };
+        known.retain(|a| *a != addr);
+        if silent {
+            known.push(addr);
+        }
+    }
+
+    fn contains(&self, addr: &async_nats::ServerAddr) -> bool {
+        self.0.lock().is_ok_and(|known| known.contains(addr))
+    }
+}
+
 /// Which server of the pool (the configured URLs, and the ones the
 /// servers advertise) each connection attempt of one connection goes to:
-/// `first` if given, else a random one; after that always the one after
-/// the server of the previous attempt, in the pool's order. async-nats
-/// asks before every attempt (`reconnect_to_server_callback`); its own
-/// choice is random, and after a forced reconnect it would pick the frozen
-/// server again one time in three, losing its connection timeout (5 s)
-/// there.
+/// `first` if given; else, starting after the server of the previous
+/// attempt in the pool's order (at a random one the first time), the
+/// first that is neither that server nor one that did not answer (its
+/// probe, [`Unanswered`], or its last attempt); the first of those only
+/// when no other is left, and the previous server last. async-nats asks
+/// before every attempt (`reconnect_to_server_callback`); its own choice
+/// is random: after a forced reconnect it would pick the frozen server
+/// again one time in three, and a plain "next in the pool" picked a URL
+/// that had never answered (fresh-user pass s46c: its connect timeout,
+/// then 5 s, fenced the replica).
 pub(crate) struct Rotation {
     /// The server of the first attempt, taken by it.
     first: Mutex<Option<async_nats::ServerAddr>>,
     /// The server of the previous attempt.
     last: Mutex<Option<async_nats::ServerAddr>>,
+    /// The URLs that did not answer their probe.
+    unanswered: Arc<Unanswered>,
 }
 
 impl Rotation {
-    pub(crate) fn new(first: Option<async_nats::ServerAddr>) -> Rotation {
-        Rotation { first: Mutex::new(first), last: Mutex::new(None) }
+    pub(crate) fn new(first: Option<async_nats::ServerAddr>, unanswered: Arc<Unanswered>) -> Rotation {
+        Rotation { first: Mutex::new(first), last: Mutex::new(None), unanswered }
     }
 
     /// The server of the next attempt (`None`: async-nats chooses, only
@@ -198,10 +244,23 @@ impl Rotation {
             return None;
         }
         let previous = self.last.lock().ok().and_then(|g| g.clone());
-        let at = match previous.and_then(|p| pool.iter().position(|s| s.addr == p)) {
-            Some(i) => (i + 1) % pool.len(),
+        let previous_at = previous.as_ref().and_then(|p| pool.iter().position(|s| s.addr == *p));
+        let start = match previous_at {
+            Some(i) => i + 1,
             None => rand::Rng::gen_range(&mut rand::thread_rng(), 0..pool.len()),
         };
+        // 0: may answer; 1: did not answer last time; 2: just left.
+        let rank = |at: usize| {
+            let server = &pool[at];
+            if Some(at) == previous_at {
+                2
+            } else if server.failed_attempts > 0 || self.unanswered.contains(&server.addr) {
+                1
+            } else {
+                0
+            }
+        };
+        let at = (0..pool.len()).map(|i| (start + i) % pool.len()).min_by_key(|&at| rank(at)).unwrap_or(0);
         let addr = pool[at].addr.clone();
         self.remember(&addr);
         Some(async_nats::ReconnectToServer { addr, delay: None })
@@ -225,5 +284,70 @@ impl Rotation {
         if let Ok(mut last) = self.last.lock() {
             *last = Some(addr.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(urls: &[&str]) -> Vec<async_nats::Server> {
+        urls.iter()
+            .map(|u| async_nats::Server {
+                addr: u.parse().unwrap(),
+                failed_attempts: 0,
+                did_connect: false,
+                is_discovered: false,
+                last_error: None,
+            })
+            .collect()
+    }
+
+    /// The server the next attempt goes to, after one at `from`.
+    fn after(rotation: &Rotation, pool: &[async_nats::Server], from: &str) -> String {
+        rotation.steer(from);
+        rotation.pick(pool).unwrap();
+        rotation.pick(pool).unwrap().addr.as_url_str().to_owned()
+    }
+
+    #[test]
+    fn a_reconnect_passes_over_urls_that_did_not_answer_their_probe() {
+        let unanswered = Arc::new(Unanswered::default());
+        unanswered.set("nats://10.255.255.1:4222", true);
+        let pool = pool(&["nats://n1:4222", "nats://10.255.255.1:4222", "nats://n2:4222", "nats://n0:4222"]);
+        let rotation = Rotation::new(None, unanswered.clone());
+        assert_eq!(after(&rotation, &pool, "nats://n1:4222"), "nats://n2:4222");
+        assert_eq!(after(&rotation, &pool, "nats://n2:4222"), "nats://n0:4222");
+        assert_eq!(after(&rotation, &pool, "nats://n0:4222"), "nats://n1:4222");
+        // Answered a later probe: in turn again.
+        unanswered.set("nats://10.255.255.1:4222", false);
+        assert_eq!(after(&rotation, &pool, "nats://n1:4222"), "nats://10.255.255.1:4222");
+    }
+
+    #[test]
+    fn a_reconnect_passes_over_servers_whose_last_attempt_failed_and_goes_back_to_the_one_left_last() {
+        let mut pool = pool(&["nats://n0:4222", "nats://n1:4222", "nats://n2:4222"]);
+        pool[1].failed_attempts = 1;
+        let rotation = Rotation::new(None, Arc::default());
+        assert_eq!(after(&rotation, &pool, "nats://n0:4222"), "nats://n2:4222");
+        // Every other one failed: the one that failed first in turn,
+        // before the one just left.
+        pool[2].failed_attempts = 3;
+        assert_eq!(after(&rotation, &pool, "nats://n0:4222"), "nats://n1:4222");
+        // One server only: that one.
+        let one = &pool[..1];
+        assert_eq!(after(&rotation, one, "nats://n0:4222"), "nats://n0:4222");
+    }
+
+    #[test]
+    fn the_connect_timeout_is_a_fifth_of_member_ttl_within_1_to_5_s() {
+        assert_eq!(connect_timeout(Duration::from_secs(10)), Duration::from_secs(2));
+        assert_eq!(connect_timeout(Duration::from_secs(3)), Duration::from_secs(1));
+        assert_eq!(connect_timeout(Duration::from_secs(120)), Duration::from_secs(5));
+        // Room for one attempt at a server that does not answer between
+        // the silence found (T/2 + T/10) and the fence (7T/6), with the
+        // next heartbeat (T/10) and 0.2T for JetStream, at the default T.
+        let t = Duration::from_secs(10);
+        assert!(t / 2 + t / 10 + connect_timeout(t) + t / 10 + t / 5 <= t * 7 / 6);
     }
 }

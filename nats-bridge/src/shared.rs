@@ -271,7 +271,7 @@ async fn at_leader(
         return None;
     }
     let url = url_of(config, urls, &leader).await?;
-    let client = connect(&config.cluster, name.to_owned(), Some(&url)).await.ok()?;
+    let client = connect(&config.cluster, name.to_owned(), Some(&url), &urls.unanswered).await.ok()?;
     info!(target: "bridge", %leader, %url, %stream, connection = name, "bridge: {name} at the leader of {stream}");
     Some(client)
 }
@@ -289,6 +289,10 @@ pub(crate) struct ServerUrls {
     told: std::collections::HashSet<String>,
     /// URLs that reach a server another URL reaches: not asked again.
     aliases: std::collections::HashSet<String>,
+    /// The URLs that did not answer their last probe, as every
+    /// connection's reconnects see them (`config::Rotation`): shared by
+    /// the copies.
+    pub(crate) unanswered: Arc<crate::config::Unanswered>,
 }
 
 impl ServerUrls {
@@ -316,10 +320,12 @@ impl ServerUrls {
             .collect();
         let answers = futures_util::future::join_all(ask.into_iter().map(|url| {
             let name = name.clone();
-            async move { (url, tokio::time::timeout(PROBE_WAIT, connect(&config.cluster, name, Some(url))).await) }
+            let unanswered = &self.unanswered;
+            async move { (url, tokio::time::timeout(PROBE_WAIT, connect(&config.cluster, name, Some(url), unanswered)).await) }
         }))
         .await;
         for (url, answer) in answers {
+            self.unanswered.set(url, !matches!(answer, Ok(Ok(_))));
             let why = match answer {
                 Ok(Ok(probe)) => {
                     let server = probe.server_info().server_name;
@@ -377,15 +383,16 @@ pub(crate) async fn url_of(config: &BridgeConfig, urls: &mut ServerUrls, server:
 /// As [`connect_steered`] without `first`.
 async fn connect_answering(
     config: &BridgeConfig,
+    urls: &ServerUrls,
     name: String,
     first: Option<String>,
 ) -> Result<(async_nats::Client, Arc<crate::config::Rotation>), StartError> {
     if let Some(first) = first {
-        if let Ok(made) = connect_steered(&config.cluster, name.clone(), Some(&first)).await {
+        if let Ok(made) = connect_steered(&config.cluster, name.clone(), Some(&first), &urls.unanswered).await {
             return Ok(made);
         }
     }
-    connect_steered(&config.cluster, name, None).await
+    connect_steered(&config.cluster, name, None, &urls.unanswered).await
 }
 
 /// Open the KV bucket `name` (created by `setup::ensure_buckets`), asked
@@ -419,8 +426,8 @@ pub(crate) async fn start(
     // Which URLs answer, all asked at once: the connections go to those.
     let mut urls = ServerUrls::default();
     urls.probe(&config).await;
-    let (state_client, _) = connect_answering(&config, name("state"), urls.answering()).await?;
-    let (lease_client, _) = connect_answering(&config, name("lease"), urls.answering()).await?;
+    let (state_client, _) = connect_answering(&config, &urls, name("state"), urls.answering()).await?;
+    let (lease_client, _) = connect_answering(&config, &urls, name("lease"), urls.answering()).await?;
     let context = |client: async_nats::Client| {
         jetstream::ContextBuilder::new().timeout(JS_TIMEOUT).build(client)
     };
@@ -474,12 +481,12 @@ pub(crate) async fn start(
                 None => None,
             };
             // At the leader; else at a server that answered; else any.
-            let (client, rotation) = connect_answering(&config, name("ingest"), url.or_else(|| urls.answering())).await?;
+            let (client, rotation) = connect_answering(&config, &urls, name("ingest"), url.or_else(|| urls.answering())).await?;
             let leader = leader.as_deref().unwrap_or("not known");
             info!(target: "bridge", server = %client.server_info().server_name, %leader, "bridge: ingest connection made");
             (client, rotation)
         }
-        None => (state_client.clone(), Arc::new(crate::config::Rotation::new(None))),
+        None => (state_client.clone(), Arc::new(crate::config::Rotation::new(None, urls.unanswered.clone()))),
     };
     use fleetmq_core::cluster::records::bucket;
     let open_until = tokio::time::Instant::now() + START_WAIT / 3;

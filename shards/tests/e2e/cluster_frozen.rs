@@ -351,3 +351,66 @@ fn a_frozen_nats_server_under_the_ingest_connection_is_left_and_no_acknowledged_
     let inverted = crate::cluster_ingest::inversions(&nats);
     assert!(inverted.is_empty(), "stored out of publish order (earlier, later): {inverted:?}: {report}");
 }
+
+/// A replica whose `cluster.nats_urls` lists, after each NATS server, an
+/// address that never answers (a black hole: its connects wait out the
+/// connect timeout): the server under its lease connection (the
+/// membership heartbeats) frozen under a publisher. Every connection
+/// forced away from it goes on to a server that answers, not to the next
+/// URL of the pool: the replica does not fence, its publisher is neither
+/// refused nor closed. Before s47, a forced reconnect went to the next
+/// URL of the pool, the address that had never answered, waited out the
+/// 5 s connect timeout there, and the replica fenced and refused its
+/// publishes with 0x80 (fresh-user pass s46c).
+#[test]
+fn a_reconnect_away_from_a_frozen_nats_server_passes_over_urls_that_never_answered() {
+    let nats = NatsCluster::start(3);
+    let listed: Vec<String> = nats
+        .urls()
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, url)| [url, format!("nats://10.255.255.{}:4222", i + 1)])
+        .collect();
+    const WAIT: [&str; 2] = ["--set", "cluster.session_log_append_wait=20s"];
+    let a = replica("ra", &listed, &WAIT);
+    let victim = (0..3)
+        .find(|&i| nats.connection_names(i).iter().any(|n| n == "fleetmq-ra-lease"))
+        .expect("A's lease connection is at one of the servers");
+    let on_victim = nats.connection_names(victim);
+    let (t0, stop, told, publisher) = publishing(&a, "blackhole-pub");
+    nats.pause(victim);
+    let paused_at = t0.elapsed();
+    // Frozen for 16 s, past the fence deadline (7T/6, 11.7 s).
+    let mut not_ready: Vec<(Duration, String)> = Vec::new();
+    while t0.elapsed() < paused_at + Duration::from_secs(16) {
+        let (status, body) = a.admin_get("/health/ready");
+        if status != 200 {
+            not_ready.push((t0.elapsed() - paused_at, body));
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    nats.resume(victim);
+    let told = served_on_then_stopped(&stop, &told, publisher);
+    let forced = a.metric_sum("fleetmq_cluster_nats_reconnects_forced_total");
+    let report = format!(
+        "victim n{victim} (had {on_victim:?}), paused at {paused_at:?}, forced reconnects {forced}, sent {}, acknowledged {}, \
+         refused {:?}, closed {:?}, not ready {not_ready:?}",
+        told.sent,
+        told.acked.len(),
+        told.refused,
+        told.closed,
+    );
+    let log: Vec<String> = a
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("silent for") || l.contains("timed out") || l.contains("fenced"))
+        .map(str::to_owned)
+        .collect();
+    let report = format!("{report}, log {log:#?}");
+    println!("{report}");
+    assert!(forced >= 1.0, "the lease connection never left the frozen server: {report}");
+    assert!(not_ready.is_empty(), "{report}");
+    assert!(told.closed.is_empty(), "{report}");
+    assert!(told.refused.is_empty(), "{report}");
+    assert_acknowledged_stored(&nats, &told, &report);
+}
