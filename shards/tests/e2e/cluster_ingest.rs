@@ -674,9 +674,34 @@ fn a_frozen_nats_server_at_start_is_named_once_and_the_replica_starts() {
     let log = b.stderr();
     let warned: Vec<&str> = log.lines().filter(|l| l.contains("did not answer") && l.contains(&frozen_url)).collect();
     assert_eq!(warned.len(), 1, "one warning naming {frozen_url}: {log}");
+    // The state and lease connections were made right after the probes
+    // (1 s), not after a connect timeout at the frozen server.
+    let first = log.lines().find_map(log_seconds).expect("a log line with a time");
+    for connection in ["fleetmq-fz2-state", "fleetmq-fz2-lease"] {
+        let made = log
+            .lines()
+            .find(|l| l.contains("NATS connected") && l.ends_with(&format!("connection={connection}")))
+            .and_then(log_seconds)
+            .unwrap_or_else(|| panic!("{connection} connected: {log}"));
+        assert!((made - first).rem_euclid(86_400.0) < 2.5, "{connection} connected {:.2} s after the start: {log}", made - first);
+    }
+    // JetStream itself may still time a request out while it settles
+    // from the freeze (a stream whose leader was the frozen server answers
+    // once another is elected), whatever URLs a replica lists: the start
+    // is compared with the other one's when JetStream answered at once.
+    let settling = if log.contains("JetStream not ready yet") { Duration::from_secs(6) } else { Duration::ZERO };
     assert!(
-        start < plain_start + Duration::from_secs(4),
+        start < plain_start + Duration::from_secs(4) + settling,
         "started in {start:?}, one that does not list the frozen server in {plain_start:?}: {log}"
     );
     drop(plain);
+}
+
+/// The time of day of a `tracing` log line (`2026-12-07T23:03:47.053568Z
+/// ...`), in seconds.
+fn log_seconds(line: &str) -> Option<f64> {
+    let time = line.get(11..26)?;
+    let (h, rest) = time.split_once(':')?;
+    let (m, s) = rest.split_once(':')?;
+    Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
 }
