@@ -25,6 +25,15 @@ use crate::watch::{follow, Seen, Start};
 /// another replica claimed in between; the last claim wins).
 const CLAIM_ATTEMPTS: usize = 8;
 
+/// The first pause before a claim JetStream did not answer is asked
+/// again; each next one doubles, up to [`CLAIM_RETRY_MAX`].
+const CLAIM_RETRY_FIRST: Duration = Duration::from_millis(100);
+
+/// The longest pause between two attempts of a claim JetStream did not
+/// answer: a CONNECT storm while a bucket elects its leader asks at most
+/// once a second per CONNECT.
+const CLAIM_RETRY_MAX: Duration = Duration::from_secs(1);
+
 /// A claim that finds another replica's claim of the same client
 /// identifier made less than this long ago waits out the rest before it
 /// writes (see [`flap_wait`]).
@@ -157,14 +166,43 @@ pub(crate) fn flap_wait(foreign_claim_ms: Option<u64>, now_ms: u64) -> Duration 
 /// revision than the one it read (the last to land wins, as across
 /// replicas).
 ///
+/// A read or write JetStream did not answer, or refused for another
+/// reason than the revision (a bucket without a leader yet after a NATS
+/// outage, a server lost under the connection), is asked again after
+/// [`CLAIM_RETRY_FIRST`], doubling up to [`CLAIM_RETRY_MAX`], while
+/// `cluster.connect_budget` from the claim's start lasts and the CONNECT
+/// still waits (`abandoned()` false: the shard refused it with 0x88 at its
+/// budget's end): a CONNECT in that moment is answered late, not refused
+/// (a CI run saw 0x88 right after readiness came back from a full NATS
+/// outage, while `mqtt-sessions` still elected its leader).
+///
 /// # Errors
-/// [`ClaimError::Unavailable`] when JetStream does not answer or keeps
-/// conflicting; [`ClaimError::Fenced`] when the replica fenced while the
-/// claim waited.
+/// [`ClaimError::Unavailable`] when JetStream does not answer within that
+/// budget or keeps conflicting; [`ClaimError::Fenced`] when the replica
+/// fenced while the claim waited.
 /// `clean_start`: the CONNECT's Clean Start flag, recorded in the entry
 /// ([`OwnerRecord::clean_start`]).
-pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_start: bool) -> Result<Claimed, ClaimError> {
+pub(crate) async fn claim(
+    shared: &Shared,
+    client_id: &str,
+    (conn, clean_start): (u64, bool),
+    abandoned: &dyn Fn() -> bool,
+) -> Result<Claimed, ClaimError> {
     let started = Instant::now();
+    // JetStream not answering (a bucket electing its leader, a server
+    // lost): asked again within the CONNECT's budget, while the CONNECT
+    // waits (`abandoned`: it was refused meanwhile).
+    let until = started + shared.config.cluster.connect_budget;
+    let mut pause = CLAIM_RETRY_FIRST;
+    let mut retry = |e: String| {
+        let wait = pause;
+        pause = (pause * 2).min(CLAIM_RETRY_MAX);
+        if Instant::now() + wait >= until || abandoned() || shared.status.is_fenced() {
+            return Err(ClaimError::Unavailable(e));
+        }
+        debug!(target: "cluster", client_id, error = %e, ?wait, "cluster: claim not answered: asking again");
+        Ok(wait)
+    };
     let mut waited = Duration::ZERO;
     let key = client_key(client_id);
     let mut record = OwnerRecord {
@@ -178,10 +216,18 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_sta
         clean_start,
     };
     let mut guess = Some(shared.known_revisions().expect(&key));
-    for _ in 0..CLAIM_ATTEMPTS {
+    let mut conflicts = 0;
+    while conflicts < CLAIM_ATTEMPTS {
         let (known, previous) = match guess.take() {
             Some(known) => (known, None),
-            None => read(shared, &key).await?,
+            None => match read(shared, &key).await {
+                Ok(read) => read,
+                Err(ClaimError::Unavailable(e)) => {
+                    tokio::time::sleep(retry(e)?).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            },
         };
         let wait = flap_wait(known.foreign_claim_ms, unix_ms());
         if !wait.is_zero() {
@@ -214,8 +260,10 @@ pub(crate) async fn claim(shared: &Shared, client_id: &str, conn: u64, clean_sta
                 let moved = known.foreign_claim_ms.is_some() || crate::expiry::written_elsewhere(shared, client_id);
                 return Ok(Claimed { revision: ack.sequence, previous, moved });
             }
-            Err(e) if is_conflict(&e) => continue,
-            Err(e) => return Err(ClaimError::Unavailable(e.to_string())),
+            Err(e) if is_conflict(&e) => conflicts += 1,
+            // Landed or not: read again first (a claim that landed late
+            // conflicts with itself, and is this process's own).
+            Err(e) => tokio::time::sleep(retry(e.to_string())?).await,
         }
     }
     Err(ClaimError::Unavailable(format!("{CLAIM_ATTEMPTS} conflicting claims in a row")))

@@ -566,7 +566,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
             let outcome = if shared.status.is_fenced() {
                 Err(ClaimError::Fenced)
             } else {
-                ownership::claim(&shared, &client_id, conn, clean_start).await
+                ownership::claim(&shared, &client_id, (conn, clean_start), &|| reply.is_closed()).await
             };
             shared.claims_in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             // Nobody waits any more (the CONNECT was refused past its
