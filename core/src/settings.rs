@@ -526,6 +526,14 @@ pub enum SettingsError {
     /// A store kind these settings cannot use: `"jetstream"` without a
     /// `[cluster]` section.
     StoreUnavailable(StoreKind),
+    /// A list that needs at least one entry is empty (`cluster.nats_urls
+    /// = []`).
+    EmptyList {
+        /// Dotted key, e.g. `cluster.nats_urls`.
+        key: &'static str,
+        /// What the list needs, with an example.
+        allowed: String,
+    },
     /// A `[cluster]` setting that is not valid for another reason than its
     /// range (a replica ID with characters a NATS subject cannot carry).
     Invalid {
@@ -581,6 +589,10 @@ impl fmt::Display for SettingsError {
                     f,
                     "store.kind = \"{name}\" needs a [cluster] section (NATS JetStream is the cluster's store): add [cluster], or use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
                 )
+            }
+            // Shown as written: an empty list, not an empty string.
+            SettingsError::EmptyList { key, allowed } => {
+                write!(f, "{key} = [] is not valid: {allowed}")
             }
             SettingsError::Invalid { key, value, allowed } => {
                 write!(f, "{key} = {value:?} is not valid: {allowed}")
