@@ -19,6 +19,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod toml_text;
+pub(crate) use toml_text::Given;
+pub use toml_text::toml_key;
+
 /// All broker settings, one field per section of the configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -1473,6 +1477,33 @@ mod serde_tests {
             s.validate().unwrap_err().to_string(),
             "cluster.member_ttl = 3s is out of range 5s..=2m"
         );
+    }
+
+    #[test]
+    fn a_shared_strategy_that_is_no_strategy_name_names_the_strategies_and_shows_what_was_given() {
+        let refused = |text: &str| toml::from_str::<Settings>(text).unwrap_err().message().to_owned();
+        let names = "expected a strategy (one of round_robin, random, sticky, hash_client_id, local_first)";
+        // `shared.groups."a.b".c = "random"`: a table where the strategy belongs.
+        let e = refused("[shared.groups]\n\"a.b\" = { c = \"random\" }\n");
+        assert_eq!(e, format!("{names}, found a table {{c = \"random\"}}"));
+        let e = refused("[shared]\nstrategy = \"fastest\"\n");
+        assert_eq!(e, format!("{names}, found a string \"fastest\""));
+        let e = refused("[shared.groups]\nbilling = 5\n");
+        assert_eq!(e, format!("{names}, found an integer 5"));
+    }
+
+    #[test]
+    fn every_strategy_reads_and_prints_by_its_name_and_a_group_name_may_hold_a_dot() {
+        use crate::shared::Strategy;
+        for strategy in Strategy::ALL {
+            let text = format!("[shared]\nstrategy = \"{}\"\n[shared.groups]\n\"eu.west\" = \"{}\"\n", strategy.name(), strategy.name());
+            let s: Settings = toml::from_str(&text).unwrap();
+            assert_eq!((s.shared.strategy, s.shared.strategy_for("eu.west")), (strategy, strategy));
+            s.validate().unwrap();
+            let printed = toml::to_string(&s.shared).unwrap();
+            assert!(printed.contains(&format!("\"eu.west\" = \"{}\"", strategy.name())), "{printed}");
+            assert_eq!(toml::from_str::<Shared>(&printed).unwrap(), s.shared);
+        }
     }
 
     #[test]
