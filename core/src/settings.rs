@@ -19,6 +19,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod toml_text;
+pub(crate) use toml_text::Given;
+pub use toml_text::toml_key;
+
 /// All broker settings, one field per section of the configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -526,6 +530,14 @@ pub enum SettingsError {
     /// A store kind these settings cannot use: `"jetstream"` without a
     /// `[cluster]` section.
     StoreUnavailable(StoreKind),
+    /// A list that needs at least one entry is empty (`cluster.nats_urls
+    /// = []`).
+    EmptyList {
+        /// Dotted key, e.g. `cluster.nats_urls`.
+        key: &'static str,
+        /// What the list needs, with an example.
+        allowed: String,
+    },
     /// A `[cluster]` setting that is not valid for another reason than its
     /// range (a replica ID with characters a NATS subject cannot carry).
     Invalid {
@@ -581,6 +593,10 @@ impl fmt::Display for SettingsError {
                     f,
                     "store.kind = \"{name}\" needs a [cluster] section (NATS JetStream is the cluster's store): add [cluster], or use store.kind = \"local\" (durable, the single-node default) or \"none\" (memory only)"
                 )
+            }
+            // Shown as written: an empty list, not an empty string.
+            SettingsError::EmptyList { key, allowed } => {
+                write!(f, "{key} = [] is not valid: {allowed}")
             }
             SettingsError::Invalid { key, value, allowed } => {
                 write!(f, "{key} = {value:?} is not valid: {allowed}")
@@ -1461,6 +1477,33 @@ mod serde_tests {
             s.validate().unwrap_err().to_string(),
             "cluster.member_ttl = 3s is out of range 5s..=2m"
         );
+    }
+
+    #[test]
+    fn a_shared_strategy_that_is_no_strategy_name_names_the_strategies_and_shows_what_was_given() {
+        let refused = |text: &str| toml::from_str::<Settings>(text).unwrap_err().message().to_owned();
+        let names = "expected a strategy (one of round_robin, random, sticky, hash_client_id, local_first)";
+        // `shared.groups."a.b".c = "random"`: a table where the strategy belongs.
+        let e = refused("[shared.groups]\n\"a.b\" = { c = \"random\" }\n");
+        assert_eq!(e, format!("{names}, found a table {{c = \"random\"}}"));
+        let e = refused("[shared]\nstrategy = \"fastest\"\n");
+        assert_eq!(e, format!("{names}, found a string \"fastest\""));
+        let e = refused("[shared.groups]\nbilling = 5\n");
+        assert_eq!(e, format!("{names}, found an integer 5"));
+    }
+
+    #[test]
+    fn every_strategy_reads_and_prints_by_its_name_and_a_group_name_may_hold_a_dot() {
+        use crate::shared::Strategy;
+        for strategy in Strategy::ALL {
+            let text = format!("[shared]\nstrategy = \"{}\"\n[shared.groups]\n\"eu.west\" = \"{}\"\n", strategy.name(), strategy.name());
+            let s: Settings = toml::from_str(&text).unwrap();
+            assert_eq!((s.shared.strategy, s.shared.strategy_for("eu.west")), (strategy, strategy));
+            s.validate().unwrap();
+            let printed = toml::to_string(&s.shared).unwrap();
+            assert!(printed.contains(&format!("\"eu.west\" = \"{}\"", strategy.name())), "{printed}");
+            assert_eq!(toml::from_str::<Shared>(&printed).unwrap(), s.shared);
+        }
     }
 
     #[test]

@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::packet::QoS;
 use crate::session::{Message, Subscription};
 
-/// How a group chooses the member for a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// How a group chooses the member for a message. In settings, one of the
+/// names of [`Strategy::ALL`] (`shared.strategy`, `shared.groups.NAME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
     /// Online members in turn (the default).
     #[default]
@@ -34,6 +34,44 @@ pub enum Strategy {
     HashClientId,
     /// A member on the publishing shard when there is one, else round robin.
     LocalFirst,
+}
+
+impl Strategy {
+    /// Every strategy, the default first.
+    pub const ALL: [Strategy; 5] =
+        [Strategy::RoundRobin, Strategy::Random, Strategy::Sticky, Strategy::HashClientId, Strategy::LocalFirst];
+
+    /// The name in settings, e.g. `"round_robin"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Strategy::RoundRobin => "round_robin",
+            Strategy::Random => "random",
+            Strategy::Sticky => "sticky",
+            Strategy::HashClientId => "hash_client_id",
+            Strategy::LocalFirst => "local_first",
+        }
+    }
+}
+
+impl Serialize for Strategy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// The name of one of [`Strategy::ALL`]; anything else is refused naming
+/// the names and showing what was given, whatever its shape: `expected a
+/// strategy (one of round_robin, ...), found a table {c = "random"}`
+/// (what `shared.groups."a.b".c = "random"` gives; serde's derive said
+/// "unknown variant `c`", taking the table for an enum).
+impl<'de> Deserialize<'de> for Strategy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let given = crate::settings::Given::deserialize(d)?;
+        Strategy::ALL.into_iter().find(|s| given.as_str() == Some(s.name())).ok_or_else(|| {
+            let names: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
+            serde::de::Error::custom(format!("expected a strategy (one of {}), found {given}", names.join(", ")))
+        })
+    }
 }
 
 /// One member of a group.

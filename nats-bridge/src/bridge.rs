@@ -287,7 +287,8 @@ fn start_request(shared: &Arc<Shared>, request: Request, ticket: Option<Ticket>)
     tokio::task::spawn_local(Box::pin(crate::request::handle(shared.clone(), request, ticket)));
 }
 
-/// How long the stop waits for requests in flight.
+/// How long the stop waits for its leaving entry (tried again until it
+/// lands) and the requests in flight, together.
 const STOP_DRAIN: Duration = Duration::from_secs(3);
 
 /// [`STOP_DRAIN`] when NATS is away: what is in flight is not answered.
@@ -436,10 +437,11 @@ async fn run(
             // Leave: the peers see this replica stopped now rather than
             // gone member_ttl later, and the wills it handed over start
             // their grace.
-            if !away {
-                membership::leave(&shared).await;
-            }
+            // Tried again within the stop's budget when a try fails.
             let drain_by = tokio::time::Instant::now() + if away { STOP_DRAIN_AWAY } else { STOP_DRAIN };
+            if !away {
+                membership::leave(&shared, drain_by).await;
+            }
             while shared.status.stats.in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < drain_by {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }

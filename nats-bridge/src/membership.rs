@@ -7,6 +7,7 @@
 //! loses the TTL over a marker); each runs as its own task, so a slow one
 //! never delays the next.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -16,6 +17,7 @@ use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use fleetmq_core::cluster::membership::{Change, FenceReason, Membership, PROBE_INTERVAL};
 use fleetmq_core::cluster::records::{bucket, MemberRecord, Record, FORMATS_READ};
+use fleetmq_core::settings::format_duration;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
@@ -75,24 +77,86 @@ async fn entry_of_another(shared: &Shared) -> Option<MemberRecord> {
     (record.instance != shared.config.instance).then_some(record)
 }
 
+/// How long one try of the leaving entry waits for its acknowledgement.
+const LEAVE_TRY_WAIT: Duration = Duration::from_secs(1);
+
+/// The pause before the leaving entry is tried again: a server that just
+/// came back (from SIGSTOP, say) may answer "no stream found" or not at
+/// all for a moment.
+const LEAVE_PAUSE: Duration = Duration::from_millis(200);
+
 /// Leave at a clean stop: a last entry that says so, on the lease
 /// connection, expiring a second later, so that the peers log this
 /// replica as stopped at once rather than gone after `member_ttl` and T/2.
 /// (Not deleted: a delete right after it could replace it in the bucket
-/// before a watcher read it.) A duplicate leaves nothing: the entry is the
-/// other process's.
-pub(crate) async fn leave(shared: &Shared) {
+/// before a watcher read it.) A try that fails or is not acknowledged
+/// within [`LEAVE_TRY_WAIT`] is made again after [`LEAVE_PAUSE`], until
+/// one lands or `by` (the stop's budget) passes; one warning then if none
+/// landed. A duplicate leaves nothing: the entry is the other process's.
+pub(crate) async fn leave(shared: &Shared, by: tokio::time::Instant) {
     if shared.duplicate.load(std::sync::atomic::Ordering::Acquire) {
         return;
     }
-    // The shortest TTL JetStream takes.
-    let leaving =
-        PublishMessage::build().payload(member_record(shared, true, None).encode().into()).ttl(Duration::from_secs(1));
-    let sent = async { shared.lease.send_publish(member_subject(shared), leaving).await?.await };
-    match tokio::time::timeout(Duration::from_secs(1), sent).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => warn!(target: "cluster", error = %e, "cluster: leaving not written: the others take this replica for gone"),
-        Err(_) => warn!(target: "cluster", "cluster: leaving not acknowledged within 1 s"),
+    let record = Bytes::from(member_record(shared, true, None).encode());
+    let subject = member_subject(shared);
+    let write = || {
+        // The shortest TTL JetStream takes.
+        let leaving = PublishMessage::build().payload(record.clone()).ttl(Duration::from_secs(1));
+        let sent = shared.lease.send_publish(subject.clone(), leaving);
+        async move {
+            match tokio::time::timeout(LEAVE_TRY_WAIT, async { sent.await?.await }).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("not acknowledged within {}", format_duration(LEAVE_TRY_WAIT))),
+            }
+        }
+    };
+    match try_until(by, LEAVE_PAUSE, write).await {
+        Ok(1) => {}
+        Ok(tries) => info!(target: "cluster", tries, "cluster: leaving written after {tries} tries"),
+        Err(Unlanded { tries, last }) => {
+            let error = last.unwrap_or_else(|| "the last try unanswered at the end of the stop budget".into());
+            warn!(target: "cluster", tries, %error, "cluster: leaving not written: the others take this replica for gone");
+        }
+    }
+}
+
+/// Why [`try_until`] gave up.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Unlanded<E> {
+    /// Tries made (at least one).
+    pub(crate) tries: u32,
+    /// The last try's error; `None` when it was still unanswered at the
+    /// deadline (and dropped there).
+    pub(crate) last: Option<E>,
+}
+
+/// Runs `attempt` until one succeeds or `by` passes, pausing `pause`
+/// after each failure (less when `by` comes first); a try still running
+/// at `by` is dropped.
+///
+/// # Errors
+/// [`Unlanded`] when no try succeeded by `by`.
+///
+/// # Cancel safety
+/// Dropping the future drops the try in progress.
+pub(crate) async fn try_until<E, F: Future<Output = Result<(), E>>>(
+    by: tokio::time::Instant,
+    pause: Duration,
+    mut attempt: impl FnMut() -> F,
+) -> Result<u32, Unlanded<E>> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let failed = match tokio::time::timeout_at(by, attempt()).await {
+            Ok(Ok(())) => return Ok(tries),
+            Ok(Err(e)) => e,
+            Err(_) => return Err(Unlanded { tries, last: None }),
+        };
+        tokio::time::sleep_until(by.min(tokio::time::Instant::now() + pause)).await;
+        if tokio::time::Instant::now() >= by {
+            return Err(Unlanded { tries, last: Some(failed) });
+        }
     }
 }
 
@@ -420,4 +484,58 @@ async fn watch_members(shared: Arc<Shared>, report: mpsc::UnboundedSender<Report
         let _ = report.send(r);
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::future::{ready, Ready};
+    use tokio::time::Instant;
+
+    /// A write whose n-th try (from 1, counted in `tries`) answers
+    /// `outcome(n)` at once.
+    fn counted<'a, E>(
+        tries: &'a Cell<u32>,
+        outcome: impl Fn(u32) -> Result<(), E> + 'a,
+    ) -> impl FnMut() -> Ready<Result<(), E>> + 'a {
+        move || {
+            tries.set(tries.get() + 1);
+            ready(outcome(tries.get()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_that_fails_twice_then_lands_is_tried_three_times_with_a_pause_between() {
+        let tries = Cell::new(0);
+        let started = Instant::now();
+        let write = counted(&tries, |n| if n < 3 { Err("no stream found") } else { Ok(()) });
+        let landed = try_until(started + Duration::from_secs(3), Duration::from_millis(20), write).await;
+        assert_eq!(landed, Ok(3));
+        assert!(started.elapsed() >= Duration::from_millis(40), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn writes_that_keep_failing_stop_at_the_deadline_with_the_last_error() {
+        let tries = Cell::new(0);
+        let started = Instant::now();
+        let by = started + Duration::from_millis(200);
+        let write = counted(&tries, |n| Err(format!("failure {n}")));
+        let Err(Unlanded { tries: made, last }) = try_until(by, Duration::from_millis(20), write).await else {
+            panic!("nothing landed");
+        };
+        assert!(made >= 2 && made == tries.get(), "{made} tries");
+        assert_eq!(last, Some(format!("failure {made}")));
+        assert!(Instant::now() >= by && started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_write_unanswered_at_the_deadline_is_dropped_there() {
+        let started = Instant::now();
+        let by = started + Duration::from_millis(50);
+        let unanswered = || std::future::pending::<Result<(), String>>();
+        let gave_up = try_until(by, Duration::from_millis(20), unanswered).await;
+        assert_eq!(gave_up, Err(Unlanded { tries: 1, last: None }));
+        assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    }
 }

@@ -24,7 +24,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
-use fleetmq_core::settings::{Settings, SettingsError, TOO_LARGE};
+use fleetmq_core::settings::{toml_key, Settings, SettingsError, TOO_LARGE};
 use toml::{Table, Value};
 
 /// Prefix of environment variables that hold settings.
@@ -370,7 +370,7 @@ fn set_path(table: &mut Table, key: &str, value: Value) -> anyhow::Result<()> {
 /// [`Settings::validate`] reports one within the type but out of range.
 fn deserialize(table: Table) -> anyhow::Result<Settings> {
     serde_path_to_error::deserialize(Value::Table(table)).map_err(|e| {
-        let path = e.path().to_string();
+        let path = dotted_key(e.path());
         // `message()` leaves out toml's own "in `key`" suffix: the path says it.
         let message = e.into_inner().message().to_owned();
         if path == "." {
@@ -385,6 +385,34 @@ fn deserialize(table: Table) -> anyhow::Result<Settings> {
             anyhow!("{path}: {message}")
         }
     })
+}
+
+/// `path` as the operator writes the key: parts joined by dots, each
+/// quoted when TOML cannot take it bare (`shared.groups."a.b"`, not
+/// serde_path_to_error's `shared.groups.a.b`), an index in brackets;
+/// `.` for the whole table.
+fn dotted_key(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut key = String::new();
+    for segment in path {
+        let part = match segment {
+            Segment::Seq { index } => {
+                key.push_str(&format!("[{index}]"));
+                continue;
+            }
+            Segment::Map { key: part } | Segment::Enum { variant: part } => toml_key(part),
+            Segment::Unknown => "?".to_owned(),
+        };
+        if !key.is_empty() {
+            key.push('.');
+        }
+        key.push_str(&part);
+    }
+    if key.is_empty() {
+        ".".to_owned()
+    } else {
+        key
+    }
 }
 
 /// For serde's "invalid value: integer `70000`, expected u16" at `key`
@@ -513,6 +541,14 @@ mod tests {
         a.set = vec![r#"shared.groups.""=random"#.into()];
         let e = load_from(&a, Vec::new()).unwrap_err().to_string();
         assert!(e.contains(r#"shared.groups = "" is not valid"#), "{e}");
+        // A table where the strategy belongs: the key as written, what is
+        // allowed, what was found (was: "shared.groups.a.b: unknown variant `c`").
+        a.set = vec![r#"shared.groups."a.b".c=random"#.into()];
+        let e = load_from(&a, Vec::new()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            r#"shared.groups."a.b": expected a strategy (one of round_robin, random, sticky, hash_client_id, local_first), found a table {c = "random"}"#
+        );
         a.set = vec!["shared..x=random".into()];
         let e = format!("{:#}", load_from(&a, Vec::new()).unwrap_err());
         assert!(e.contains("expected section.key"), "{e}");

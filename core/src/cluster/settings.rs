@@ -206,9 +206,8 @@ impl Cluster {
             });
         }
         if self.nats_urls.is_empty() {
-            return Err(SettingsError::Invalid {
+            return Err(SettingsError::EmptyList {
                 key: "cluster.nats_urls",
-                value: String::new(),
                 allowed: "at least one NATS URL, e.g. [\"nats://127.0.0.1:4222\"]".into(),
             });
         }
@@ -313,6 +312,15 @@ mod tests {
         assert!(e.contains("cluster.nats_urls") && e.contains("http://127.0.0.1:4222") && e.contains("wss://"), "{e}");
         let c = Cluster { nats_urls: vec!["tls://a:4222".into(), "10.0.0.5:4222".into()], ..Cluster::default() };
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn an_empty_nats_url_list_is_refused_showing_the_list_as_written() {
+        let expected = "cluster.nats_urls = [] is not valid: at least one NATS URL, e.g. [\"nats://127.0.0.1:4222\"]";
+        let c = Cluster { nats_urls: Vec::new(), ..Cluster::default() };
+        assert_eq!(c.validate().unwrap_err().to_string(), expected);
+        let c: Cluster = toml::from_str("nats_urls = []").unwrap();
+        assert_eq!(c.validate().unwrap_err().to_string(), expected);
     }
 
     #[test]

@@ -471,8 +471,7 @@ fn invalid_will_topic_is_refused() {
 fn a_will_payload_not_utf8_though_marked_so_is_refused_with_0x99() {
     let will = |protocol, indicator: Option<u8>| {
         let mut c = connect(protocol, "c", true);
-        let mut properties = Properties::default();
-        properties.payload_format_indicator = indicator;
+        let properties = Properties { payload_format_indicator: indicator, ..Properties::default() };
         c.will = Some(Will {
             topic: "a".into(),
             payload: Bytes::from_static(b"\xff\xfe"),
