@@ -1485,7 +1485,7 @@ mod serde_tests {
         let names = "expected a strategy (one of round_robin, random, sticky, hash_client_id, local_first)";
         // `shared.groups."a.b".c = "random"`: a table where the strategy belongs.
         let e = refused("[shared.groups]\n\"a.b\" = { c = \"random\" }\n");
-        assert_eq!(e, format!("{names}, found a table {{c = \"random\"}}"));
+        assert_eq!(e, format!("{names}, found a table {{ c = \"random\" }}"));
         let e = refused("[shared]\nstrategy = \"fastest\"\n");
         assert_eq!(e, format!("{names}, found a string \"fastest\""));
         let e = refused("[shared.groups]\nbilling = 5\n");

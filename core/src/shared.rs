@@ -61,7 +61,7 @@ impl Serialize for Strategy {
 
 /// The name of one of [`Strategy::ALL`]; anything else is refused naming
 /// the names and showing what was given, whatever its shape: `expected a
-/// strategy (one of round_robin, ...), found a table {c = "random"}`
+/// strategy (one of round_robin, ...), found a table { c = "random" }`
 /// (what `shared.groups."a.b".c = "random"` gives; serde's derive said
 /// "unknown variant `c`", taking the table for an enum).
 impl<'de> Deserialize<'de> for Strategy {

@@ -547,7 +547,7 @@ mod tests {
         let e = load_from(&a, Vec::new()).unwrap_err().to_string();
         assert_eq!(
             e,
-            r#"shared.groups."a.b": expected a strategy (one of round_robin, random, sticky, hash_client_id, local_first), found a table {c = "random"}"#
+            r#"shared.groups."a.b": expected a strategy (one of round_robin, random, sticky, hash_client_id, local_first), found a table { c = "random" }"#
         );
         a.set = vec!["shared..x=random".into()];
         let e = format!("{:#}", load_from(&a, Vec::new()).unwrap_err());
