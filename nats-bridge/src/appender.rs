@@ -48,7 +48,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// An attempt unanswered this long is sent again (the stream's leader
 /// died with it, or the server it went through: a lost publish has no
 /// answer; the same ID again is stored once).
-const ANSWER_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const ANSWER_WAIT: Duration = Duration::from_secs(2);
 
 /// How often the answer task looks whether the ingest connection
 /// reconnected, at least.

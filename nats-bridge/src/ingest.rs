@@ -43,6 +43,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::bridge::Shared;
+use crate::order::Place;
 use crate::request::{Appended, IngestError, LogAppend, Qos2Flow, StreamMessage};
 
 /// A rejected append (no stream leader yet, NATS reconnecting) is tried
@@ -209,12 +210,13 @@ async fn append_stored(
 ) -> Result<Appended, IngestError> {
     let to_ingest = async {
         let Some(message) = ingest else { return Ok(None) };
-        append(shared, message, id, deadline).await.map(Some)
+        append(shared, (fleetmq_core::cluster::ingest::STREAM, message), id, deadline).await.map(Some)
     };
     let to_log = async {
         let Some(log) = session_log else { return Ok(None) };
         crate::session_log::ensure(shared, &log.workspace, deadline).await.map_err(IngestError::Unavailable)?;
-        append(shared, &log.message, id, deadline).await.map(Some)
+        let stream = fleetmq_core::cluster::session_log::stream(&log.workspace);
+        append(shared, (&stream, &log.message), id, deadline).await.map(Some)
     };
     let (ingest_seq, log_seq) = tokio::join!(to_ingest, to_log);
     let (ingest_seq, log_seq) = (ingest_seq?, log_seq?);
@@ -241,17 +243,35 @@ async fn append_stored(
 /// (`store.max_bytes` reached: discard new); [`IngestError::Unavailable`]
 /// when it did not take it by the deadline (it may still land; the client
 /// is refused and sends it again: at least once).
-async fn append(shared: &Shared, message: &StreamMessage, id: &str, deadline: Instant) -> Result<(u64, bool), IngestError> {
+///
+/// `stream`: the stream's name. After an attempt to it failed, its
+/// appends go one at a time, oldest first, until every one made before
+/// the failure is done (`order.rs`): the stream keeps the order in which
+/// they were made.
+async fn append(shared: &Shared, (stream, message): (&str, &StreamMessage), id: &str, deadline: Instant) -> Result<(u64, bool), IngestError> {
     let mut why = String::new();
     let mut attempts = 0u32;
+    let place = shared.orders.take(stream);
     while Instant::now() < deadline && !shared.stopping.load(Ordering::Acquire) {
+        if tokio::time::timeout_at(deadline, place.turn()).await.is_err() {
+            if why.is_empty() {
+                why = format!("older appends to {stream} not stored in time");
+            }
+            break;
+        }
         attempts += 1;
-        match attempt(shared, message, id, deadline).await {
+        match attempt(shared, message, id, (deadline, &place)).await {
             // A duplicate of this process's own earlier attempt is no
             // sign of an earlier store by another replica.
-            Fate::Stored(sequence, duplicate) => return Ok((sequence, duplicate && attempts == 1)),
+            Fate::Stored(sequence, duplicate) => {
+                place.stored();
+                return Ok((sequence, duplicate && attempts == 1));
+            }
             Fate::Full(e) => return Err(IngestError::Full(e)),
-            Fate::Retry(e) => why = e,
+            Fate::Retry(e) => {
+                place.failed();
+                why = e;
+            }
         }
         let left = deadline.saturating_duration_since(Instant::now());
         tokio::time::sleep(RETRY_PAUSE.min(left)).await;
@@ -262,21 +282,30 @@ async fn append(shared: &Shared, message: &StreamMessage, id: &str, deadline: In
     Err(IngestError::Unavailable(why))
 }
 
-/// One publish of the append `id` and its acknowledgement, by `deadline`.
-/// An acknowledgement is awaited until then (NATS slow is not NATS
-/// gone: a publish given up and sent again would wait as long); an error
+/// One publish of the append `id` and its acknowledgement, by `deadline`,
+/// awaited [`crate::appender::ANSWER_WAIT`] at most (then sent again
+/// under the same ID, stored once); an error
 /// answer (no stream leader, a connection lost) is tried again with the
 /// same ID, stored once; so is one sent before the state connection was
 /// forced away from a silent server (see `liveness.rs`).
-async fn attempt(shared: &Shared, message: &StreamMessage, id: &str, deadline: Instant) -> Fate {
+///
+/// `place`: told once the attempt was handed to the connection (the next
+/// append of the stream may go then, `order.rs`).
+async fn attempt(shared: &Shared, message: &StreamMessage, id: &str, (deadline, place): (Instant, &Place)) -> Fate {
     let publish = PublishMessage::build().payload(message.payload.clone()).headers(header_map(id, &message.headers));
     let mut moved = shared.state_moved.subscribe();
-    let ack = match shared.publish_by(&message.subject, publish, deadline).await {
+    let published = shared.publish_by(&message.subject, publish, deadline).await;
+    place.sent();
+    let ack = match published {
         Ok(ack) => ack,
         Err(e) => return Fate::Retry(e),
     };
+    // Unanswered this long, it was lost with the server or the stream's
+    // leader it went to (as the ingest pipeline's, `appender.rs`): a
+    // failure, after which the stream's appends go in order (`order.rs`).
+    let answer_by = deadline.min(Instant::now() + crate::appender::ANSWER_WAIT);
     tokio::select! {
-        acked = tokio::time::timeout_at(deadline, ack.into_future()) => match acked {
+        acked = tokio::time::timeout_at(answer_by, ack.into_future()) => match acked {
             Ok(Ok(ack)) => Fate::Stored(ack.sequence, ack.duplicate),
             Ok(Err(e)) if e.kind() == PublishErrorKind::Other && is_full(&e.to_string()) => Fate::Full(e.to_string()),
             Ok(Err(e)) => Fate::Retry(e.to_string()),

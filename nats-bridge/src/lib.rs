@@ -30,6 +30,7 @@ mod liveness;
 mod mailbox;
 mod membership;
 mod newest;
+mod order;
 mod ownership;
 mod qos2;
 mod releases;

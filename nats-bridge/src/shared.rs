@@ -135,6 +135,9 @@ pub(crate) struct Shared {
     pub(crate) state_moved: tokio::sync::watch::Sender<u64>,
     /// The same for the ingest connection.
     pub(crate) ingest_moved: tokio::sync::watch::Sender<u64>,
+    /// The order of the appends made as tasks of their own, per stream
+    /// (`order.rs`).
+    pub(crate) orders: crate::order::Orders,
 }
 
 impl Shared {
@@ -539,5 +542,6 @@ pub(crate) async fn start(
         tails: Mutex::new(std::collections::HashSet::new()),
         state_moved: tokio::sync::watch::Sender::new(0),
         ingest_moved: tokio::sync::watch::Sender::new(0),
+        orders: crate::order::Orders::default(),
     }))
 }

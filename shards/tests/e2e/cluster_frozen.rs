@@ -414,3 +414,54 @@ fn a_reconnect_away_from_a_frozen_nats_server_passes_over_urls_that_never_answer
     assert!(told.refused.is_empty(), "{report}");
     assert_acknowledged_stored(&nats, &told, &report);
 }
+
+/// The leader of the default workspace's session log frozen while a
+/// publisher's values go to it (a persistent session, disconnected,
+/// wants them): what waited for the frozen leader is stored once the
+/// stream elects another, and the log keeps the publisher's order
+/// `[MQTT-4.6.0-5]` (a session taken up later reads it in log order).
+#[test]
+fn a_frozen_session_log_leader_loses_no_acknowledged_value_and_keeps_the_publishers_order() {
+    let nats = NatsCluster::start(3);
+    const WAIT: [&str; 2] = ["--set", "cluster.session_log_append_wait=20s"];
+    let a = replica("la", &nats.urls(), &WAIT);
+    // A persistent session that wants the values, then gone: each value
+    // goes to the log before its PUBACK.
+    let mut keeper = RawClient::connect(a.mqtt);
+    let mut connect = build::Connect::v5("log-keeper");
+    connect.session_expiry = Some(600);
+    assert_eq!(keeper.handshake(&connect.encode()).1, 0);
+    keeper.send(&build::subscribe(1, "steady/#", 1, true));
+    assert!(matches!(keeper.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
+    drop(keeper);
+    thread::sleep(Duration::from_millis(500));
+    let (t0, stop, told, publisher) = publishing(&a, "log-pub");
+    let log = crate::cluster_session_log::LOG;
+    let victim = nats.stream_leader(log).expect("the session log has a leader");
+    nats.pause(victim);
+    let paused_at = t0.elapsed();
+    thread::sleep(Duration::from_secs(12));
+    nats.resume(victim);
+    let told = served_on_then_stopped(&stop, &told, publisher);
+    let logged: Vec<u64> = crate::nats::block_on(crate::cluster_session_log::logged(&nats, log))
+        .expect("the session log")
+        .iter()
+        .filter_map(|m| std::str::from_utf8(m.payload.get(1..)?).ok()?.parse().ok())
+        .collect();
+    let report = format!(
+        "victim n{victim}, paused at {paused_at:?}, sent {}, acknowledged {}, refused {}, closed {:?}, logged {}",
+        told.sent,
+        told.acked.len(),
+        told.refused.len(),
+        told.closed,
+        logged.len()
+    );
+    println!("{report}");
+    let in_log: HashSet<u64> = logged.iter().copied().collect();
+    let lost: Vec<_> = told.acked.iter().filter(|v| !in_log.contains(v)).take(10).collect();
+    assert!(lost.is_empty(), "acknowledged and not in the session log: {lost:?}: {report}");
+    // Each value after every one before it (a value stored twice, under
+    // one message ID, is stored once).
+    let inverted: Vec<(u64, u64)> = logged.windows(2).filter(|w| w[1] < w[0]).map(|w| (w[0], w[1])).take(10).collect();
+    assert!(inverted.is_empty(), "logged out of publish order (earlier, later): {inverted:?}: {report}");
+}

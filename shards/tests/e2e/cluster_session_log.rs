@@ -36,7 +36,7 @@ pub(crate) struct Logged {
     seq: u64,
     pub(crate) topic: String,
     qos: String,
-    payload: Vec<u8>,
+    pub(crate) payload: Vec<u8>,
 }
 
 /// Every message of `stream` now (`None`: no such stream), in order.
