@@ -34,7 +34,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::header::HeaderName;
 use fleetmq_core::cluster::ingest::{may_repeat, Headers};
@@ -245,13 +245,16 @@ async fn append_stored(
 /// is refused and sends it again: at least once).
 ///
 /// `stream`: the stream's name. After an attempt to it failed, its
-/// appends go one at a time, oldest first, until every one made before
-/// the failure is done (`order.rs`): the stream keeps the order in which
-/// they were made.
+/// oldest append goes alone until one is stored, then the others in
+/// order (`order.rs`): the stream keeps the order in which they were
+/// made.
 async fn append(shared: &Shared, (stream, message): (&str, &StreamMessage), id: &str, deadline: Instant) -> Result<(u64, bool), IngestError> {
     let mut why = String::new();
     let mut attempts = 0u32;
     let place = shared.orders.take(stream);
+    // Every attempt's acknowledgement is awaited until the deadline: one
+    // given up after `ANSWER_WAIT` may still come (NATS slow, not gone).
+    let mut acks = futures_util::stream::FuturesUnordered::new();
     while Instant::now() < deadline && !shared.stopping.load(Ordering::Acquire) {
         if tokio::time::timeout_at(deadline, place.turn()).await.is_err() {
             if why.is_empty() {
@@ -260,7 +263,7 @@ async fn append(shared: &Shared, (stream, message): (&str, &StreamMessage), id: 
             break;
         }
         attempts += 1;
-        match attempt(shared, message, id, (deadline, &place)).await {
+        match attempt(shared, message, id, (deadline, &place), &mut acks).await {
             // A duplicate of this process's own earlier attempt is no
             // sign of an earlier store by another replica.
             Fate::Stored(sequence, duplicate) => {
@@ -282,38 +285,50 @@ async fn append(shared: &Shared, (stream, message): (&str, &StreamMessage), id: 
     Err(IngestError::Unavailable(why))
 }
 
-/// One publish of the append `id` and its acknowledgement, by `deadline`,
-/// awaited [`crate::appender::ANSWER_WAIT`] at most (then sent again
-/// under the same ID, stored once); an error
+/// One publish of the append `id`, and an acknowledgement of it or of an
+/// earlier attempt (`acks`, kept across attempts: they carry the same ID,
+/// stored once), by `deadline`, awaited [`crate::appender::ANSWER_WAIT`]
+/// at most: unanswered that long, the attempt was lost with the server or
+/// the stream's leader it went to (as the ingest pipeline's,
+/// `appender.rs`), and it is a failure, after which the stream's appends
+/// go in order (`order.rs`); a later answer to it still counts. An error
 /// answer (no stream leader, a connection lost) is tried again with the
-/// same ID, stored once; so is one sent before the state connection was
-/// forced away from a silent server (see `liveness.rs`).
+/// same ID; so is one sent before the state connection was forced away
+/// from a silent server (see `liveness.rs`).
 ///
 /// `place`: told once the attempt was handed to the connection (the next
 /// append of the stream may go then, `order.rs`).
-async fn attempt(shared: &Shared, message: &StreamMessage, id: &str, (deadline, place): (Instant, &Place)) -> Fate {
+async fn attempt(
+    shared: &Shared,
+    message: &StreamMessage,
+    id: &str,
+    (deadline, place): (Instant, &Place),
+    acks: &mut futures_util::stream::FuturesUnordered<<PublishAckFuture as std::future::IntoFuture>::IntoFuture>,
+) -> Fate {
+    use futures_util::StreamExt as _;
     let publish = PublishMessage::build().payload(message.payload.clone()).headers(header_map(id, &message.headers));
     let mut moved = shared.state_moved.subscribe();
     let published = shared.publish_by(&message.subject, publish, deadline).await;
     place.sent();
-    let ack = match published {
-        Ok(ack) => ack,
+    match published {
+        Ok(ack) => acks.push(ack.into_future()),
         Err(e) => return Fate::Retry(e),
-    };
-    // Unanswered this long, it was lost with the server or the stream's
-    // leader it went to (as the ingest pipeline's, `appender.rs`): a
-    // failure, after which the stream's appends go in order (`order.rs`).
+    }
     let answer_by = deadline.min(Instant::now() + crate::appender::ANSWER_WAIT);
-    tokio::select! {
-        acked = tokio::time::timeout_at(answer_by, ack.into_future()) => match acked {
-            Ok(Ok(ack)) => Fate::Stored(ack.sequence, ack.duplicate),
-            Ok(Err(e)) if e.kind() == PublishErrorKind::Other && is_full(&e.to_string()) => Fate::Full(e.to_string()),
-            Ok(Err(e)) => Fate::Retry(e.to_string()),
-            Err(_) => Fate::Retry("no acknowledgement from JetStream in time".to_owned()),
-        },
-        // Sent to a server the state connection left as silent: its
-        // answer will not come (the same ID again is stored once).
-        Ok(()) = moved.changed() => Fate::Retry("the state connection left a silent server".to_owned()),
+    loop {
+        tokio::select! {
+            acked = tokio::time::timeout_at(answer_by, acks.next()) => match acked {
+                Ok(Some(Ok(ack))) => return Fate::Stored(ack.sequence, ack.duplicate),
+                Ok(Some(Err(e))) if e.kind() == PublishErrorKind::Other && is_full(&e.to_string()) => return Fate::Full(e.to_string()),
+                // Another attempt may still be answered.
+                Ok(Some(Err(_))) if !acks.is_empty() => {}
+                Ok(Some(Err(e))) => return Fate::Retry(e.to_string()),
+                Ok(None) | Err(_) => return Fate::Retry("no acknowledgement from JetStream in time".to_owned()),
+            },
+            // Sent to a server the state connection left as silent: its
+            // answer will not come (the same ID again is stored once).
+            Ok(()) = moved.changed() => return Fate::Retry("the state connection left a silent server".to_owned()),
+        }
     }
 }
 

@@ -524,3 +524,42 @@ fn check_config_and_serve_refuse_a_nats_url_async_nats_cannot_dial_and_a_replica
         assert_eq!(made, valid, "cert --names {name}: {stderr}");
     }
 }
+
+/// NATS slowed to 2 s a round trip (DESIGN.md §6: full service up to
+/// 2 s): a value a persistent session wants is appended to its session
+/// log and acknowledged 0x00, though each attempt is given up after 2 s
+/// without an answer and sent again: a late answer to an earlier attempt
+/// of the same ID counts.
+#[test]
+fn a_session_log_append_at_two_seconds_a_round_trip_is_acknowledged() {
+    let nats = NatsCluster::start(1);
+    let proxy = NatsProxy::start(nats.client_addr(0));
+    let a = {
+        let mut args = cluster_args("ra", &[proxy.url()]);
+        args.extend(["--set".to_string(), "cluster.nats_replicas=1".to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Broker::start(&args)
+    };
+    let mut keeper = RawClient::connect(a.mqtt);
+    let mut connect = build::Connect::v5("slow-keeper");
+    connect.session_expiry = Some(600);
+    assert_eq!(keeper.handshake(&connect.encode()).1, 0);
+    keeper.send(&build::subscribe(1, "slow/#", 1, true));
+    assert!(matches!(keeper.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
+    drop(keeper);
+    let mut publisher = RawClient::connect(a.mqtt);
+    assert_eq!(publisher.handshake(&build::Connect::v5("slow-pub").encode()).1, 0);
+    thread::sleep(Duration::from_millis(500));
+    proxy.set_round_trip(Duration::from_secs(2));
+    for pid in 1..=3u16 {
+        let sent = Instant::now();
+        publisher.send(&build::publish("slow/v", 1, pid, (false, false), b"v", true));
+        match publisher.read(Duration::from_secs(15)) {
+            Incoming::Packet { header: 0x40, body } => {
+                assert_eq!(body.get(2).copied().unwrap_or(0), 0, "PUBACK {pid} after {:?}: {body:02x?}", sent.elapsed());
+            }
+            other => panic!("no PUBACK {pid} within 15 s: {other:02x?}"),
+        }
+    }
+    proxy.set_round_trip(Duration::ZERO);
+}
