@@ -54,6 +54,18 @@ pub(crate) fn connect_v5(broker: &Broker, client_id: &str) -> (u8, RawClient) {
     (code, client)
 }
 
+/// A persistent MQTT 5 session `id` (Session Expiry Interval 600 s) on
+/// `broker` that subscribes to `filter` at QoS 1 and disconnects: the
+/// values it wants go to its workspace's session log.
+pub(crate) fn persistent_subscriber_gone(broker: &Broker, id: &str, filter: &str) {
+    let mut keeper = RawClient::connect(broker.mqtt);
+    let mut connect = build::Connect::v5(id);
+    connect.session_expiry = Some(600);
+    assert_eq!(keeper.handshake(&connect.encode()).1, 0);
+    keeper.send(&build::subscribe(1, filter, 1, true));
+    assert!(matches!(keeper.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
+}
+
 /// Waits until `/health/ready` answers `status`, at most `timeout`;
 /// returns the body and how long it took.
 pub(crate) fn wait_ready(broker: &Broker, status: u16, timeout: Duration) -> (String, Duration) {
@@ -534,19 +546,8 @@ fn check_config_and_serve_refuse_a_nats_url_async_nats_cannot_dial_and_a_replica
 fn a_session_log_append_at_two_seconds_a_round_trip_is_acknowledged() {
     let nats = NatsCluster::start(1);
     let proxy = NatsProxy::start(nats.client_addr(0));
-    let a = {
-        let mut args = cluster_args("ra", &[proxy.url()]);
-        args.extend(["--set".to_string(), "cluster.nats_replicas=1".to_string()]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Broker::start(&args)
-    };
-    let mut keeper = RawClient::connect(a.mqtt);
-    let mut connect = build::Connect::v5("slow-keeper");
-    connect.session_expiry = Some(600);
-    assert_eq!(keeper.handshake(&connect.encode()).1, 0);
-    keeper.send(&build::subscribe(1, "slow/#", 1, true));
-    assert!(matches!(keeper.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
-    drop(keeper);
+    let a = replica("ra", &[proxy.url()], &["--set", "cluster.nats_replicas=1"]);
+    persistent_subscriber_gone(&a, "slow-keeper", "slow/#");
     let mut publisher = RawClient::connect(a.mqtt);
     assert_eq!(publisher.handshake(&build::Connect::v5("slow-pub").encode()).1, 0);
     thread::sleep(Duration::from_millis(500));

@@ -427,13 +427,7 @@ fn a_frozen_session_log_leader_loses_no_acknowledged_value_and_keeps_the_publish
     let a = replica("la", &nats.urls(), &WAIT);
     // A persistent session that wants the values, then gone: each value
     // goes to the log before its PUBACK.
-    let mut keeper = RawClient::connect(a.mqtt);
-    let mut connect = build::Connect::v5("log-keeper");
-    connect.session_expiry = Some(600);
-    assert_eq!(keeper.handshake(&connect.encode()).1, 0);
-    keeper.send(&build::subscribe(1, "steady/#", 1, true));
-    assert!(matches!(keeper.read(Duration::from_secs(5)), Incoming::Packet { header: 0x90, .. }), "SUBACK");
-    drop(keeper);
+    crate::cluster::persistent_subscriber_gone(&a, "log-keeper", "steady/#");
     thread::sleep(Duration::from_millis(500));
     let (t0, stop, told, publisher) = publishing(&a, "log-pub");
     let log = crate::cluster_session_log::LOG;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::cluster::{cluster_args, replica, wait_ready};
+use crate::cluster::{replica, wait_ready};
 use crate::cluster_retained::publish;
 use crate::harness::Broker;
 use crate::nats::{NatsCluster, NatsProxy};
@@ -247,12 +247,7 @@ fn retained_floods_while_every_nats_server_is_stopped_cost_bounded_memory_and_se
 fn a_retained_flood_while_nats_is_slow_costs_bounded_memory_without_fencing() {
     let nats = NatsCluster::start(1);
     let proxy = NatsProxy::start(nats.client_addr(0));
-    let a = {
-        let mut args = cluster_args("ra", &[proxy.url()]);
-        args.extend(["--set".to_string(), "cluster.nats_replicas=1".to_string()]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Broker::start(&args)
-    };
+    let a = replica("ra", &[proxy.url()], &["--set", "cluster.nats_replicas=1"]);
     let qos0 = client(&a, "flood-qos0", true);
     let base = a.rss_kib();
     // DESIGN.md §6: NATS slow up to 2 s a round trip is full service.
