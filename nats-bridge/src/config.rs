@@ -224,11 +224,21 @@ pub(crate) struct Rotation {
     last: Mutex<Option<async_nats::ServerAddr>>,
     /// The URLs that did not answer their probe.
     unanswered: Arc<Unanswered>,
+    /// When each server (its URL) was last picked: a failed attempt
+    /// counts against a server for [`FAILURE_REMEMBERED`] after it.
+    picked: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
+
+/// How long a server whose last connection attempt failed is tried only
+/// after the others: within one reconnect, not for good (async-nats
+/// clears a server's failed attempts only when it connects there, and a
+/// server that failed during an outage answers again after it: fresh-user
+/// pass s47, a freeze after an outage fenced every replica).
+const FAILURE_REMEMBERED: Duration = Duration::from_secs(30);
 
 impl Rotation {
     pub(crate) fn new(first: Option<async_nats::ServerAddr>, unanswered: Arc<Unanswered>) -> Rotation {
-        Rotation { first: Mutex::new(first), last: Mutex::new(None), unanswered }
+        Rotation { first: Mutex::new(first), last: Mutex::new(None), unanswered, picked: Mutex::default() }
     }
 
     /// The server of the next attempt (`None`: async-nats chooses, only
@@ -249,12 +259,18 @@ impl Rotation {
             Some(i) => i + 1,
             None => rand::Rng::gen_range(&mut rand::thread_rng(), 0..pool.len()),
         };
-        // 0: may answer; 1: did not answer last time; 2: just left.
+        // 0: may answer; 1: did not answer its probe, or its last
+        // attempt, lately; 2: just left.
+        let picked = self.picked.lock().map(|p| p.clone()).unwrap_or_default();
+        let failed_lately = |server: &async_nats::Server| {
+            server.failed_attempts > 0
+                && picked.get(server.addr.as_url_str()).is_some_and(|at| at.elapsed() < FAILURE_REMEMBERED)
+        };
         let rank = |at: usize| {
             let server = &pool[at];
             if Some(at) == previous_at {
                 2
-            } else if server.failed_attempts > 0 || self.unanswered.contains(&server.addr) {
+            } else if failed_lately(server) || self.unanswered.contains(&server.addr) {
                 1
             } else {
                 0
@@ -283,6 +299,9 @@ impl Rotation {
     fn remember(&self, addr: &async_nats::ServerAddr) {
         if let Ok(mut last) = self.last.lock() {
             *last = Some(addr.clone());
+        }
+        if let Ok(mut picked) = self.picked.lock() {
+            picked.insert(addr.as_url_str().to_owned(), std::time::Instant::now());
         }
     }
 }
@@ -329,6 +348,9 @@ mod tests {
         let mut pool = pool(&["nats://n0:4222", "nats://n1:4222", "nats://n2:4222"]);
         pool[1].failed_attempts = 1;
         let rotation = Rotation::new(None, Arc::default());
+        // A failure long ago (an outage since over): in turn.
+        assert_eq!(after(&rotation, &pool, "nats://n0:4222"), "nats://n1:4222");
+        // Tried lately and failed: passed over.
         assert_eq!(after(&rotation, &pool, "nats://n0:4222"), "nats://n2:4222");
         // Every other one failed: the one that failed first in turn,
         // before the one just left.
