@@ -34,6 +34,31 @@ const CLAIM_RETRY_FIRST: Duration = Duration::from_millis(100);
 /// once a second per CONNECT.
 const CLAIM_RETRY_MAX: Duration = Duration::from_secs(1);
 
+/// How long a request of a CONNECT (its claim, the reads of a session
+/// taken up) is asked again while JetStream does not answer: pauses of
+/// [`CLAIM_RETRY_FIRST`], doubling up to [`CLAIM_RETRY_MAX`], while
+/// `cluster.connect_budget` from its start lasts (DESIGN.md §8).
+pub(crate) struct Patience {
+    until: Instant,
+    pause: Duration,
+}
+
+impl Patience {
+    /// From now, with `shared`'s `cluster.connect_budget`.
+    pub(crate) fn of(shared: &Shared) -> Patience {
+        Patience { until: Instant::now() + shared.config.cluster.connect_budget, pause: CLAIM_RETRY_FIRST }
+    }
+
+    /// The pause before the next attempt; `None` (give up) when it would
+    /// end past the budget, the CONNECT no longer waits (`abandoned`), or
+    /// the replica fenced.
+    pub(crate) fn next(&mut self, shared: &Shared, abandoned: bool) -> Option<Duration> {
+        let wait = self.pause;
+        self.pause = (self.pause * 2).min(CLAIM_RETRY_MAX);
+        (Instant::now() + wait < self.until && !abandoned && !shared.status.is_fenced()).then_some(wait)
+    }
+}
+
 /// A claim that finds another replica's claim of the same client
 /// identifier made less than this long ago waits out the rest before it
 /// writes (see [`flap_wait`]).
@@ -192,14 +217,9 @@ pub(crate) async fn claim(
     // JetStream not answering (a bucket electing its leader, a server
     // lost): asked again within the CONNECT's budget, while the CONNECT
     // waits (`abandoned`: it was refused meanwhile).
-    let until = started + shared.config.cluster.connect_budget;
-    let mut pause = CLAIM_RETRY_FIRST;
+    let mut patience = Patience::of(shared);
     let mut retry = |e: String| {
-        let wait = pause;
-        pause = (pause * 2).min(CLAIM_RETRY_MAX);
-        if Instant::now() + wait >= until || abandoned() || shared.status.is_fenced() {
-            return Err(ClaimError::Unavailable(e));
-        }
+        let Some(wait) = patience.next(shared, abandoned()) else { return Err(ClaimError::Unavailable(e)) };
         debug!(target: "cluster", client_id, error = %e, ?wait, "cluster: claim not answered: asking again");
         Ok(wait)
     };

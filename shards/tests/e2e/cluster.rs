@@ -564,3 +564,40 @@ fn a_session_log_append_at_two_seconds_a_round_trip_is_acknowledged() {
     }
     proxy.set_round_trip(Duration::ZERO);
 }
+
+/// The NATS server that leads `mqtt-session-state` frozen: a persistent
+/// session taken up at another replica reads its record through that
+/// bucket's leader, which does not answer until JetStream elects
+/// another. The CONNECT is answered once it did, within
+/// `cluster.connect_budget` (DESIGN.md §8), with the session present,
+/// not refused with 0x88 (before s47: refused after the read's 5 s
+/// timeout, fresh-user pass s47 D2).
+#[test]
+fn a_session_taken_up_while_its_bucket_elects_a_leader_waits_and_is_resumed() {
+    let nats = NatsCluster::start(3);
+    // JetStream's election after a freeze took 5-20 s here (beside other
+    // tests, more): a budget that outlasts it.
+    const BUDGET: [&str; 2] = ["--set", "cluster.connect_budget=60s"];
+    let a = replica("ta", &nats.urls(), &BUDGET);
+    let b = replica("tb", &nats.urls(), &BUDGET);
+    persistent_subscriber_gone(&a, "taken-up", "t/#");
+    thread::sleep(Duration::from_secs(1));
+    let leader = nats.stream_leader("KV_mqtt-session-state").expect("mqtt-session-state has a leader");
+    nats.pause(leader);
+    let frozen_at = Instant::now();
+    let mut c = RawClient::connect(b.mqtt);
+    let mut connect = build::Connect::v5("taken-up");
+    connect.clean = false;
+    connect.session_expiry = Some(600);
+    c.send(&connect.encode());
+    let answer = c.read(Duration::from_secs(65));
+    let took = frozen_at.elapsed();
+    nats.resume(leader);
+    match answer {
+        Incoming::Packet { header: 0x20, body } => {
+            assert_eq!(body.get(1), Some(&0), "CONNACK after {took:?}: {body:02x?}: {}", b.stderr());
+            assert_eq!(body.first(), Some(&1), "session present after {took:?}: {body:02x?}");
+        }
+        other => panic!("no CONNACK within 65 s: {other:02x?}"),
+    }
+}
