@@ -364,6 +364,22 @@ fn a_frozen_nats_server_under_the_ingest_connection_is_left_and_no_acknowledged_
 /// publishes with 0x80 (fresh-user pass s46c).
 #[test]
 fn a_reconnect_away_from_a_frozen_nats_server_passes_over_urls_that_never_answered() {
+    passes_over_urls_that_never_answered(false);
+}
+
+/// The same after every NATS server was frozen until the replica fenced,
+/// then thawed: each failed a reconnect attempt meanwhile, and is tried
+/// in turn again (before, such a server ranked with the URLs that never
+/// answered, and the freeze fenced the replica: fresh-user pass s47 D1).
+#[test]
+fn a_reconnect_after_a_nats_outage_passes_over_urls_that_never_answered() {
+    passes_over_urls_that_never_answered(true);
+}
+
+/// See the two tests above; `after_outage`: every NATS server frozen until
+/// the replica fences first, then thawed, and 35 s (past what a failed
+/// attempt counts for) before the freeze.
+fn passes_over_urls_that_never_answered(after_outage: bool) {
     let nats = NatsCluster::start(3);
     let listed: Vec<String> = nats
         .urls()
@@ -373,6 +389,17 @@ fn a_reconnect_away_from_a_frozen_nats_server_passes_over_urls_that_never_answer
         .collect();
     const WAIT: [&str; 2] = ["--set", "cluster.session_log_append_wait=20s"];
     let a = replica("ra", &listed, &WAIT);
+    if after_outage {
+        for i in 0..3 {
+            nats.pause(i);
+        }
+        wait_ready(&a, 503, Duration::from_secs(30));
+        for i in 0..3 {
+            nats.resume(i);
+        }
+        wait_ready(&a, 200, Duration::from_secs(60));
+        thread::sleep(Duration::from_secs(35));
+    }
     let victim = (0..3)
         .find(|&i| nats.connection_names(i).iter().any(|n| n == "fleetmq-ra-lease"))
         .expect("A's lease connection is at one of the servers");
