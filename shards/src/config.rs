@@ -428,7 +428,10 @@ fn integer_beyond_its_type(key: &str, message: &str) -> Option<(String, String)>
         let rest = message.strip_prefix("invalid type: string \"")?;
         let (value, rest) = rest.split_once('"')?;
         let digits = value.strip_prefix('-').unwrap_or(value);
-        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        // Digits that fit in 64 bits came quoted ("5000"): a string where
+        // a number belongs, not a number out of range (fresh-user pass
+        // s47: `= 5000 is out of range 1..=10000000`).
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || value.parse::<i64>().is_ok() {
             return None;
         }
         (value, rest)
@@ -823,6 +826,11 @@ mod tests {
             load_err(&a, &[]),
             "limits.receive_maximum = 1180591620717411303424 is out of range 1..=65535"
         );
+        // A number in quotes is a string where a number belongs, not out
+        // of range.
+        a.set = vec!["limits.max_clients=\"5000\"".into()];
+        let e = load_err(&a, &[]);
+        assert_eq!(e, "limits.max_clients: string \"5000\" is not a whole number; expected one in range 1..=10000000");
         // A key whose validation accepts its whole type: the type's range.
         a.set = vec!["limits.topic_alias_maximum=65536".into()];
         let e = load_err(&a, &[]);
