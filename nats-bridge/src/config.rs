@@ -261,10 +261,10 @@ impl Rotation {
         };
         // 0: may answer; 1: did not answer its probe, or its last
         // attempt, lately; 2: just left.
-        let picked = self.picked.lock().map(|p| p.clone()).unwrap_or_default();
+        let picked = self.picked.lock();
         let failed_lately = |server: &async_nats::Server| {
             server.failed_attempts > 0
-                && picked.get(server.addr.as_url_str()).is_some_and(|at| at.elapsed() < FAILURE_REMEMBERED)
+                && picked.as_ref().is_ok_and(|p| p.get(server.addr.as_url_str()).is_some_and(|at| at.elapsed() < FAILURE_REMEMBERED))
         };
         let rank = |at: usize| {
             let server = &pool[at];

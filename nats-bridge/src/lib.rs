@@ -32,6 +32,7 @@ mod membership;
 mod newest;
 mod order;
 mod ownership;
+mod patience;
 mod qos2;
 mod releases;
 mod request;

@@ -25,40 +25,6 @@ use crate::watch::{follow, Seen, Start};
 /// another replica claimed in between; the last claim wins).
 const CLAIM_ATTEMPTS: usize = 8;
 
-/// The first pause before a claim JetStream did not answer is asked
-/// again; each next one doubles, up to [`CLAIM_RETRY_MAX`].
-const CLAIM_RETRY_FIRST: Duration = Duration::from_millis(100);
-
-/// The longest pause between two attempts of a claim JetStream did not
-/// answer: a CONNECT storm while a bucket elects its leader asks at most
-/// once a second per CONNECT.
-const CLAIM_RETRY_MAX: Duration = Duration::from_secs(1);
-
-/// How long a request of a CONNECT (its claim, the reads of a session
-/// taken up) is asked again while JetStream does not answer: pauses of
-/// [`CLAIM_RETRY_FIRST`], doubling up to [`CLAIM_RETRY_MAX`], while
-/// `cluster.connect_budget` from its start lasts (DESIGN.md §8).
-pub(crate) struct Patience {
-    until: Instant,
-    pause: Duration,
-}
-
-impl Patience {
-    /// From now, with `shared`'s `cluster.connect_budget`.
-    pub(crate) fn of(shared: &Shared) -> Patience {
-        Patience { until: Instant::now() + shared.config.cluster.connect_budget, pause: CLAIM_RETRY_FIRST }
-    }
-
-    /// The pause before the next attempt; `None` (give up) when it would
-    /// end past the budget, the CONNECT no longer waits (`abandoned`), or
-    /// the replica fenced.
-    pub(crate) fn next(&mut self, shared: &Shared, abandoned: bool) -> Option<Duration> {
-        let wait = self.pause;
-        self.pause = (self.pause * 2).min(CLAIM_RETRY_MAX);
-        (Instant::now() + wait < self.until && !abandoned && !shared.status.is_fenced()).then_some(wait)
-    }
-}
-
 /// A claim that finds another replica's claim of the same client
 /// identifier made less than this long ago waits out the rest before it
 /// writes (see [`flap_wait`]).
@@ -194,7 +160,7 @@ pub(crate) fn flap_wait(foreign_claim_ms: Option<u64>, now_ms: u64) -> Duration 
 /// A read or write JetStream did not answer, or refused for another
 /// reason than the revision (a bucket without a leader yet after a NATS
 /// outage, a server lost under the connection), is asked again after
-/// [`CLAIM_RETRY_FIRST`], doubling up to [`CLAIM_RETRY_MAX`], while
+/// [`crate::patience::Patience`]'s pauses, while
 /// `cluster.connect_budget` from the claim's start lasts and the CONNECT
 /// still waits (`abandoned()` false: the shard refused it with 0x88 at its
 /// budget's end): a CONNECT in that moment is answered late, not refused
@@ -217,7 +183,7 @@ pub(crate) async fn claim(
     // JetStream not answering (a bucket electing its leader, a server
     // lost): asked again within the CONNECT's budget, while the CONNECT
     // waits (`abandoned`: it was refused meanwhile).
-    let mut patience = Patience::of(shared);
+    let mut patience = crate::patience::Patience::of(shared);
     let mut retry = |e: String| {
         let Some(wait) = patience.next(shared, abandoned()) else { return Err(ClaimError::Unavailable(e)) };
         debug!(target: "cluster", client_id, error = %e, ?wait, "cluster: claim not answered: asking again");

@@ -592,11 +592,11 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
             }
         }
         Request::SessionGet { client_id, reply } => {
-            let got = patiently(&shared, &reply, || crate::session_state::get(&shared, &client_id)).await;
+            let got = crate::patience::patiently(&shared, &reply, || crate::session_state::get(&shared, &client_id)).await;
             let _ = reply.send(got);
         }
         Request::CursorGet { client_id, reply } => {
-            let got = patiently(&shared, &reply, || crate::cursors::get(&shared, &client_id)).await;
+            let got = crate::patience::patiently(&shared, &reply, || crate::cursors::get(&shared, &client_id)).await;
             let _ = reply.send(got);
         }
         Request::LogRead { workspace, from, max, reply } => {
@@ -625,7 +625,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
             let _ = reply.send(outcome);
         }
         Request::Qos2List { client_id, reply } => {
-            let got = patiently(&shared, &reply, || crate::qos2::list(&shared, &client_id)).await;
+            let got = crate::patience::patiently(&shared, &reply, || crate::qos2::list(&shared, &client_id)).await;
             let _ = reply.send(got);
         }
         Request::Qos2Purge { client_id } => crate::qos2::purge(&shared, &client_id, Duration::from_secs(10)).await,
@@ -646,29 +646,4 @@ pub(crate) async fn handle(shared: Arc<Shared>, request: Request, ticket: Option
         }
     }
     shared.status.stats.finished();
-}
-
-/// `read()` (a read of a CONNECT that takes a session up), asked again
-/// while JetStream does not answer (a bucket electing its leader), while
-/// the CONNECT waits for `reply` and its budget lasts
-/// ([`ownership::Patience`]): answered late, not refused 0x88 (fresh-user
-/// pass s47: a take-up refused after 5 s while `KV_mqtt-session-state`'s
-/// leader was frozen, within a 20 s budget).
-async fn patiently<T, F>(shared: &Shared, reply: &oneshot::Sender<Result<T, String>>, mut read: impl FnMut() -> F) -> Result<T, String>
-where
-    F: std::future::Future<Output = Result<T, String>>,
-{
-    let mut patience = ownership::Patience::of(shared);
-    loop {
-        match read().await {
-            Ok(got) => return Ok(got),
-            Err(e) => match patience.next(shared, reply.is_closed()) {
-                Some(wait) => {
-                    tracing::debug!(target: "cluster", error = %e, ?wait, "cluster: session read not answered: asking again");
-                    tokio::time::sleep(wait).await;
-                }
-                None => return Err(e),
-            },
-        }
-    }
 }

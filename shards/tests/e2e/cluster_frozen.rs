@@ -222,9 +222,7 @@ fn one_frozen_nats_server_under_the_replicas_connections_fences_no_replica_and_l
     let b = replica("rb", &nats.urls(), &WAIT);
     // The server A's state connection uses (requests, ingest, watches;
     // both state connections go to the mqtt-sessions leader at start).
-    let victim = (0..3)
-        .find(|&i| nats.connection_names(i).iter().any(|n| n == "fleetmq-ra-state"))
-        .expect("A's state connection is at one of the servers");
+    let victim = nats.server_of("fleetmq-ra-state");
     let on_victim = nats.connection_names(victim);
     let (t0, stop, told, publisher) = publishing(&a, "steady-pub");
     nats.pause(victim);
@@ -313,9 +311,7 @@ fn a_frozen_nats_server_under_the_ingest_connection_is_left_and_no_acknowledged_
     // election (4-9 s, later under load).
     const WAIT: [&str; 2] = ["--set", "cluster.session_log_append_wait=20s"];
     let a = replica("ia", &nats.urls(), &WAIT);
-    let victim = (0..3)
-        .find(|&i| nats.connection_names(i).iter().any(|n| n == "fleetmq-ia-ingest"))
-        .expect("A's ingest connection is at one of the servers");
+    let victim = nats.server_of("fleetmq-ia-ingest");
     let on_victim = nats.connection_names(victim);
     let (t0, stop, told, publisher) = publishing(&a, "ingest-pub");
     nats.pause(victim);
@@ -400,9 +396,7 @@ fn passes_over_urls_that_never_answered(after_outage: bool) {
         wait_ready(&a, 200, Duration::from_secs(60));
         thread::sleep(Duration::from_secs(35));
     }
-    let victim = (0..3)
-        .find(|&i| nats.connection_names(i).iter().any(|n| n == "fleetmq-ra-lease"))
-        .expect("A's lease connection is at one of the servers");
+    let victim = nats.server_of("fleetmq-ra-lease");
     let on_victim = nats.connection_names(victim);
     let (t0, stop, told, publisher) = publishing(&a, "blackhole-pub");
     nats.pause(victim);

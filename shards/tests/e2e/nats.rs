@@ -505,6 +505,16 @@ impl NatsCluster {
         })
     }
 
+    /// The server a client connection named `connection` is at now.
+    ///
+    /// # Panics
+    /// It is at none of them.
+    pub(crate) fn server_of(&self, connection: &str) -> usize {
+        (0..self.len())
+            .find(|&i| self.connection_names(i).iter().any(|n| n == connection))
+            .unwrap_or_else(|| panic!("{connection} is at one of the servers"))
+    }
+
     /// The names of the client connections server `i` has now (`/connz`;
     /// empty when it does not answer).
     pub(crate) fn connection_names(&self, i: usize) -> Vec<String> {
