@@ -277,6 +277,8 @@ impl Rotation {
             }
         };
         let at = (0..pool.len()).map(|i| (start + i) % pool.len()).min_by_key(|&at| rank(at)).unwrap_or(0);
+        // Released before `remember` takes it again.
+        drop(picked);
         let addr = pool[at].addr.clone();
         self.remember(&addr);
         Some(async_nats::ReconnectToServer { addr, delay: None })
