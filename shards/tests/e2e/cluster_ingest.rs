@@ -685,11 +685,14 @@ fn a_frozen_nats_server_at_start_is_named_once_and_the_replica_starts() {
             .unwrap_or_else(|| panic!("{connection} connected: {log}"));
         assert!((made - first).rem_euclid(86_400.0) < 2.5, "{connection} connected {:.2} s after the start: {log}", made - first);
     }
-    // JetStream itself may still time a request out while it settles
-    // from the freeze (a stream whose leader was the frozen server answers
-    // once another is elected), whatever URLs a replica lists: the start
-    // is compared with the other one's when JetStream answered at once.
-    let settling = if log.contains("JetStream not ready yet") { Duration::from_secs(6) } else { Duration::ZERO };
+    // JetStream itself may still time one request of the start out (5 s)
+    // while it settles from the freeze (a stream whose leader was the
+    // frozen server answers once another is elected), whatever URLs a
+    // replica lists: seen in the setup checks, and in CI (s47) between
+    // the ingest connection and "serving". What the frozen URL costs is
+    // the connection times above; the whole start may take one such
+    // timeout more.
+    let settling = Duration::from_secs(6);
     assert!(
         start < plain_start + Duration::from_secs(4) + settling,
         "started in {start:?}, one that does not list the frozen server in {plain_start:?}: {log}"
